@@ -1,1 +1,3 @@
 export * from "./errors.ts";
+export * from "./routes.ts";
+export * from "./services.ts";

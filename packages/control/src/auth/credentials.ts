@@ -1,0 +1,136 @@
+import pg from "pg";
+import { errors } from "@sandbar/protocol";
+import { hashApiKey, looksLikeJwt } from "./key-material.ts";
+import type { KeyIdentity, Principal } from "./principal.ts";
+
+/** The channel every control process listens on for revocations. */
+const CHANNEL = "sandbar_auth";
+/** Safety net on top of notifications: cached credentials are re-read at least this often. */
+const CACHE_TTL_MS = 10_000;
+/** lastUsedAt is written at most once per key per interval. */
+const LAST_USED_INTERVAL_MS = 10_000;
+
+interface CachedKey {
+  principal: Principal;
+  loadedAt: number;
+}
+
+type Invalidation = { kind: "key"; hash: string } | { kind: "member"; organizationId: string; userId: string };
+
+/**
+ * Resolves bearer credentials to a principal. Validated keys are cached in memory; a
+ * revocation is published with NOTIFY in the same transaction that deletes the key, so
+ * every control process sharing the database evicts it when the delete commits.
+ */
+export class Credentials {
+  private readonly keys = new Map<string, CachedKey>();
+  private readonly members = new Map<string, { role: string | null; loadedAt: number }>();
+  private readonly lastUsedWrites = new Map<string, number>();
+  private listener?: pg.Client;
+  private readonly pool: pg.Pool;
+
+  constructor(databaseUrl: string) {
+    this.pool = new pg.Pool({ connectionString: databaseUrl, max: 4 });
+  }
+
+  async start(databaseUrl: string): Promise<void> {
+    const client = new pg.Client({ connectionString: databaseUrl });
+    await client.connect();
+    client.on("notification", (msg) => {
+      if (msg.payload) this.evict(JSON.parse(msg.payload) as Invalidation);
+    });
+    client.on("error", () => this.keys.clear());
+    await client.query(`LISTEN ${CHANNEL}`);
+    this.listener = client;
+  }
+
+  async stop(): Promise<void> {
+    await this.listener?.end().catch(() => {});
+    await this.pool.end().catch(() => {});
+  }
+
+  /** The NOTIFY statement to run inside the transaction that revokes or changes access. */
+  static notifySql(inv: Invalidation): { sql: string; params: string[] } {
+    return { sql: "select pg_notify($1, $2)", params: [CHANNEL, JSON.stringify(inv)] };
+  }
+
+  /** Evicts locally at once (the notification will do the same in every process). */
+  evict(inv: Invalidation): void {
+    if (inv.kind === "key") this.keys.delete(inv.hash);
+    else this.members.delete(`${inv.organizationId}/${inv.userId}`);
+  }
+
+  async authenticate(authorization: string | null): Promise<Principal> {
+    const token = /^Bearer\s+(\S+)\s*$/i.exec(authorization ?? "")?.[1];
+    // JWTs need an OIDC issuer, which this server does not have configured.
+    if (!token || looksLikeJwt(token)) throw errors.unauthenticated();
+    const hash = hashApiKey(token);
+    const now = Date.now();
+    let cached = this.keys.get(hash);
+    if (!cached || now - cached.loadedAt > CACHE_TTL_MS) {
+      const principal = await this.loadKey(hash);
+      if (!principal) {
+        this.keys.delete(hash);
+        throw errors.unauthenticated();
+      }
+      cached = { principal, loadedAt: now };
+      this.keys.set(hash, cached);
+    }
+    const key = cached.principal.apiKey!;
+    if (key.expiresAt && key.expiresAt.getTime() <= now) throw errors.unauthenticated();
+    this.touch(key, now);
+    return cached.principal;
+  }
+
+  /** The member's role in an organization, or null when not a member. */
+  async memberRole(organizationId: string, userId: string): Promise<string | null> {
+    const id = `${organizationId}/${userId}`;
+    const hit = this.members.get(id);
+    if (hit && Date.now() - hit.loadedAt <= CACHE_TTL_MS) return hit.role;
+    const { rows } = await this.query<{ role: string }>(
+      `select role from organization_member where organization_id = $1 and user_id = $2`,
+      [organizationId, userId],
+    );
+    const role = rows[0]?.role ?? null;
+    this.members.set(id, { role, loadedAt: Date.now() });
+    return role;
+  }
+
+  private async loadKey(hash: string): Promise<Principal | null> {
+    const { rows } = await this.query<{
+      id: string; name: string; organization_id: string; user_id: string; permissions: string[];
+      expires_at: Date | null; email: string; role: string;
+    }>(
+      `select k.id, k.name, k.organization_id, k.user_id, k.permissions, k.expires_at, u.email, u.role
+         from api_key k join "user" u on u.id = k.user_id where k.key_hash = $1`,
+      [hash],
+    );
+    const row = rows[0];
+    if (!row) return null;
+    const apiKey: KeyIdentity = {
+      id: row.id,
+      hash,
+      name: row.name,
+      organizationId: row.organization_id,
+      userId: row.user_id,
+      permissions: new Set(row.permissions),
+      expiresAt: row.expires_at,
+    };
+    return { kind: "api-key", userId: row.user_id, email: row.email, systemRole: row.role, apiKey };
+  }
+
+  private touch(key: KeyIdentity, now: number): void {
+    const last = this.lastUsedWrites.get(key.hash) ?? 0;
+    if (now - last < LAST_USED_INTERVAL_MS) return;
+    this.lastUsedWrites.set(key.hash, now);
+    this.pool.query(`update api_key set last_used_at = now() where key_hash = $1`, [key.hash]).catch(() => {});
+  }
+
+  private async query<R extends pg.QueryResultRow>(sql: string, params: unknown[]): Promise<pg.QueryResult<R>> {
+    try {
+      return await this.pool.query<R>(sql, params);
+    } catch {
+      throw errors.unavailable("Temporary authentication service error");
+    }
+  }
+}

@@ -1,0 +1,44 @@
+import { createContextKey, type HandlerContext } from "@connectrpc/connect";
+import { errors } from "@sandbar/protocol";
+
+/** A validated API key, as held in the credential cache. */
+export interface KeyIdentity {
+  id: string;
+  hash: string;
+  name: string;
+  organizationId: string;
+  userId: string;
+  permissions: ReadonlySet<string>;
+  expiresAt: Date | null;
+}
+
+/** Who is calling: resolved from the credentials of a request. */
+export interface Principal {
+  kind: "api-key" | "jwt";
+  userId: string;
+  email: string;
+  /** System role: "admin" may call operator routes. */
+  systemRole: string;
+  apiKey?: KeyIdentity;
+}
+
+/** What a handler knows about its caller once the guard let the call through. */
+export interface AuthContext {
+  principal?: Principal;
+  organizationId?: string;
+  memberRole?: string;
+}
+
+export const authContextKey = createContextKey<AuthContext>({});
+
+export function callerOf(ctx: HandlerContext): Principal {
+  const principal = ctx.values.get(authContextKey).principal;
+  if (!principal) throw errors.unauthenticated();
+  return principal;
+}
+
+export function organizationOf(ctx: HandlerContext): string {
+  const org = ctx.values.get(authContextKey).organizationId;
+  if (!org) throw errors.permissionDenied("Invalid authentication context");
+  return org;
+}

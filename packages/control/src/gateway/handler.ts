@@ -1,0 +1,187 @@
+import type { IncomingMessage, ServerResponse } from "node:http";
+import { STATUS_CODES } from "node:http";
+import { create, type DescField, type DescMethod, type Message } from "@bufbuild/protobuf";
+import { createHandlerContext, type HandlerContext } from "@connectrpc/connect";
+import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
+import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
+import type { RestRoute, RouteTable } from "./route-table.ts";
+
+type Impl = (input: unknown, ctx: HandlerContext) => unknown;
+/** Secured implementations by service type name and method local name. */
+export type ImplIndex = Map<string, Record<string, Impl | undefined>>;
+
+const MAX_JSON_BODY = 10 * 1024 * 1024;
+
+/**
+ * The REST gateway: maps the documented paths and statuses onto the same (secured) service
+ * implementations the RPC router serves. Errors use the reference's body
+ * {path, timestamp, statusCode, error, message}.
+ */
+export function createGateway(table: RouteTable, impls: ImplIndex, basePath: string) {
+  return async (req: IncomingMessage, res: ServerResponse) => {
+    const url = req.url ?? "/";
+    try {
+      cors(req, res);
+      if (req.method === "OPTIONS") return void res.writeHead(204).end();
+      const { pathname, searchParams } = new URL(url, "http://gateway");
+      const verb = req.method ?? "GET";
+      const path = pathname.slice(basePath.length) || "/";
+      let match;
+      try {
+        match = table.match(verb === "HEAD" ? "GET" : verb, path);
+      } catch {
+        throw errors.invalidArgument("Malformed URL encoding in path");
+      }
+      if (!match) throw errors.notFound(`Cannot ${verb} ${pathname}`);
+      const { route, params } = match;
+      const impl = impls.get(route.service.typeName)?.[route.method.localName];
+      if (!impl) throw errors.unimplemented(`${verb} ${basePath}${route.template} is not implemented yet`);
+      const input = await readInput(req, route, params, searchParams);
+      const ctx = handlerContext(req, res, route, url);
+      if (route.method.methodKind === "server_streaming") return await stream(res, route, impl(input, ctx) as AsyncIterable<unknown>, ctx);
+      if (route.method.methodKind !== "unary") throw errors.unimplemented(`${route.method.name} is not available over REST`);
+      const output = create(route.method.output, (await impl(input, ctx)) as never) as Message;
+      send(res, route, output, ctx);
+    } catch (err) {
+      sendError(res, url, err);
+    }
+  };
+}
+
+async function readInput(req: IncomingMessage, route: RestRoute, params: Record<string, string>, query: URLSearchParams): Promise<Message> {
+  const desc = route.method.input;
+  const errs = new DecodeErrors();
+  let msg: Record<string, unknown>;
+  const text = route.body ? await readBody(req) : "";
+  let json: unknown = undefined;
+  if (text.trim() !== "") {
+    try {
+      json = JSON.parse(text);
+    } catch {
+      throw errors.invalidArgument("Invalid JSON in request body");
+    }
+  }
+  if (route.body === "*") {
+    msg = messageFromJson(desc, json, errs) as unknown as Record<string, unknown>;
+  } else {
+    msg = create(desc) as unknown as Record<string, unknown>;
+    const field = route.body ? desc.fields.find((f) => f.name === route.body) : undefined;
+    if (field && json !== undefined && json !== null) setField(msg, field, json, "json", errs);
+  }
+  const bound = new Set(Object.keys(params));
+  for (const key of new Set(query.keys())) {
+    const name = key.endsWith("[]") ? key.slice(0, -2) : key;
+    const field = fieldNamed(route.method, name);
+    if (!field || bound.has(field.name)) continue;
+    const values = query.getAll(key);
+    setField(msg, field, field.fieldKind === "list" ? values : values[values.length - 1], "text", errs);
+  }
+  for (const [name, value] of Object.entries(params)) {
+    const field = fieldNamed(route.method, name);
+    if (field) setField(msg, field, value, "text", errs);
+  }
+  errs.throwIfAny();
+  return msg as unknown as Message;
+}
+
+function fieldNamed(method: DescMethod, name: string): DescField | undefined {
+  return method.input.fields.find((f) => f.name === name || f.jsonName === name);
+}
+
+function readBody(req: IncomingMessage): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on("data", (c: Buffer) => {
+      size += c.length;
+      if (size > MAX_JSON_BODY) {
+        reject(errors.invalidArgument("Request body is too large"));
+        req.destroy();
+        return;
+      }
+      chunks.push(c);
+    });
+    req.on("end", () => resolve(Buffer.concat(chunks).toString("utf8")));
+    req.on("error", reject);
+  });
+}
+
+function handlerContext(req: IncomingMessage, res: ServerResponse, route: RestRoute, url: string): HandlerContext {
+  const abort = new AbortController();
+  res.on("close", () => abort.abort());
+  const requestHeader = new Headers();
+  for (const [k, v] of Object.entries(req.headers)) {
+    if (typeof v === "string") requestHeader.set(k, v);
+    else if (Array.isArray(v)) for (const item of v) requestHeader.append(k, item);
+  }
+  return createHandlerContext({
+    service: route.service,
+    method: route.method,
+    protocolName: "rest",
+    requestMethod: req.method ?? "GET",
+    url,
+    requestHeader,
+    requestSignal: abort.signal,
+  });
+}
+
+function copyHeaders(res: ServerResponse, ctx: HandlerContext) {
+  ctx.responseHeader.forEach((value, key) => res.setHeader(key, value));
+}
+
+function send(res: ServerResponse, route: RestRoute, output: Message, ctx: HandlerContext) {
+  copyHeaders(res, ctx);
+  if (route.method.output.typeName === "google.protobuf.Empty") return void res.writeHead(route.status).end();
+  const field = route.responseBody ? route.method.output.fields.find((f) => f.name === route.responseBody) : undefined;
+  const body = field
+    ? valueToJson(field, (output as unknown as Record<string, unknown>)[field.localName])
+    : messageToJson(route.method.output, output);
+  const text = JSON.stringify(body);
+  res.writeHead(route.status, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}
+
+/** Server streams: a string/bytes response_body is written raw; otherwise one JSON object per line. */
+async function stream(res: ServerResponse, route: RestRoute, messages: AsyncIterable<unknown>, ctx: HandlerContext) {
+  const field = route.responseBody ? route.method.output.fields.find((f) => f.name === route.responseBody) : undefined;
+  const raw = field?.fieldKind === "scalar";
+  const iterator = messages[Symbol.asyncIterator]();
+  // Pull the first message before committing to 200, so an early error still gets its status.
+  let next = await iterator.next();
+  copyHeaders(res, ctx);
+  res.writeHead(route.status, { "content-type": raw ? "text/plain; charset=utf-8" : "application/x-ndjson" });
+  while (!next.done && !res.destroyed) {
+    const msg = create(route.method.output, next.value as never) as unknown as Record<string, unknown>;
+    const chunk = raw ? (msg[field!.localName] as string | Uint8Array) : JSON.stringify(messageToJson(route.method.output, msg as unknown as Message)) + "\n";
+    if (!res.write(chunk)) await new Promise((r) => res.once("drain", r));
+    next = await iterator.next();
+  }
+  res.end();
+}
+
+export function sendError(res: ServerResponse, path: string, err: unknown) {
+  const e = asConnectError(err);
+  const statusCode = httpStatusOf(e.code);
+  if (res.headersSent) return void res.destroy();
+  const text = JSON.stringify({
+    path,
+    timestamp: new Date().toISOString(),
+    statusCode,
+    error: STATUS_CODES[statusCode] ?? "Error",
+    message: e.rawMessage,
+  });
+  res.writeHead(statusCode, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}
+
+function cors(req: IncomingMessage, res: ServerResponse) {
+  const origin = req.headers.origin;
+  if (!origin) return;
+  res.setHeader("access-control-allow-origin", origin);
+  res.setHeader("vary", "Origin");
+  if (req.method === "OPTIONS") {
+    res.setHeader("access-control-allow-methods", "GET,HEAD,PUT,PATCH,POST,DELETE,OPTIONS");
+    res.setHeader("access-control-allow-headers", req.headers["access-control-request-headers"] ?? "*");
+    res.setHeader("access-control-max-age", "600");
+  }
+}

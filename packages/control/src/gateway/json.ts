@@ -1,0 +1,216 @@
+import {
+  create,
+  type DescEnum,
+  type DescField,
+  type DescMessage,
+  type JsonValue,
+  type Message,
+  ScalarType,
+  toJson as protoToJson,
+} from "@bufbuild/protobuf";
+import { timestampDate, timestampFromDate, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { enumValueJson, errors } from "@sandbar/protocol";
+
+// JSON as the reference API writes it (not canonical proto3 JSON): camelCase names, enums
+// in their lower-case spelling, 64-bit integers as numbers, ISO-8601 times, and null for
+// unset optional fields. Decoding checks every type and says which field is wrong.
+
+type Obj = Record<string, unknown>;
+type Any = Record<string, unknown>;
+
+const TIMESTAMP = "google.protobuf.Timestamp";
+const STRUCT_TYPES = new Set(["google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"]);
+
+export function messageToJson(desc: DescMessage, msg: Message): Obj {
+  const out: Obj = {};
+  const m = msg as unknown as Any;
+  for (const field of desc.fields) {
+    if (field.oneof) {
+      const oneof = m[field.oneof.localName] as { case?: string; value?: unknown };
+      if (oneof.case === field.localName) out[field.jsonName] = valueToJson(field, oneof.value);
+      continue;
+    }
+    out[field.jsonName] = valueToJson(field, m[field.localName]);
+  }
+  return out;
+}
+
+/** One field's value as JSON (used for `response_body` too). */
+export function valueToJson(field: DescField, value: unknown): unknown {
+  switch (field.fieldKind) {
+    case "scalar":
+      return value === undefined ? null : scalarToJson(field.scalar, value);
+    case "enum":
+      return value === undefined ? null : enumToJson(field.enum, value as number);
+    case "message":
+      return value === undefined ? null : singularMessageToJson(field.message, value);
+    case "list": {
+      const list = value as unknown[];
+      if (field.listKind === "scalar") return list.map((v) => scalarToJson(field.scalar, v));
+      if (field.listKind === "enum") return list.map((v) => enumToJson(field.enum, v as number));
+      return list.map((v) => singularMessageToJson(field.message, v));
+    }
+    case "map": {
+      const out: Obj = {};
+      for (const [k, v] of Object.entries(value as Obj)) {
+        out[k] = field.mapKind === "scalar" ? scalarToJson(field.scalar, v) : field.mapKind === "enum" ? enumToJson(field.enum, v as number) : singularMessageToJson(field.message, v);
+      }
+      return out;
+    }
+  }
+}
+
+function singularMessageToJson(desc: DescMessage, value: unknown): unknown {
+  if (desc.typeName === TIMESTAMP) return timestampDate(value as Timestamp).toISOString();
+  if (STRUCT_TYPES.has(desc.typeName)) {
+    // protobuf-es represents Struct fields as plain JSON already; a Message still converts.
+    return isMessage(value) ? protoToJson(desc, value) : value;
+  }
+  return messageToJson(desc, value as Message);
+}
+
+function scalarToJson(type: ScalarType, value: unknown): unknown {
+  if (typeof value === "bigint") return Number(value);
+  if (type === ScalarType.BYTES) return Buffer.from(value as Uint8Array).toString("base64");
+  return value;
+}
+
+function enumToJson(desc: DescEnum, value: number): string | null {
+  const v = desc.value[value];
+  return v && v.number !== 0 ? enumValueJson(v) : v ? null : String(value);
+}
+
+// ---- decoding ----
+
+/** Where a value came from: a JSON body keeps its types; a path or query string is text. */
+export type Source = "json" | "text";
+
+export class DecodeErrors {
+  readonly messages: string[] = [];
+  add(message: string): undefined {
+    this.messages.push(message);
+    return undefined;
+  }
+  throwIfAny(): void {
+    if (this.messages.length) throw errors.invalidArgument(this.messages.join(", "));
+  }
+}
+
+/** Decodes a JSON object into a message; unknown properties are ignored, as the reference does. */
+export function messageFromJson<D extends DescMessage>(desc: D, json: unknown, errs: DecodeErrors, path = ""): Message {
+  const msg = create(desc) as unknown as Any;
+  if (json === null || json === undefined) return msg as unknown as Message;
+  if (typeof json !== "object" || Array.isArray(json)) {
+    errs.add(`${path || "body"} must be an object`);
+    return msg as unknown as Message;
+  }
+  const obj = json as Obj;
+  for (const field of desc.fields) {
+    const raw = field.jsonName in obj ? obj[field.jsonName] : obj[field.name];
+    if (raw === undefined || raw === null) continue;
+    setField(msg, field, raw, "json", errs, path);
+  }
+  return msg as unknown as Message;
+}
+
+/** Sets one field of `msg` from a JSON value or from text (path and query parameters). */
+export function setField(msg: Any, field: DescField, raw: unknown, source: Source, errs: DecodeErrors, path = ""): void {
+  const name = path + field.jsonName;
+  const value = fieldValue(field, raw, source, errs, name);
+  if (value === undefined) return;
+  if (field.oneof) msg[field.oneof.localName] = { case: field.localName, value };
+  else msg[field.localName] = value;
+}
+
+function fieldValue(field: DescField, raw: unknown, source: Source, errs: DecodeErrors, name: string): unknown {
+  switch (field.fieldKind) {
+    case "scalar":
+      return scalarFromJson(field.scalar, raw, source, errs, name);
+    case "enum":
+      return enumFromJson(field.enum, raw, errs, name, false);
+    case "message":
+      return singularMessageFromJson(field.message, raw, source, errs, name);
+    case "list": {
+      const items = source === "text" && !Array.isArray(raw) ? [raw] : raw;
+      if (!Array.isArray(items)) return errs.add(`${name} must be an array`);
+      const out = items.map((v) =>
+        field.listKind === "scalar"
+          ? scalarFromJson(field.scalar, v, source, errs, `each value in ${name}`)
+          : field.listKind === "enum"
+            ? enumFromJson(field.enum, v, errs, name, true)
+            : singularMessageFromJson(field.message, v, source, errs, name),
+      );
+      return out.includes(undefined) ? undefined : out;
+    }
+    case "map": {
+      if (typeof raw !== "object" || raw === null || Array.isArray(raw)) return errs.add(`${name} must be an object`);
+      const out: Obj = {};
+      for (const [k, v] of Object.entries(raw as Obj)) {
+        const item =
+          field.mapKind === "scalar"
+            ? scalarFromJson(field.scalar, v, "json", errs, `${name}.${k}`)
+            : field.mapKind === "enum"
+              ? enumFromJson(field.enum, v, errs, `${name}.${k}`, false)
+              : singularMessageFromJson(field.message, v, "json", errs, `${name}.${k}`);
+        if (item !== undefined) out[k] = item;
+      }
+      return out;
+    }
+  }
+}
+
+function singularMessageFromJson(desc: DescMessage, raw: unknown, source: Source, errs: DecodeErrors, name: string): unknown {
+  if (desc.typeName === TIMESTAMP) {
+    const date = typeof raw === "string" && ISO_DATE.test(raw) ? new Date(raw) : undefined;
+    if (!date || Number.isNaN(date.getTime())) return errs.add(`${name} must be a valid ISO 8601 date string`);
+    return timestampFromDate(date);
+  }
+  if (desc.typeName === "google.protobuf.Struct") {
+    if (typeof raw !== "object" || raw === null || Array.isArray(raw)) return errs.add(`${name} must be an object`);
+    return raw as JsonValue;
+  }
+  if (STRUCT_TYPES.has(desc.typeName)) return raw as JsonValue;
+  if (source === "text") return errs.add(`${name} must be an object`);
+  return messageFromJson(desc, raw, errs, `${name}.`);
+}
+
+const ISO_DATE = /^\d{4}-\d{2}-\d{2}([Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:?\d{2})?)?$/;
+const INT_TYPES = new Set([ScalarType.INT32, ScalarType.SINT32, ScalarType.SFIXED32, ScalarType.UINT32, ScalarType.FIXED32]);
+const LONG_TYPES = new Set([ScalarType.INT64, ScalarType.SINT64, ScalarType.SFIXED64, ScalarType.UINT64, ScalarType.FIXED64]);
+const UNSIGNED = new Set([ScalarType.UINT32, ScalarType.FIXED32, ScalarType.UINT64, ScalarType.FIXED64]);
+
+function scalarFromJson(type: ScalarType, raw: unknown, source: Source, errs: DecodeErrors, name: string): unknown {
+  switch (type) {
+    case ScalarType.STRING:
+      return typeof raw === "string" ? raw : errs.add(`${name} must be a string`);
+    case ScalarType.BOOL:
+      if (typeof raw === "boolean") return raw;
+      if (source === "text" && (raw === "true" || raw === "false")) return raw === "true";
+      return errs.add(`${name} must be a boolean value`);
+    case ScalarType.BYTES:
+      return typeof raw === "string" && /^[A-Za-z0-9+/_-]*={0,2}$/.test(raw) ? new Uint8Array(Buffer.from(raw, "base64")) : errs.add(`${name} must be base64`);
+    default: {
+      const n = typeof raw === "number" ? raw : source === "text" && typeof raw === "string" && raw.trim() !== "" ? Number(raw) : NaN;
+      if (!Number.isFinite(n)) return errs.add(`${name} must be a number`);
+      const integral = INT_TYPES.has(type) || LONG_TYPES.has(type);
+      if (integral && !Number.isInteger(n)) return errs.add(`${name} must be an integer number`);
+      if (UNSIGNED.has(type) && n < 0) return errs.add(`${name} must not be less than 0`);
+      if (INT_TYPES.has(type) && (UNSIGNED.has(type) ? n > 2 ** 32 - 1 : n > 2 ** 31 - 1 || n < -(2 ** 31))) return errs.add(`${name} is out of range`);
+      if (LONG_TYPES.has(type)) return Number.isSafeInteger(n) ? BigInt(n) : errs.add(`${name} is out of range`);
+      return n;
+    }
+  }
+}
+
+function enumFromJson(desc: DescEnum, raw: unknown, errs: DecodeErrors, name: string, each: boolean): number | undefined {
+  if (typeof raw === "string") {
+    const hit = desc.values.find((v) => v.number !== 0 && enumValueJson(v) === raw);
+    if (hit) return hit.number;
+  }
+  const allowed = desc.values.filter((v) => v.number !== 0).map(enumValueJson).join(", ");
+  return errs.add(`${each ? "each value in " : ""}${name} must be one of the following values: ${allowed}`);
+}
+
+function isMessage(v: unknown): v is Message {
+  return typeof v === "object" && v !== null && "$typeName" in v;
+}

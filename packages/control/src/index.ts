@@ -1,0 +1,2 @@
+export { startControlServer, API_BASE, type ControlServer } from "./server/control-server.ts";
+export { loadSettings, type Settings } from "./settings.ts";

@@ -1,0 +1,53 @@
+import type { DescMethod, DescService } from "@bufbuild/protobuf";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { asConnectError, ConnectError } from "@sandbar/protocol";
+import type { Guard } from "../auth/guard.ts";
+import { authContextKey } from "../auth/principal.ts";
+
+type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
+
+/**
+ * Wraps a service implementation so that every method passes the guard first. Both the
+ * Connect/gRPC router and the REST gateway call the wrapped methods: one enforcement path.
+ * Unexpected failures become INTERNAL without leaking their text.
+ */
+export function secure<S extends DescService>(service: S, impl: Partial<ServiceImpl<S>>, guard: Guard): Partial<ServiceImpl<S>> {
+  const wrapped: Record<string, AnyImpl> = {};
+  for (const method of service.methods) {
+    const fn = (impl as Record<string, AnyImpl | undefined>)[method.localName];
+    if (!fn) continue;
+    wrapped[method.localName] = wrap(method, fn.bind(impl), guard);
+  }
+  return wrapped as Partial<ServiceImpl<S>>;
+}
+
+function wrap(method: DescMethod, fn: AnyImpl, guard: Guard): AnyImpl {
+  const enter = async (input: unknown, ctx: HandlerContext) => {
+    // Streaming requests are authorized on their headers alone.
+    const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
+    ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message));
+  };
+  if (method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming") {
+    return async function* (input: unknown, ctx: HandlerContext) {
+      try {
+        await enter(input, ctx);
+        yield* fn(input, ctx) as AsyncIterable<unknown>;
+      } catch (err) {
+        throw failure(method, err);
+      }
+    };
+  }
+  return async (input: unknown, ctx: HandlerContext) => {
+    try {
+      await enter(input, ctx);
+      return await fn(input, ctx);
+    } catch (err) {
+      throw failure(method, err);
+    }
+  };
+}
+
+function failure(method: DescMethod, err: unknown): ConnectError {
+  if (!(err instanceof ConnectError)) console.error(`${method.parent.typeName}/${method.name} failed:`, err);
+  return asConnectError(err);
+}

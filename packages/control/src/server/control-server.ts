@@ -1,0 +1,95 @@
+import type { AddressInfo, Server } from "node:net";
+import type { DescService } from "@bufbuild/protobuf";
+import type { ServiceImpl } from "@connectrpc/connect";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import type { MikroORM } from "@mikro-orm/postgresql";
+import { filesIn } from "@sandbar/protocol";
+import { file_grpc_health_v1_health, Health } from "@sandbar/protocol/gen/grpc/health/v1/health_pb.js";
+import { file_grpc_reflection_v1_reflection, ServerReflection } from "@sandbar/protocol/gen/grpc/reflection/v1/reflection_pb.js";
+import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
+import { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
+import { Credentials } from "../auth/credentials.ts";
+import { Guard } from "../auth/guard.ts";
+import { bootstrap } from "../bootstrap.ts";
+import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
+import { openDatabase } from "../db/orm.ts";
+import { createGateway, type ImplIndex } from "../gateway/handler.ts";
+import { RouteTable } from "../gateway/route-table.ts";
+import { healthService } from "../rpc/health.ts";
+import { reflectionService } from "../rpc/reflection.ts";
+import { secure } from "../rpc/secure.ts";
+import { apiKeyService } from "../services/api-keys.ts";
+import { configService } from "../services/config.ts";
+import type { Settings } from "../settings.ts";
+import { listenOnePort } from "./listener.ts";
+
+export const API_BASE = "/api";
+
+export interface ControlServer {
+  url: string;
+  port: number;
+  orm: MikroORM;
+  stop(): Promise<void>;
+}
+
+type Impl = Partial<ServiceImpl<DescService>>;
+
+/**
+ * The control process: PostgreSQL (embedded unless DATABASE_URL is set), migrations,
+ * bootstrap, then one port serving the REST gateway under /api and Connect, gRPC and
+ * gRPC-Web for every service, with gRPC health and reflection.
+ */
+export async function startControlServer(settings: Settings, log: (line: string) => void = console.log): Promise<ControlServer> {
+  let pg: RunningPostgres | undefined;
+  const databaseUrl = settings.databaseUrl ?? (pg = await startEmbeddedPostgres(settings.dataDir, log)).url;
+  const orm = await openDatabase(databaseUrl);
+  const credentials = new Credentials(databaseUrl);
+  await credentials.start(databaseUrl);
+  await bootstrap(orm, settings.dataDir, settings.bootstrapApiKey, log);
+  const guard = new Guard(credentials);
+
+  // Every service of the control contract is served; those without an implementation
+  // yet answer UNIMPLEMENTED (REST 501).
+  const controlFiles = await filesIn("sandbar/control/v1");
+  const implemented = new Map<string, Impl>([
+    [ConfigService.typeName, configService(settings) as Impl],
+    [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
+  ]);
+  const services = controlFiles.flatMap((f) => f.services);
+  const impls: ImplIndex = new Map();
+  for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard) as never);
+
+  const serviceNames = [...services.map((s) => s.typeName), Health.typeName, ServerReflection.typeName];
+  const rpc = connectNodeAdapter({
+    routes(router) {
+      for (const service of services) router.service(service, impls.get(service.typeName) as Impl);
+      router.service(Health, healthService(new Set(serviceNames), async () => orm.isConnected()));
+      router.service(ServerReflection, reflectionService([...controlFiles, file_grpc_health_v1_health, file_grpc_reflection_v1_reflection], serviceNames));
+    },
+  });
+  const gateway = createGateway(new RouteTable(services), impls, API_BASE);
+
+  const server: Server = await listenOnePort(
+    (req, res) => {
+      const url = req.url ?? "";
+      if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway(req as never, res as never);
+      else rpc(req as never, res as never);
+    },
+    settings.port,
+    settings.host,
+  );
+  const port = (server.address() as AddressInfo).port;
+  let stopped: Promise<void> | undefined;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    port,
+    orm,
+    stop: () =>
+      (stopped ??= (async () => {
+        await new Promise<void>((resolve) => server.close(() => resolve()));
+        await credentials.stop();
+        await orm.close();
+        await pg?.stop();
+      })()),
+  };
+}

@@ -1,0 +1,145 @@
+import { randomUUID } from "node:crypto";
+import { timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import type { MikroORM } from "@mikro-orm/postgresql";
+import { enumValueJson, errors } from "@sandbar/protocol";
+import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
+import type { ApiKey } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
+import { Permission, PermissionSchema } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
+import { Credentials } from "../auth/credentials.ts";
+import { generateApiKey, hashApiKey, keyEnds, maskApiKey } from "../auth/key-material.ts";
+import { callerOf, organizationOf, type Principal } from "../auth/principal.ts";
+import { ApiKeyRecord, Organization } from "../db/entities.ts";
+import { Checks } from "./validate.ts";
+
+const MANAGE = "manage:api_keys";
+const scopeOf = (p: Permission) => enumValueJson(PermissionSchema.value[p]);
+const permissionOf = new Map(PermissionSchema.values.filter((v) => v.number !== 0).map((v) => [enumValueJson(v), v.number as Permission]));
+export const ALL_SCOPES = [...permissionOf.keys()];
+
+/** API keys (spec 4.2): shown once, stored as SHA-256, masked on every later read. */
+export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<ServiceImpl<typeof ApiKeyService>> {
+  const em = () => orm.em.fork();
+
+  /** For calls made with an API key: the manager rules of managed keys. */
+  async function assertManager(caller: Principal, organizationId: string): Promise<void> {
+    const org = await em().findOne(Organization, { id: organizationId });
+    if (!org?.managedApiKeys) throw errors.permissionDenied("Managing API keys with an API key is not enabled for this organization");
+    if (!caller.apiKey!.permissions.has(MANAGE)) throw errors.permissionDenied("This API key is not authorized to manage API keys");
+  }
+
+  /** Keys visible to the caller: a manager key sees the keys it created. */
+  async function visibleKeys(ctx: HandlerContext, name?: string): Promise<ApiKeyRecord[]> {
+    const caller = callerOf(ctx);
+    const organizationId = organizationOf(ctx);
+    await assertManager(caller, organizationId);
+    const where = { organizationId, createdByKeyHash: caller.apiKey!.hash, ...(name === undefined ? {} : { name }) };
+    return em().find(ApiKeyRecord, where, { orderBy: { lastUsedAt: "desc nulls last", createdAt: "desc" } });
+  }
+
+  async function findOne(ctx: HandlerContext, name: string): Promise<ApiKeyRecord> {
+    const [key] = await visibleKeys(ctx, name);
+    if (!key) throw errors.notFound("API key not found");
+    return key;
+  }
+
+  return {
+    async createApiKey(req, ctx) {
+      const caller = callerOf(ctx);
+      const organizationId = organizationOf(ctx);
+      new Checks()
+        .displayName("name", req.name)
+        .that(req.expiresAt === undefined || !Number.isNaN(timestampDate(req.expiresAt).getTime()), "expiresAt must be a Date instance")
+        .done();
+      const scopes = [...new Set(req.permissions.map(scopeOf))];
+      await assertManager(caller, organizationId);
+      const missing = scopes.filter((s) => !caller.apiKey!.permissions.has(s));
+      if (missing.length) throw errors.permissionDenied(`Insufficient permissions for assigning: ${missing.join(", ")}`);
+
+      const value = generateApiKey();
+      const { prefix, suffix } = keyEnds(value);
+      const record = em().create(ApiKeyRecord, {
+        id: randomUUID(),
+        organizationId,
+        userId: caller.userId,
+        name: req.name,
+        keyHash: hashApiKey(value),
+        keyPrefix: prefix,
+        keySuffix: suffix,
+        permissions: scopes,
+        createdByKeyHash: caller.apiKey!.hash,
+        createdAt: new Date(),
+        lastUsedAt: null,
+        expiresAt: req.expiresAt ? timestampDate(req.expiresAt) : null,
+      });
+      try {
+        await orm.em.fork().persist(record).flush();
+      } catch (err) {
+        if ((err as { code?: string }).code === "23505" || /unique/i.test(String(err))) {
+          throw errors.alreadyExists("API key with this name already exists");
+        }
+        throw err;
+      }
+      return {
+        name: record.name,
+        value,
+        createdAt: timestampFromDate(record.createdAt),
+        permissions: scopes.map((s) => permissionOf.get(s)!),
+        expiresAt: record.expiresAt ? timestampFromDate(record.expiresAt) : undefined,
+      };
+    },
+
+    async listApiKeys(_req, ctx) {
+      return { items: (await visibleKeys(ctx)).map(toApiKey) };
+    },
+
+    async getCurrentApiKey(_req, ctx) {
+      const key = await em().findOne(ApiKeyRecord, { keyHash: callerOf(ctx).apiKey!.hash });
+      if (!key) throw errors.unauthenticated();
+      return toApiKey(key);
+    },
+
+    async getApiKey(req, ctx) {
+      return toApiKey(await findOne(ctx, req.name));
+    },
+
+    async deleteApiKey(req, ctx) {
+      const key = await findOne(ctx, req.name);
+      await revoke(orm, credentials, key);
+      return {};
+    },
+
+    async setManagedApiKeys(req) {
+      const org = await em().findOne(Organization, { id: isUuid(req.organizationId) ? req.organizationId : "00000000-0000-0000-0000-000000000000" });
+      if (!org) throw errors.notFound(`Organization with ID ${req.organizationId} not found`);
+      org.managedApiKeys = req.enabled;
+      await orm.em.fork().persist(org).flush();
+      return {};
+    },
+  };
+}
+
+/** Deletes a key and tells every control process, in the same transaction. */
+export async function revoke(orm: MikroORM, credentials: Credentials, key: ApiKeyRecord): Promise<void> {
+  const notify = Credentials.notifySql({ kind: "key", hash: key.keyHash });
+  await orm.em.fork().transactional(async (em) => {
+    await em.getConnection().execute(`delete from api_key where id = ?`, [key.id], "run", em.getTransactionContext());
+    await em.getConnection().execute(notify.sql.replace("$1", "?").replace("$2", "?"), notify.params, "all", em.getTransactionContext());
+  });
+  credentials.evict({ kind: "key", hash: key.keyHash });
+}
+
+function toApiKey(k: ApiKeyRecord): ApiKey {
+  return {
+    $typeName: "sandbar.control.v1.ApiKey",
+    name: k.name,
+    value: maskApiKey(k.keyPrefix, k.keySuffix),
+    createdAt: timestampFromDate(k.createdAt),
+    permissions: k.permissions.map((s) => permissionOf.get(s)).filter((p): p is Permission => p !== undefined),
+    lastUsedAt: k.lastUsedAt ? timestampFromDate(k.lastUsedAt) : undefined,
+    expiresAt: k.expiresAt ? timestampFromDate(k.expiresAt) : undefined,
+    userId: k.userId,
+  };
+}
+
+const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(s);

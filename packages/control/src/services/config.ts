@@ -1,0 +1,27 @@
+import type { ServiceImpl } from "@connectrpc/connect";
+import type { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
+import type { Settings } from "../settings.ts";
+
+/** GET /config: what clients need to know about this server; no credentials. */
+export function configService(settings: Settings): Partial<ServiceImpl<typeof ConfigService>> {
+  const { publicUrl, version } = settings;
+  const host = new URL(publicUrl).host;
+  return {
+    getConfig() {
+      return {
+        version,
+        oidc: { issuer: "", clientId: "", audience: "" },
+        linkedAccountsEnabled: false,
+        announcements: {},
+        proxyTemplateUrl: `http://{{PORT}}-{{sandboxId}}.preview.${host}`,
+        proxyToolboxUrl: `${publicUrl}/api/toolbox-proxy`,
+        defaultSnapshot: "sandbar-default",
+        dashboardUrl: `${publicUrl}/dashboard`,
+        maxAutoArchiveInterval: 43200,
+        maintananceMode: false,
+        environment: process.env.NODE_ENV || "production",
+        rateLimit: {},
+      };
+    },
+  };
+}

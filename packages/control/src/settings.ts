@@ -1,0 +1,39 @@
+import { homedir } from "node:os";
+import { join } from "node:path";
+
+/** Server settings, read once from the environment (see README's configuration table). */
+export interface Settings {
+  port: number;
+  host: string;
+  dataDir: string;
+  /** External PostgreSQL; when absent an embedded PostgreSQL runs in `dataDir`. */
+  databaseUrl?: string;
+  bootstrapApiKey?: string;
+  version: string;
+  /** The address clients use to reach this server (for URLs the API hands out). */
+  publicUrl: string;
+}
+
+export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
+  // PostgreSQL refuses to run as root and runs as a `postgres` user instead, which cannot
+  // enter /root: a root service keeps its data where services do.
+  if (process.getuid?.() === 0) return "/var/lib/sandbar";
+  return join(env.XDG_DATA_HOME || join(homedir(), ".local", "share"), "sandbar");
+}
+
+export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
+  const port = env.SANDBAR_PORT === undefined ? 3000 : Number(env.SANDBAR_PORT);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) {
+    throw new Error(`SANDBAR_PORT must be a port number, got "${env.SANDBAR_PORT}"`);
+  }
+  const host = env.SANDBAR_HOST || "0.0.0.0";
+  return {
+    port,
+    host,
+    dataDir: env.SANDBAR_DATA_DIR || defaultDataDir(env),
+    databaseUrl: env.DATABASE_URL || undefined,
+    bootstrapApiKey: env.SANDBAR_BOOTSTRAP_API_KEY || undefined,
+    version: env.SANDBAR_VERSION || "0.1.0",
+    publicUrl: (env.SANDBAR_PUBLIC_URL || `http://localhost:${port}`).replace(/\/+$/, ""),
+  };
+}
