@@ -4,7 +4,7 @@ import { join } from "node:path";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { generateApiKey, hashApiKey, keyEnds } from "./auth/key-material.ts";
 import { ApiKeyRecord, Organization, OrganizationMember, User } from "./db/entities.ts";
-import { ALL_SCOPES } from "./services/api-keys.ts";
+import { ALL_SCOPES } from "./auth/scopes.ts";
 
 export const ADMIN_USER_ID = "sandbar-admin";
 const ADMIN_KEY_NAME = "sandbar-admin";
@@ -41,7 +41,7 @@ export async function bootstrap(orm: MikroORM, dataDir: string, presetKey: strin
     const value = presetKey ?? generateApiKey();
     em.create(ApiKeyRecord, {
       id: randomUUID(), organizationId: orgId, userId: ADMIN_USER_ID, name: ADMIN_KEY_NAME,
-      ...keyColumns(value), permissions: ALL_SCOPES, createdByKeyHash: null,
+      ...keyColumns(value), permissions: [...ALL_SCOPES], createdByKeyHash: null,
       createdAt: new Date(), lastUsedAt: null, expiresAt: null,
     });
     await em.flush();

@@ -1,7 +1,8 @@
 import type { DescMethod } from "@bufbuild/protobuf";
 import { Auth, errors, routeOf } from "@sandbar/protocol";
 import type { Credentials } from "./credentials.ts";
-import type { AuthContext } from "./principal.ts";
+import type { AuthContext, Principal } from "./principal.ts";
+import { ALL_SCOPES } from "./scopes.ts";
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const invalidContext = () => errors.permissionDenied("Invalid authentication context");
@@ -27,7 +28,7 @@ export class Guard {
     const principal = await this.credentials.authenticate(header.get("authorization"));
     if (route.auth === Auth.JWT && principal.kind !== "jwt") throw errors.unauthenticated();
     if (route.auth === Auth.API_KEY && principal.kind !== "api-key") throw errors.unauthenticated();
-    if (route.auth === Auth.SYSTEM_ADMIN && principal.systemRole !== "admin") throw errors.permissionDenied("Access denied");
+    if (route.auth === Auth.SYSTEM_ADMIN && !isOperator(principal)) throw errors.permissionDenied("Access denied");
     if (route.userLevel) return { principal };
 
     // An API key acts in its own organization; a path naming another one is refused.
@@ -50,6 +51,12 @@ export class Guard {
     }
     return { principal, organizationId, memberRole };
   }
+}
+
+/** Operator routes: a system admin, and with an API key only a full-scope one (not a narrowed child). */
+function isOperator(principal: Principal): boolean {
+  if (principal.systemRole !== "admin") return false;
+  return !principal.apiKey || ALL_SCOPES.every((s) => principal.apiKey!.permissions.has(s));
 }
 
 function organizationIdIn(message: unknown): string | undefined {

@@ -1,6 +1,6 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
-import { asConnectError, ConnectError } from "@sandbar/protocol";
+import { asConnectError, ConnectError, errors } from "@sandbar/protocol";
 import type { Guard } from "../auth/guard.ts";
 import { authContextKey } from "../auth/principal.ts";
 
@@ -9,14 +9,14 @@ type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
 /**
  * Wraps a service implementation so that every method passes the guard first. Both the
  * Connect/gRPC router and the REST gateway call the wrapped methods: one enforcement path.
+ * Methods without an implementation still pass the guard, then answer UNIMPLEMENTED.
  * Unexpected failures become INTERNAL without leaking their text.
  */
 export function secure<S extends DescService>(service: S, impl: Partial<ServiceImpl<S>>, guard: Guard): Partial<ServiceImpl<S>> {
   const wrapped: Record<string, AnyImpl> = {};
   for (const method of service.methods) {
-    const fn = (impl as Record<string, AnyImpl | undefined>)[method.localName];
-    if (!fn) continue;
-    wrapped[method.localName] = wrap(method, fn.bind(impl), guard);
+    const fn = (impl as Record<string, AnyImpl | undefined>)[method.localName]?.bind(impl) ?? notYet(method);
+    wrapped[method.localName] = wrap(method, fn, guard);
   }
   return wrapped as Partial<ServiceImpl<S>>;
 }
@@ -45,6 +45,17 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard): AnyImpl {
       throw failure(method, err);
     }
   };
+}
+
+function notYet(method: DescMethod): AnyImpl {
+  const fail = () => {
+    throw errors.unimplemented(`${method.parent.name}.${method.name} is not implemented yet`);
+  };
+  return method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming"
+    ? async function* () {
+        yield fail();
+      }
+    : fail;
 }
 
 function failure(method: DescMethod, err: unknown): ConnectError {

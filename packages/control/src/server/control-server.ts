@@ -1,4 +1,3 @@
-import type { AddressInfo, Server } from "node:net";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
@@ -28,6 +27,7 @@ export const API_BASE = "/api";
 export interface ControlServer {
   url: string;
   port: number;
+  databaseUrl: string;
   orm: MikroORM;
   stop(): Promise<void>;
 }
@@ -69,7 +69,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   });
   const gateway = createGateway(new RouteTable(services), impls, API_BASE);
 
-  const server: Server = await listenOnePort(
+  const listener = await listenOnePort(
     (req, res) => {
       const url = req.url ?? "";
       if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway(req as never, res as never);
@@ -78,15 +78,16 @@ export async function startControlServer(settings: Settings, log: (line: string)
     settings.port,
     settings.host,
   );
-  const port = (server.address() as AddressInfo).port;
+  const port = listener.port;
   let stopped: Promise<void> | undefined;
   return {
     url: `http://127.0.0.1:${port}`,
     port,
+    databaseUrl,
     orm,
     stop: () =>
       (stopped ??= (async () => {
-        await new Promise<void>((resolve) => server.close(() => resolve()));
+        await listener.close();
         await credentials.stop();
         await orm.close();
         await pg?.stop();

@@ -4,29 +4,50 @@ import net from "node:net";
 
 type Handler = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => void;
 
+export interface Listener {
+  port: number;
+  /** Stops accepting, lets requests in flight finish (up to `graceMs`), then drops the rest. */
+  close(graceMs?: number): Promise<void>;
+}
+
 /**
  * One TCP port for HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge, as gRPC uses):
  * the first bytes of each connection say which; the connection is handed to that server.
  */
-export function listenOnePort(handler: Handler, port: number, host: string): Promise<net.Server> {
+export function listenOnePort(handler: Handler, port: number, host: string): Promise<Listener> {
   const h1 = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, handler as http.RequestListener);
   const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
+  const sockets = new Set<net.Socket>();
+  const sessions = new Set<http2.ServerHttp2Session>();
+  h2.on("session", (s) => {
+    sessions.add(s);
+    s.once("close", () => sessions.delete(s));
+  });
   const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+    socket.on("error", () => socket.destroy());
     socket.once("data", (first) => {
       socket.pause();
       socket.unshift(first);
       (first.subarray(0, 3).toString("latin1") === "PRI" ? h2 : h1).emit("connection", socket);
       process.nextTick(() => socket.resume());
     });
-    socket.on("error", () => socket.destroy());
-  });
-  server.on("close", () => {
-    h1.close();
-    h1.closeAllConnections();
-    h2.close();
   });
   return new Promise((resolve, reject) => {
     server.once("error", reject);
-    server.listen(port, host, () => resolve(server));
+    server.listen(port, host, () =>
+      resolve({
+        port: (server.address() as net.AddressInfo).port,
+        close: async (graceMs = 5000) => {
+          const closed = new Promise<void>((r) => server.close(() => r()));
+          h1.closeIdleConnections();
+          for (const s of sessions) s.close();
+          const timer = setTimeout(() => sockets.forEach((s) => s.destroy()), graceMs);
+          await closed;
+          clearTimeout(timer);
+        },
+      }),
+    );
   });
 }

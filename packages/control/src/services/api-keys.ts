@@ -2,20 +2,18 @@ import { randomUUID } from "node:crypto";
 import { timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
-import { enumValueJson, errors } from "@sandbar/protocol";
+import { errors } from "@sandbar/protocol";
 import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
 import type { ApiKey } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
-import { Permission, PermissionSchema } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
+import type { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { generateApiKey, hashApiKey, keyEnds, maskApiKey } from "../auth/key-material.ts";
 import { callerOf, organizationOf, type Principal } from "../auth/principal.ts";
+import { permissionOf, scopeOf } from "../auth/scopes.ts";
 import { ApiKeyRecord, Organization } from "../db/entities.ts";
 import { Checks } from "./validate.ts";
 
 const MANAGE = "manage:api_keys";
-const scopeOf = (p: Permission) => enumValueJson(PermissionSchema.value[p]);
-const permissionOf = new Map(PermissionSchema.values.filter((v) => v.number !== 0).map((v) => [enumValueJson(v), v.number as Permission]));
-export const ALL_SCOPES = [...permissionOf.keys()];
 
 /** API keys (spec 4.2): shown once, stored as SHA-256, masked on every later read. */
 export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<ServiceImpl<typeof ApiKeyService>> {
