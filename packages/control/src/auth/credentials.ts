@@ -31,6 +31,8 @@ export class Credentials {
 
   constructor(databaseUrl: string) {
     this.pool = new pg.Pool({ connectionString: databaseUrl, max: 4 });
+    // An idle connection dropped by the server (restart, failover) is replaced on next use.
+    this.pool.on("error", () => {});
   }
 
   async start(databaseUrl: string): Promise<void> {

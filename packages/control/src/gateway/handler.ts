@@ -1,10 +1,11 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { STATUS_CODES } from "node:http";
 import { create, type DescField, type DescMethod, type Message } from "@bufbuild/protobuf";
-import { createHandlerContext, type HandlerContext } from "@connectrpc/connect";
+import { createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
 import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
+import { inputProblemsKey } from "../rpc/secure.ts";
 
 type Impl = (input: unknown, ctx: HandlerContext) => unknown;
 /** Secured implementations by service type name and method local name. */
@@ -36,8 +37,9 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       const { route, params } = match;
       const impl = impls.get(route.service.typeName)?.[route.method.localName];
       if (!impl) throw errors.unimplemented(`${verb} ${basePath}${route.template} is not implemented yet`);
-      const input = await readInput(req, route, params, searchParams);
-      const ctx = handlerContext(req, res, route, url);
+      const errs = new DecodeErrors();
+      const input = await readInput(req, route, params, searchParams, errs);
+      const ctx = handlerContext(req, res, route, url, errs.messages);
       if (route.method.methodKind === "server_streaming") return await stream(res, route, impl(input, ctx) as AsyncIterable<unknown>, ctx);
       if (route.method.methodKind !== "unary") throw errors.unimplemented(`${route.method.name} is not available over REST`);
       const output = create(route.method.output, (await impl(input, ctx)) as never) as Message;
@@ -48,9 +50,9 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
   };
 }
 
-async function readInput(req: IncomingMessage, route: RestRoute, params: Record<string, string>, query: URLSearchParams): Promise<Message> {
+/** Builds the request message from body, query and path; problems go to `errs`, raised after the guard. */
+async function readInput(req: IncomingMessage, route: RestRoute, params: Record<string, string>, query: URLSearchParams, errs: DecodeErrors): Promise<Message> {
   const desc = route.method.input;
-  const errs = new DecodeErrors();
   let msg: Record<string, unknown>;
   const text = route.body ? await readBody(req) : "";
   let json: unknown = undefined;
@@ -58,7 +60,7 @@ async function readInput(req: IncomingMessage, route: RestRoute, params: Record<
     try {
       json = JSON.parse(text);
     } catch {
-      throw errors.invalidArgument("Invalid JSON in request body");
+      errs.add("Invalid JSON in request body");
     }
   }
   if (route.body === "*") {
@@ -80,7 +82,6 @@ async function readInput(req: IncomingMessage, route: RestRoute, params: Record<
     const field = fieldNamed(route.method, name);
     if (field) setField(msg, field, value, "text", errs);
   }
-  errs.throwIfAny();
   return msg as unknown as Message;
 }
 
@@ -106,7 +107,7 @@ function readBody(req: IncomingMessage): Promise<string> {
   });
 }
 
-function handlerContext(req: IncomingMessage, res: ServerResponse, route: RestRoute, url: string): HandlerContext {
+function handlerContext(req: IncomingMessage, res: ServerResponse, route: RestRoute, url: string, problems: string[]): HandlerContext {
   const abort = new AbortController();
   res.on("close", () => abort.abort());
   const requestHeader = new Headers();
@@ -122,6 +123,7 @@ function handlerContext(req: IncomingMessage, res: ServerResponse, route: RestRo
     url,
     requestHeader,
     requestSignal: abort.signal,
+    contextValues: createContextValues().set(inputProblemsKey, problems),
   });
 }
 

@@ -9,7 +9,7 @@ import {
   toJson as protoToJson,
 } from "@bufbuild/protobuf";
 import { timestampDate, timestampFromDate, type Timestamp } from "@bufbuild/protobuf/wkt";
-import { enumValueJson, errors } from "@sandbar/protocol";
+import { enumValueJson } from "@sandbar/protocol";
 
 // JSON as the reference API writes it (not canonical proto3 JSON): camelCase names, enums
 // in their lower-case spelling, 64-bit integers as numbers, ISO-8601 times, and null for
@@ -90,9 +90,6 @@ export class DecodeErrors {
   add(message: string): undefined {
     this.messages.push(message);
     return undefined;
-  }
-  throwIfAny(): void {
-    if (this.messages.length) throw errors.invalidArgument(this.messages.join(", "));
   }
 }
 

@@ -1,10 +1,16 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
-import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { createContextKey, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { asConnectError, ConnectError, errors } from "@sandbar/protocol";
 import type { Guard } from "../auth/guard.ts";
 import { authContextKey } from "../auth/principal.ts";
 
 type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
+
+/**
+ * Problems the REST gateway found decoding a request. They are raised after the guard, so
+ * a caller without credentials learns nothing about the input rules (401 before 400).
+ */
+export const inputProblemsKey = createContextKey<string[]>([]);
 
 /**
  * Wraps a service implementation so that every method passes the guard first. Both the
@@ -26,6 +32,8 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard): AnyImpl {
     // Streaming requests are authorized on their headers alone.
     const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
     ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message));
+    const problems = ctx.values.get(inputProblemsKey);
+    if (problems.length) throw errors.invalidArgument(problems.join(", "));
   };
   if (method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming") {
     return async function* (input: unknown, ctx: HandlerContext) {

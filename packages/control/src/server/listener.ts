@@ -15,9 +15,23 @@ export interface Listener {
  * the first bytes of each connection say which; the connection is handed to that server.
  */
 export function listenOnePort(handler: Handler, port: number, host: string): Promise<Listener> {
-  const h1 = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, handler as http.RequestListener);
+  // HTTP/1.1 sockets with a request in flight; idle ones are dropped at once on close.
+  const busy = new Map<net.Socket, number>();
+  let closing = false;
+  const h1 = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, (req, res) => {
+    const socket = req.socket;
+    busy.set(socket, (busy.get(socket) ?? 0) + 1);
+    res.once("close", () => {
+      const n = (busy.get(socket) ?? 1) - 1;
+      if (n > 0) busy.set(socket, n);
+      else busy.delete(socket);
+      if (closing && n <= 0) socket.destroy();
+    });
+    handler(req, res);
+  });
   const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
   const sockets = new Set<net.Socket>();
+  const h1Sockets = new WeakSet<net.Socket>();
   const sessions = new Set<http2.ServerHttp2Session>();
   h2.on("session", (s) => {
     sessions.add(s);
@@ -30,7 +44,11 @@ export function listenOnePort(handler: Handler, port: number, host: string): Pro
     socket.once("data", (first) => {
       socket.pause();
       socket.unshift(first);
-      (first.subarray(0, 3).toString("latin1") === "PRI" ? h2 : h1).emit("connection", socket);
+      if (first.subarray(0, 3).toString("latin1") === "PRI") h2.emit("connection", socket);
+      else {
+        h1Sockets.add(socket);
+        h1.emit("connection", socket);
+      }
       process.nextTick(() => socket.resume());
     });
   });
@@ -40,8 +58,9 @@ export function listenOnePort(handler: Handler, port: number, host: string): Pro
       resolve({
         port: (server.address() as net.AddressInfo).port,
         close: async (graceMs = 5000) => {
+          closing = true;
           const closed = new Promise<void>((r) => server.close(() => r()));
-          h1.closeIdleConnections();
+          for (const s of sockets) if (h1Sockets.has(s) && !busy.has(s)) s.destroy();
           for (const s of sessions) s.close();
           const timer = setTimeout(() => sockets.forEach((s) => s.destroy()), graceMs);
           await closed;
