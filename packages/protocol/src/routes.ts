@@ -6,9 +6,13 @@ import { Auth, json, route, type Route } from "../gen/sandbar/options/v1/options
 export { Auth };
 export type { HttpRule, Route };
 
-/** The method's Route option (status, credentials, scope); defaults when absent. */
+const routeCache = new WeakMap<DescMethod, Route>();
+
+/** The method's Route option (status, credentials, scope); defaults when absent. Cached: it is read on every call. */
 export function routeOf(method: DescMethod): Route {
-  return getOption(method, route);
+  let r = routeCache.get(method);
+  if (!r) routeCache.set(method, (r = getOption(method, route)));
+  return r;
 }
 
 /** The method's google.api.http rule, or undefined for RPC-only methods. */

@@ -101,9 +101,11 @@ export class Credentials {
   private async loadKey(hash: string): Promise<Principal | null> {
     const { rows } = await this.query<{
       id: string; name: string; organization_id: string; user_id: string; permissions: string[];
-      expires_at: Date | null; email: string; role: string;
+      expires_at: Date | null; key_prefix: string; key_suffix: string; created_at: Date; last_used_at: Date | null;
+      email: string; role: string;
     }>(
-      `select k.id, k.name, k.organization_id, k.user_id, k.permissions, k.expires_at, u.email, u.role
+      `select k.id, k.name, k.organization_id, k.user_id, k.permissions, k.expires_at, k.key_prefix, k.key_suffix,
+              k.created_at, k.last_used_at, u.email, u.role
          from api_key k join "user" u on u.id = k.user_id where k.key_hash = $1`,
       [hash],
     );
@@ -117,11 +119,16 @@ export class Credentials {
       userId: row.user_id,
       permissions: new Set(row.permissions),
       expiresAt: row.expires_at,
+      prefix: row.key_prefix,
+      suffix: row.key_suffix,
+      createdAt: row.created_at,
+      lastUsedAt: row.last_used_at,
     };
     return { kind: "api-key", userId: row.user_id, email: row.email, systemRole: row.role, apiKey };
   }
 
   private touch(key: KeyIdentity, now: number): void {
+    key.lastUsedAt = new Date(now);
     const last = this.lastUsedWrites.get(key.hash) ?? 0;
     if (now - last < LAST_USED_INTERVAL_MS) return;
     this.lastUsedWrites.set(key.hash, now);

@@ -1,4 +1,4 @@
-import { createHash, randomBytes } from "node:crypto";
+import { hash, randomBytes } from "node:crypto";
 
 /** Sandbar API keys: "sbr_" and 64 hex digits (256 random bits). */
 const KEY_PREFIX = "sbr_";
@@ -10,7 +10,7 @@ export function generateApiKey(): string {
 
 /** The only stored form of a key: its SHA-256, which is also how a presented key is looked up. */
 export function hashApiKey(value: string): string {
-  return createHash("sha256").update(value).digest("hex");
+  return hash("sha256", value, "hex");
 }
 
 /** The parts kept for masking: 3 characters at each end, as the reference does. */

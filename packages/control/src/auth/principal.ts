@@ -10,6 +10,11 @@ export interface KeyIdentity {
   userId: string;
   permissions: ReadonlySet<string>;
   expiresAt: Date | null;
+  prefix: string;
+  suffix: string;
+  createdAt: Date;
+  /** Kept current in memory by the credential cache (written to the database at most every 10 s). */
+  lastUsedAt: Date | null;
 }
 
 /** Who is calling: resolved from the credentials of a request. */

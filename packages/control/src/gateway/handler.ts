@@ -24,7 +24,9 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
     try {
       cors(req, res);
       if (req.method === "OPTIONS") return void res.writeHead(204).end();
-      const { pathname, searchParams } = new URL(url, "http://gateway");
+      const q = url.indexOf("?");
+      const pathname = q < 0 ? url : url.slice(0, q);
+      const searchParams = new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
       const verb = req.method ?? "GET";
       const path = pathname.slice(basePath.length) || "/";
       let match;
@@ -109,12 +111,12 @@ function readBody(req: IncomingMessage): Promise<string> {
 
 function handlerContext(req: IncomingMessage, res: ServerResponse, route: RestRoute, url: string, problems: string[]): HandlerContext {
   const abort = new AbortController();
-  res.on("close", () => abort.abort());
-  const requestHeader = new Headers();
-  for (const [k, v] of Object.entries(req.headers)) {
-    if (typeof v === "string") requestHeader.set(k, v);
-    else if (Array.isArray(v)) for (const item of v) requestHeader.append(k, item);
-  }
+  // Only a client gone mid-call aborts: a finished response needs no abort (it is not free).
+  res.once("close", () => {
+    if (!res.writableFinished) abort.abort();
+  });
+  // Node joins repeated request headers into one string (set-cookie aside), so the object maps straight to Headers.
+  const requestHeader = req.headers as Record<string, string>;
   return createHandlerContext({
     service: route.service,
     method: route.method,

@@ -37,7 +37,8 @@ export function listenOnePort(handler: Handler, port: number, host: string): Pro
     sessions.add(s);
     s.once("close", () => sessions.delete(s));
   });
-  const server = net.createServer((socket) => {
+  // net.createServer does not set TCP_NODELAY as http.createServer would; multi-frame h2 replies need it.
+  const server = net.createServer({ noDelay: true }, (socket) => {
     sockets.add(socket);
     socket.once("close", () => sockets.delete(socket));
     socket.on("error", () => socket.destroy());

@@ -91,10 +91,10 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
       return { items: (await visibleKeys(ctx)).map(toApiKey) };
     },
 
-    async getCurrentApiKey(_req, ctx) {
-      const key = await em().findOne(ApiKeyRecord, { keyHash: callerOf(ctx).apiKey!.hash });
-      if (!key) throw errors.unauthenticated();
-      return toApiKey(key);
+    // Served from the credential cache: the key was just validated, no query needed.
+    getCurrentApiKey(_req, ctx) {
+      const k = callerOf(ctx).apiKey!;
+      return toApiKey({ ...k, keyPrefix: k.prefix, keySuffix: k.suffix, permissions: [...k.permissions] });
     },
 
     async getApiKey(req, ctx) {
@@ -127,7 +127,9 @@ export async function revoke(orm: MikroORM, credentials: Credentials, key: ApiKe
   credentials.evict({ kind: "key", hash: key.keyHash });
 }
 
-function toApiKey(k: ApiKeyRecord): ApiKey {
+type ListedKey = Pick<ApiKeyRecord, "name" | "keyPrefix" | "keySuffix" | "createdAt" | "permissions" | "lastUsedAt" | "expiresAt" | "userId">;
+
+function toApiKey(k: ListedKey): ApiKey {
   return {
     $typeName: "sandbar.control.v1.ApiKey",
     name: k.name,
