@@ -15,7 +15,7 @@ const keys: Record<string, string> = {};
 beforeAll(async () => {
   t = await startTestServer();
   orgId = (await t.server.orm.em.fork().findOneOrFail(Organization, { createdBy: "sandbar-admin" })).id;
-  routes = new RouteTable(await servicesIn("sandbar/control/v1")).routes;
+  routes = new RouteTable([{ services: await servicesIn("sandbar/control/v1") }]).routes;
   const scopes = [...new Set(routes.map((r) => routeOf(r.method).scope).filter(Boolean))];
   for (const scope of ["", ...scopes]) {
     const res = await api(t.url, t.adminKey, "POST", "/api-keys", { name: `scope-${scope || "none"}`, permissions: scope ? [scope] : [] });

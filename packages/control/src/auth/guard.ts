@@ -1,5 +1,5 @@
 import type { DescMethod } from "@bufbuild/protobuf";
-import { Auth, errors, routeOf } from "@sandbar/protocol";
+import { Auth, errors, routeOf, type Route } from "@sandbar/protocol";
 import type { Credentials } from "./credentials.ts";
 import type { AuthContext, Principal } from "./principal.ts";
 import { ALL_SCOPES } from "./scopes.ts";
@@ -22,8 +22,8 @@ export class Guard {
     this.credentials = credentials;
   }
 
-  async check(method: DescMethod, header: Headers, message: unknown): Promise<AuthContext> {
-    const route = routeOf(method);
+  /** `route` overrides the method's own option (the toolbox mounts agent methods with its own policy). */
+  async check(method: DescMethod, header: Headers, message: unknown, route: Route = routeOf(method)): Promise<AuthContext> {
     if (route.auth === Auth.PUBLIC) return {};
     const principal = await this.credentials.authenticate(header.get("authorization"));
     if (route.auth === Auth.JWT && principal.kind !== "jwt") throw errors.unauthenticated();

@@ -6,6 +6,7 @@ import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
 import { inputProblemsKey } from "../rpc/secure.ts";
+import { SANDBOX_ID_HEADER } from "../toolbox/forward.ts";
 
 type Impl = (input: unknown, ctx: HandlerContext) => unknown;
 /** Secured implementations by service type name and method local name. */
@@ -41,6 +42,8 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       if (!impl) throw errors.unimplemented(`${verb} ${basePath}${route.template} is not implemented yet`);
       const errs = new DecodeErrors();
       const input = await readInput(req, route, params, searchParams, errs);
+      // A sandbox in the path that the message has no field for routes the call (the toolbox).
+      if (params.sandbox_id !== undefined && !fieldNamed(route.method, "sandbox_id")) req.headers[SANDBOX_ID_HEADER] = params.sandbox_id;
       const ctx = handlerContext(req, res, route, url, errs.messages);
       if (route.method.methodKind === "server_streaming") return await stream(res, route, impl(input, ctx) as AsyncIterable<unknown>, ctx);
       if (route.method.methodKind !== "unary") throw errors.unimplemented(`${route.method.name} is not available over REST`);

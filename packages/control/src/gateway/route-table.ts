@@ -27,10 +27,13 @@ export interface RouteMatch {
 export class RouteTable {
   private readonly byVerb = new Map<string, RestRoute[]>();
 
-  constructor(services: DescService[], prefix = "") {
-    for (const service of services) {
-      for (const method of service.methods) {
-        for (const b of httpBindingsOf(method)) this.add(service, method, b.verb, prefix + b.path, b.body, b.responseBody);
+  /** Each group's paths are mounted under its prefix (the toolbox mounts the agent's paths under a sandbox). */
+  constructor(groups: Array<{ services: DescService[]; prefix?: string }>) {
+    for (const { services, prefix = "" } of groups) {
+      for (const service of services) {
+        for (const method of service.methods) {
+          for (const b of httpBindingsOf(method)) this.add(service, method, b.verb, prefix + b.path, b.body, b.responseBody);
+        }
       }
     }
     for (const routes of this.byVerb.values()) routes.sort(bySpecificity);

@@ -1,6 +1,6 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { createContextKey, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
-import { asConnectError, ConnectError, errors } from "@sandbar/protocol";
+import { asConnectError, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
 import type { Guard } from "../auth/guard.ts";
 import { authContextKey } from "../auth/principal.ts";
 
@@ -18,20 +18,25 @@ export const inputProblemsKey = createContextKey<string[]>([]);
  * Methods without an implementation still pass the guard, then answer UNIMPLEMENTED.
  * Unexpected failures become INTERNAL without leaking their text.
  */
-export function secure<S extends DescService>(service: S, impl: Partial<ServiceImpl<S>>, guard: Guard): Partial<ServiceImpl<S>> {
+export function secure<S extends DescService>(
+  service: S,
+  impl: Partial<ServiceImpl<S>>,
+  guard: Guard,
+  routeFor: (method: DescMethod) => Route = routeOf,
+): Partial<ServiceImpl<S>> {
   const wrapped: Record<string, AnyImpl> = {};
   for (const method of service.methods) {
     const fn = (impl as Record<string, AnyImpl | undefined>)[method.localName]?.bind(impl) ?? notYet(method);
-    wrapped[method.localName] = wrap(method, fn, guard);
+    wrapped[method.localName] = wrap(method, fn, guard, routeFor(method));
   }
   return wrapped as Partial<ServiceImpl<S>>;
 }
 
-function wrap(method: DescMethod, fn: AnyImpl, guard: Guard): AnyImpl {
+function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route): AnyImpl {
   const enter = async (input: unknown, ctx: HandlerContext) => {
     // Streaming requests are authorized on their headers alone.
     const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
-    ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message));
+    ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route));
     const problems = ctx.values.get(inputProblemsKey);
     if (problems.length) throw errors.invalidArgument(problems.join(", "));
   };

@@ -21,6 +21,8 @@ import { apiKeyService } from "../services/api-keys.ts";
 import { configService } from "../services/config.ts";
 import type { Settings } from "../settings.ts";
 import { listenOnePort } from "./listener.ts";
+import { type AgentLocator, sandboxesUnavailable } from "../toolbox/agent-locator.ts";
+import { mountToolbox, TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
 
 export const API_BASE = "/api";
 
@@ -39,7 +41,12 @@ type Impl = Partial<ServiceImpl<DescService>>;
  * bootstrap, then one port serving the REST gateway under /api and Connect, gRPC and
  * gRPC-Web for every service, with gRPC health and reflection.
  */
-export async function startControlServer(settings: Settings, log: (line: string) => void = console.log): Promise<ControlServer> {
+export interface ControlOptions {
+  /** Locates agents for the toolbox; default: the sandboxes this server runs. */
+  agentLocator?: AgentLocator;
+}
+
+export async function startControlServer(settings: Settings, log: (line: string) => void = console.log, options: ControlOptions = {}): Promise<ControlServer> {
   let pg: RunningPostgres | undefined;
   const databaseUrl = settings.databaseUrl ?? (pg = await startEmbeddedPostgres(settings.dataDir, log)).url;
   const orm = await openDatabase(databaseUrl);
@@ -59,15 +66,21 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const impls: ImplIndex = new Map();
   for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard) as never);
 
-  const serviceNames = [...services.map((s) => s.typeName), Health.typeName, ServerReflection.typeName];
+  // The toolbox: the agent's services, forwarded to the sandbox each call names.
+  const agentLocator: AgentLocator = options.agentLocator ?? sandboxesUnavailable;
+  const toolbox = await mountToolbox(agentLocator, guard);
+  for (const [name, impl] of toolbox.impls) impls.set(name, impl as never);
+
+  const serviceNames = [...services, ...toolbox.services].map((s) => s.typeName).concat(Health.typeName, ServerReflection.typeName);
   const rpc = connectNodeAdapter({
     routes(router) {
-      for (const service of services) router.service(service, impls.get(service.typeName) as Impl);
+      for (const service of [...services, ...toolbox.services]) router.service(service, impls.get(service.typeName) as Impl);
       router.service(Health, healthService(new Set(serviceNames), async () => orm.isConnected()));
-      router.service(ServerReflection, reflectionService([...controlFiles, file_grpc_health_v1_health, file_grpc_reflection_v1_reflection], serviceNames));
+      router.service(ServerReflection, reflectionService([...controlFiles, ...toolbox.files, file_grpc_health_v1_health, file_grpc_reflection_v1_reflection], serviceNames));
     },
   });
-  const gateway = createGateway(new RouteTable(services), impls, API_BASE);
+  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix }))]);
+  const gateway = createGateway(routes, impls, API_BASE);
 
   const listener = await listenOnePort(
     (req, res) => {
@@ -88,6 +101,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     stop: () =>
       (stopped ??= (async () => {
         await listener.close();
+        toolbox.clients.close();
         await credentials.stop();
         await orm.close();
         await pg?.stop();

@@ -2,7 +2,7 @@ import { randomBytes } from "node:crypto";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { startControlServer, type ControlServer } from "../server/control-server.ts";
+import { startControlServer, type ControlOptions, type ControlServer } from "../server/control-server.ts";
 import { loadSettings } from "../settings.ts";
 
 export interface TestServer {
@@ -16,7 +16,9 @@ export interface TestServer {
 }
 
 /** A real control server on a free loopback port with its own data dir (embedded PostgreSQL). */
-export async function startTestServer(opts: { dataDir?: string; databaseUrl?: string; adminKey?: string } = {}): Promise<TestServer> {
+export async function startTestServer(
+  opts: { dataDir?: string; databaseUrl?: string; adminKey?: string; control?: ControlOptions } = {},
+): Promise<TestServer> {
   const dataDir = opts.dataDir ?? (await mkdtemp(join(tmpdir(), "sandbar-test-")));
   const adminKey = opts.adminKey ?? "sbr_" + randomBytes(32).toString("hex");
   const settings = {
@@ -27,7 +29,7 @@ export async function startTestServer(opts: { dataDir?: string; databaseUrl?: st
     databaseUrl: opts.databaseUrl,
     bootstrapApiKey: adminKey,
   };
-  const server = await startControlServer(settings, () => {});
+  const server = await startControlServer(settings, () => {}, opts.control);
   return {
     server,
     url: server.url,

@@ -1,0 +1,46 @@
+import type { DescMethod, DescService } from "@bufbuild/protobuf";
+import type { CallOptions, HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { errors } from "@sandbar/protocol";
+import { organizationOf } from "../auth/principal.ts";
+import type { AgentClients } from "./agent-clients.ts";
+import type { AgentLocator } from "./agent-locator.ts";
+
+/** The metadata naming the sandbox of a toolbox call made over gRPC/Connect (REST has it in the path). */
+export const SANDBOX_ID_HEADER = "x-sandbar-sandbox-id";
+
+type Forwarder = (input: unknown, ctx: HandlerContext) => unknown;
+type ClientMethod = (input: unknown, options: CallOptions) => unknown;
+
+/**
+ * An implementation of an agent service that forwards every call to the agent of the sandbox
+ * the call names, after the guard has checked the caller: the toolbox messages are defined once,
+ * by the agent's own contract, and streams pass through as streams.
+ */
+export function forwardingImpl<S extends DescService>(service: S, locator: AgentLocator, clients: AgentClients): Partial<ServiceImpl<S>> {
+  const impl: Record<string, Forwarder> = {};
+  for (const method of service.methods) impl[method.localName] = forwarder(service, method, locator, clients);
+  return impl as Partial<ServiceImpl<S>>;
+}
+
+function forwarder(service: DescService, method: DescMethod, locator: AgentLocator, clients: AgentClients): Forwarder {
+  const target = async (ctx: HandlerContext) => {
+    const idOrName = ctx.requestHeader.get(SANDBOX_ID_HEADER);
+    if (!idOrName) throw errors.invalidArgument(`the sandbox is missing: send its id in the ${SANDBOX_ID_HEADER} header`);
+    const agent = await locator.agentFor(organizationOf(ctx), idOrName);
+    locator.touch(agent.sandboxId);
+    const call = (clients.client(service, agent.socket) as unknown as Record<string, ClientMethod>)[method.localName];
+    const options: CallOptions = {
+      headers: { authorization: `Bearer ${agent.secret}` },
+      signal: ctx.signal,
+      timeoutMs: ctx.timeoutMs(),
+      onHeader: (h) => h.forEach((v, k) => (k.startsWith("x-sandbar-") ? ctx.responseHeader.set(k, v) : undefined)),
+    };
+    return (input: unknown) => call(input, options);
+  };
+  if (method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming") {
+    return async function* (input: unknown, ctx: HandlerContext) {
+      yield* (await target(ctx))(input) as AsyncIterable<unknown>;
+    };
+  }
+  return async (input: unknown, ctx: HandlerContext) => (await target(ctx))(input);
+}

@@ -1,0 +1,40 @@
+import type { DescFile, DescMethod, DescService } from "@bufbuild/protobuf";
+import { create } from "@bufbuild/protobuf";
+import { Auth, filesIn, routeOf, type Route } from "@sandbar/protocol";
+import { RouteSchema } from "@sandbar/protocol/gen/sandbar/options/v1/options_pb.js";
+import type { Guard } from "../auth/guard.ts";
+import { secure } from "../rpc/secure.ts";
+import { AgentClients } from "./agent-clients.ts";
+import type { AgentLocator } from "./agent-locator.ts";
+import { forwardingImpl } from "./forward.ts";
+
+/**
+ * The toolbox's access rule, in one place: any member with `write:sandboxes` (as the reference's
+ * toolbox controller requires), with an API key or a JWT, whatever the agent's own options say.
+ */
+export const TOOLBOX_SCOPE = "write:sandboxes";
+
+/** Where the agent's paths are mounted on the REST API: every client generation's spelling. */
+export const TOOLBOX_PREFIXES = [
+  "/toolbox/{sandbox_id}/toolbox", // 0.25 / 0.111 clients (and the /workspace era: same shape)
+  "/toolbox-proxy/{sandbox_id}", // `proxyToolboxUrl` of /config and each sandbox's toolboxProxyUrl
+];
+
+export interface Toolbox {
+  files: DescFile[];
+  services: DescService[];
+  impls: Map<string, object>;
+  clients: AgentClients;
+}
+
+/** The agent's services, forwarded to sandboxes, guarded by the toolbox's rule. */
+export async function mountToolbox(locator: AgentLocator, guard: Guard): Promise<Toolbox> {
+  const files = await filesIn("sandbar/agent/v1");
+  const services = files.flatMap((f) => f.services);
+  const clients = new AgentClients();
+  const policy = (method: DescMethod): Route =>
+    create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED });
+  const impls = new Map<string, object>();
+  for (const service of services) impls.set(service.typeName, secure(service, forwardingImpl(service, locator, clients), guard, policy));
+  return { files, services, impls, clients };
+}
