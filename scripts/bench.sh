@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# `npm run bench [name…]`: every benchmark under bench/ (or the named ones); each prints its figures
+# with ratios against a floor measured in the same run and records them in bench/<name>/RESULTS.md.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+ensure_deps
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=($(for d in bench/*/run.ts; do basename "$(dirname "$d")"; done))
+for name in "${names[@]}"; do
+  echo "== bench/$name"
+  node "bench/$name/run.ts"
+done
