@@ -1,0 +1,14 @@
+export type {
+  BindMount,
+  InitCommand,
+  NetworkMode,
+  SandboxInfo,
+  SandboxProvider,
+  SandboxSpec,
+  SandboxState,
+  SandboxUsage,
+  StartOptions,
+  StopOptions,
+} from "./provider.ts";
+export { SANDBOX_PATHS } from "./provider.ts";
+export { validateSpec } from "./spec.ts";

@@ -1,0 +1,63 @@
+import { spawn } from "node:child_process";
+import { access, readFile } from "node:fs/promises";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { detectCgroups } from "./detect.ts";
+import type { CgroupBackend } from "./types.ts";
+
+// The v1 back end on this host's real hierarchies (the machine kind has memory, pids, cpu,
+// cpuacct and freezer on v1).
+
+let cg: CgroupBackend;
+const group = `sandbar-v1test-${process.pid}`;
+const name = "probe";
+
+beforeAll(async () => {
+  cg = await detectCgroups({ group });
+});
+
+afterAll(async () => {
+  await cg.kill(name);
+  await cg.remove(name);
+  await cg.removeParentIfEmpty();
+});
+
+describe("cgroup v1 back end (this host)", () => {
+  it("is the back end detected here, below the runner's own cgroup", async () => {
+    expect(cg.version).toBe("v1");
+    const own = await readFile("/proc/self/cgroup", "utf8");
+    const memPath = /^\d+:memory:(.*)$/m.exec(own)![1];
+    expect(cg.paths(name).some((p) => p.startsWith(`/sys/fs/cgroup/memory${memPath === "/" ? "" : memPath}/${group}/`))).toBe(true);
+  });
+
+  it("creates a group with its limits, lets a process join, kills it and removes the group", async () => {
+    await cg.create(name, { memoryBytes: 64 * 2 ** 20, pidsMax: 20, cpuQuotaUs: 25_000, cpuPeriodUs: 100_000 });
+    const mem = cg.paths(name).find((p) => p.includes("/memory/"))!;
+    expect((await readFile(`${mem}/memory.limit_in_bytes`, "utf8")).trim()).toBe(String(64 * 2 ** 20));
+    const cpu = cg.paths(name).find((p) => p.includes("/cpu/"))!;
+    expect((await readFile(`${cpu}/cpu.cfs_quota_us`, "utf8")).trim()).toBe("25000");
+    const pids = cg.paths(name).find((p) => p.includes("/pids/"))!;
+    expect((await readFile(`${pids}/pids.max`, "utf8")).trim()).toBe("20");
+
+    // Join the way the launcher does, then fork a few children that must be counted too.
+    const files = cg.procsFiles(name);
+    const child = spawn("/bin/sh", ["-c", 'for f in "$@"; do echo $$ > "$f"; done; sleep 60 & sleep 60 & wait', "sh", ...files], { stdio: "ignore" });
+    let joined: number[] = [];
+    for (let i = 0; i < 200 && joined.length < 3; i++) {
+      await new Promise((r) => setTimeout(r, 10));
+      joined = await cg.pids(name);
+    }
+    expect(joined).toContain(child.pid);
+    expect(joined.length).toBe(3);
+    const stats = await cg.stats(name);
+    expect(stats?.pids).toBe(3);
+    expect(stats?.pidsLimit).toBe(20);
+    expect(stats?.memoryLimitBytes).toBe(64 * 2 ** 20);
+
+    const exited = new Promise((r) => child.once("exit", r));
+    await cg.kill(name);
+    await exited;
+    expect(await cg.pids(name)).toEqual([]);
+    await cg.remove(name);
+    for (const p of cg.paths(name)) await expect(access(p)).rejects.toThrow();
+  });
+});

@@ -1,0 +1,101 @@
+import { mkdir, mkdtemp, readFile, rm, unlink, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { CgroupV2 } from "./v2.ts";
+
+// This machine kind has no v2 controllers (only hugetlb sits on its cgroup2 mount), so the v2
+// back end runs against a fake cgroupfs: a directory whose files play the kernel's part.
+
+let root: string;
+let base: string;
+
+beforeEach(async () => {
+  root = await mkdtemp(path.join(os.tmpdir(), "sandbar-fake-cgroup2-"));
+  base = path.join(root, "system.slice", "sandbar.service");
+  await mkdir(base, { recursive: true });
+  await writeFile(path.join(base, "cgroup.controllers"), "cpuset cpu io memory hugetlb pids rdma misc\n");
+  await writeFile(path.join(base, "cgroup.subtree_control"), "\n");
+  await writeFile(path.join(base, "cgroup.procs"), "");
+});
+
+afterEach(async () => {
+  await rm(root, { recursive: true, force: true });
+});
+
+const read = (...p: string[]) => readFile(path.join(...p), "utf8");
+
+describe("cgroup v2 back end", () => {
+  it("enables memory, pids and cpu down to the sandbox groups", async () => {
+    const cg = new CgroupV2({ base, group: "sandbar-test" });
+    await cg.prepare();
+    expect(await read(base, "cgroup.subtree_control")).toBe("+memory +pids +cpu");
+    expect(await read(base, "sandbar-test", "cgroup.subtree_control")).toBe("+memory +pids +cpu");
+  });
+
+  it("refuses a hierarchy without the controllers it needs", async () => {
+    await writeFile(path.join(base, "cgroup.controllers"), "cpuset hugetlb\n");
+    await expect(new CgroupV2({ base, group: "g" }).prepare()).rejects.toThrow(/lacks the memory, pids, cpu controller/);
+  });
+
+  it("writes memory.max, memory.swap.max, pids.max and cpu.max", async () => {
+    const cg = new CgroupV2({ base, group: "g" });
+    const dir = path.join(base, "g", "sbx1");
+    await mkdir(dir, { recursive: true });
+    await writeFile(path.join(dir, "memory.swap.max"), "max\n"); // the kernel offers it when swap accounting exists
+    await cg.create("sbx1", { memoryBytes: 256 * 2 ** 20, pidsMax: 64, cpuQuotaUs: 50_000, cpuPeriodUs: 100_000 });
+    expect(await read(dir, "memory.max")).toBe(String(256 * 2 ** 20));
+    expect(await read(dir, "memory.swap.max")).toBe("0");
+    expect(await read(dir, "pids.max")).toBe("64");
+    expect(await read(dir, "cpu.max")).toBe("50000 100000");
+    expect(cg.procsFiles("sbx1")).toEqual([path.join(dir, "cgroup.procs")]);
+    expect(cg.paths("sbx1")).toEqual([dir]);
+  });
+
+  it("reads OOM kills, pids-limit hits and CPU throttling from the kernel's counters", async () => {
+    const cg = new CgroupV2({ base, group: "g" });
+    await cg.create("s", { memoryBytes: 1 << 26, pidsMax: 10, cpuQuotaUs: 10_000, cpuPeriodUs: 100_000 });
+    const dir = path.join(base, "g", "s");
+    await writeFile(path.join(dir, "memory.current"), "1048576\n");
+    await writeFile(path.join(dir, "memory.peak"), "67108864\n");
+    await writeFile(path.join(dir, "memory.events"), "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n");
+    await writeFile(path.join(dir, "pids.current"), "7\n");
+    await writeFile(path.join(dir, "pids.events"), "max 31\n");
+    await writeFile(path.join(dir, "cpu.stat"), "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\nnr_periods 40\nnr_throttled 17\nthrottled_usec 890000\n");
+    await writeFile(path.join(dir, "cgroup.procs"), "101\n102\n");
+    expect(await cg.stats("s")).toEqual({
+      memoryBytes: 1048576,
+      memoryPeakBytes: 67108864,
+      memoryLimitBytes: 1 << 26,
+      oomKills: 2,
+      pids: 7,
+      pidsLimit: 10,
+      pidsLimitHits: 31,
+      cpuUsageUsec: 123456,
+      cpuPeriods: 40,
+      cpuThrottledPeriods: 17,
+      cpuThrottledUsec: 890000,
+    });
+    expect(await cg.pids("s")).toEqual([101, 102]);
+    expect(await cg.stats("missing")).toBeUndefined();
+    expect(await cg.pids("missing")).toEqual([]);
+  });
+
+  it("kills through cgroup.kill and removes the group", async () => {
+    const cg = new CgroupV2({ base, group: "g" });
+    await cg.create("k", { memoryBytes: 1 << 26, pidsMax: 10, cpuQuotaUs: 10_000, cpuPeriodUs: 100_000 });
+    const dir = path.join(base, "g", "k");
+    await writeFile(path.join(dir, "cgroup.kill"), "");
+    await writeFile(path.join(dir, "cgroup.procs"), ""); // the kernel empties it once the kill is done
+    await cg.kill("k");
+    expect(await read(dir, "cgroup.kill")).toBe("1");
+    // A real cgroupfs removes its interface files with the directory; the fake needs help.
+    const { readdir } = await import("node:fs/promises");
+    for (const f of await readdir(dir)) await unlink(path.join(dir, f));
+    await cg.remove("k");
+    expect(await cg.exists("k")).toBe(false);
+    await cg.remove("k"); // already gone is fine
+    await cg.removeParentIfEmpty();
+    expect(await cg.exists("k")).toBe(false);
+  });
+});

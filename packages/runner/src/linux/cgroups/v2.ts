@@ -1,0 +1,159 @@
+import { access, mkdir, rmdir, writeFile } from "node:fs/promises";
+import path from "node:path";
+import type { CgroupBackend, CgroupLimits, CgroupStats } from "./types.ts";
+import { isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep } from "./types.ts";
+import { rmdirRetry } from "./v1.ts";
+
+// cgroup v2 (unified): one tree; `<our own cgroup>/<group>/<name>` per sandbox, with memory, pids
+// and cpu enabled down the path. This machine kind only has hugetlb on its cgroup2 mount, so this
+// back end is exercised against a fake cgroupfs directory in tests.
+
+const CONTROLLERS = ["memory", "pids", "cpu"] as const;
+
+export interface V2Options {
+  /** Directory of the runner's own cgroup (e.g. /sys/fs/cgroup/system.slice/sandbar.service). */
+  base: string;
+  group: string;
+}
+
+export class CgroupV2 implements CgroupBackend {
+  readonly version = "v2";
+  readonly #base: string;
+  readonly #group: string;
+
+  constructor(options: V2Options) {
+    this.#base = options.base;
+    this.#group = options.group;
+  }
+
+  #dir(name: string): string {
+    return path.join(this.#base, this.#group, name);
+  }
+
+  /**
+   * Enables memory, pids and cpu for sandbox groups. v2 forbids enabling controllers for children
+   * of a group that holds processes, so when our own group is busy the runner moves itself into a
+   * leaf (`<own>/runner`) first: the usual arrangement for a service that manages cgroups.
+   */
+  async prepare(): Promise<void> {
+    const missing = async (dir: string) => {
+      const enabled = ((await readText(path.join(dir, "cgroup.subtree_control"))) ?? "").split(/\s+/);
+      return CONTROLLERS.filter((c) => !enabled.includes(c));
+    };
+    const enable = (dir: string, cs: readonly string[]) =>
+      writeFile(path.join(dir, "cgroup.subtree_control"), cs.map((c) => `+${c}`).join(" "));
+    const available = ((await readText(path.join(this.#base, "cgroup.controllers"))) ?? "").split(/\s+/);
+    const absent = CONTROLLERS.filter((c) => !available.includes(c));
+    if (absent.length > 0) {
+      throw new Error(`cgroup v2 at ${this.#base} lacks the ${absent.join(", ")} controller(s)`);
+    }
+    const own = await missing(this.#base);
+    if (own.length > 0) {
+      try {
+        await enable(this.#base, own);
+      } catch (err) {
+        if (!isErrno(err, "EBUSY")) throw err;
+        const leaf = path.join(this.#base, "runner");
+        await mkdir(leaf, { recursive: true });
+        await writeFile(path.join(leaf, "cgroup.procs"), String(process.pid));
+        await enable(this.#base, own);
+      }
+    }
+    const parent = path.join(this.#base, this.#group);
+    await mkdir(parent, { recursive: true });
+    const sub = await missing(parent);
+    if (sub.length > 0) await enable(parent, sub);
+  }
+
+  paths(name: string): string[] {
+    return [this.#dir(name)];
+  }
+
+  procsFiles(name: string): string[] {
+    return [path.join(this.#dir(name), "cgroup.procs")];
+  }
+
+  async exists(name: string): Promise<boolean> {
+    try {
+      await access(this.#dir(name));
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  async create(name: string, limits: CgroupLimits): Promise<void> {
+    const d = this.#dir(name);
+    await mkdir(d, { recursive: true });
+    await writeFile(path.join(d, "memory.max"), String(limits.memoryBytes));
+    // No swap on top of the memory limit (the file is absent when the kernel has no swap support).
+    if ((await readText(path.join(d, "memory.swap.max"))) !== undefined) await writeFile(path.join(d, "memory.swap.max"), "0");
+    await writeFile(path.join(d, "pids.max"), String(limits.pidsMax));
+    await writeFile(path.join(d, "cpu.max"), `${limits.cpuQuotaUs} ${limits.cpuPeriodUs}`);
+  }
+
+  async pids(name: string): Promise<number[]> {
+    return readPids(path.join(this.#dir(name), "cgroup.procs"));
+  }
+
+  async stats(name: string): Promise<CgroupStats | undefined> {
+    if (!(await this.exists(name))) return undefined;
+    const d = this.#dir(name);
+    const events = parseKeyed((await readText(path.join(d, "memory.events"))) ?? "");
+    const pidsEvents = parseKeyed((await readText(path.join(d, "pids.events"))) ?? "");
+    const cpuStat = parseKeyed((await readText(path.join(d, "cpu.stat"))) ?? "");
+    return {
+      memoryBytes: (await readNumber(path.join(d, "memory.current"))) ?? 0,
+      memoryPeakBytes: await readNumber(path.join(d, "memory.peak")),
+      memoryLimitBytes: (await readNumber(path.join(d, "memory.max"))) ?? Infinity,
+      oomKills: events.get("oom_kill") ?? 0,
+      pids: (await readNumber(path.join(d, "pids.current"))) ?? 0,
+      pidsLimit: (await readNumber(path.join(d, "pids.max"))) ?? Infinity,
+      pidsLimitHits: pidsEvents.get("max") ?? 0,
+      cpuUsageUsec: cpuStat.get("usage_usec"),
+      cpuPeriods: cpuStat.get("nr_periods") ?? 0,
+      cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,
+      cpuThrottledUsec: cpuStat.get("throttled_usec") ?? 0,
+    };
+  }
+
+  async kill(name: string): Promise<void> {
+    if (!(await this.exists(name))) return;
+    const d = this.#dir(name);
+    // cgroup.kill (Linux 5.14+) kills the whole subtree atomically; otherwise freeze and kill.
+    let viaKillFile = false;
+    if ((await readText(path.join(d, "cgroup.kill"))) !== undefined) {
+      try {
+        await writeFile(path.join(d, "cgroup.kill"), "1");
+        viaKillFile = true;
+      } catch {
+        // fall through to the signal loop
+      }
+    }
+    if (!viaKillFile) {
+      const canFreeze = (await readText(path.join(d, "cgroup.freeze"))) !== undefined;
+      if (canFreeze) await writeFile(path.join(d, "cgroup.freeze"), "1").catch(() => undefined);
+      signalAll(await this.pids(name), "SIGKILL");
+      if (canFreeze) await writeFile(path.join(d, "cgroup.freeze"), "0").catch(() => undefined);
+    }
+    for (let i = 0; i < 1000; i++) {
+      const left = await this.pids(name);
+      if (left.length === 0) return;
+      signalAll(left, "SIGKILL");
+      await sleep(i < 50 ? 2 : 10);
+    }
+    throw new Error(`processes of cgroup ${name} did not exit after SIGKILL`);
+  }
+
+  async remove(name: string): Promise<void> {
+    await rmdirRetry(this.#dir(name));
+  }
+
+  async removeParentIfEmpty(): Promise<void> {
+    try {
+      await rmdir(path.join(this.#base, this.#group));
+    } catch {
+      // still has sandboxes, or already gone
+    }
+  }
+}

@@ -1,0 +1,5 @@
+export type { LinuxProviderOptions, StartPhase } from "./provider.ts";
+export { LinuxProvider } from "./provider.ts";
+export type { DefaultSnapshotOptions, Snapshot } from "./rootfs.ts";
+export { buildHostUsrRootfs, DEFAULT_PACKAGES, ensureDefaultSnapshot } from "./rootfs.ts";
+export type { CgroupBackend, CgroupStats } from "./cgroups/types.ts";

@@ -1,0 +1,81 @@
+import { readFile, open } from "node:fs/promises";
+import { errors } from "@sandbar/protocol";
+import { CommandError, run } from "./command.ts";
+
+// Host-side mounts of a sandbox: the overlay root and, with a disk cap, the loop-mounted ext4
+// image that holds the overlay's upper and work directories.
+
+/** Paths that overlayfs' option parser or mount(8) would misread. */
+function checkMountPath(p: string): string {
+  if (/[,:\\\s]/.test(p)) {
+    throw errors.invalidArgument(`path ${p} cannot be used in an overlay mount: it contains ',', ':', '\\' or whitespace`);
+  }
+  return p;
+}
+
+export interface OverlayDirs {
+  lower: string;
+  upper: string;
+  work: string;
+  target: string;
+}
+
+export async function mountOverlay(d: OverlayDirs): Promise<void> {
+  // nosuid + nodev: a restored archive may carry setuid files or device nodes; neither works here.
+  const opts = `lowerdir=${checkMountPath(d.lower)},upperdir=${checkMountPath(d.upper)},workdir=${checkMountPath(d.work)}`;
+  await run("mount", ["-t", "overlay", "overlay", "-o", `nosuid,nodev,${opts}`, d.target]);
+}
+
+/** Creates a sparse ext4 image of `bytes` size (no reserved blocks: the cap is what the sandbox gets). */
+export async function makeDiskImage(image: string, bytes: number): Promise<void> {
+  const fh = await open(image, "wx", 0o600);
+  try {
+    await fh.truncate(bytes);
+  } finally {
+    await fh.close();
+  }
+  await run("mkfs.ext4", ["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", image]);
+}
+
+export async function mountDiskImage(image: string, target: string, readonly = false): Promise<void> {
+  // mount(8) sets the loop device up with autoclear, so unmounting frees it.
+  await run("mount", ["-o", `loop,nosuid,nodev${readonly ? ",ro" : ""}`, image, target]);
+}
+
+export async function unmount(target: string): Promise<void> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await run("umount", [target]);
+      return;
+    } catch (err) {
+      if (!(await isMountpoint(target))) return;
+      if (attempt >= 20) {
+        // Still busy (a file held open from outside?): detach it so the sandbox can go.
+        await run("umount", ["-l", target]).catch(() => undefined);
+        if (await isMountpoint(target)) throw err;
+        return;
+      }
+      if (!(err instanceof CommandError)) throw err;
+      await new Promise((r) => setTimeout(r, 25));
+    }
+  }
+}
+
+/** Mount points from /proc/self/mountinfo (octal escapes decoded). */
+export async function mountPoints(): Promise<string[]> {
+  const text = await readFile("/proc/self/mountinfo", "utf8");
+  return text
+    .split("\n")
+    .filter(Boolean)
+    .map((line) => line.split(" ")[4].replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8))));
+}
+
+export async function isMountpoint(p: string): Promise<boolean> {
+  return (await mountPoints()).includes(p);
+}
+
+/** Mount points at or below `dir`. */
+export async function mountsUnder(dir: string): Promise<string[]> {
+  const prefix = dir.endsWith("/") ? dir : dir + "/";
+  return (await mountPoints()).filter((m) => m === dir || m.startsWith(prefix));
+}

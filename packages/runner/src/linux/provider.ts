@@ -1,0 +1,421 @@
+import type { ChildProcess } from "node:child_process";
+import { chmod, chown, mkdir, readdir, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
+import path from "node:path";
+import type { Readable } from "node:stream";
+import { ConnectError, errors } from "@sandbar/protocol";
+import type { SandboxInfo, SandboxProvider, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
+import { SANDBOX_PATHS } from "../provider.ts";
+import { diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
+import { bwrapOptions, type BwrapMount } from "./bwrap.ts";
+import { detectCgroups } from "./cgroups/detect.ts";
+import type { CgroupBackend } from "./cgroups/types.ts";
+import { which } from "./command.ts";
+import { assertReachable, statOrFail } from "./host-paths.ts";
+import { KeyedLock } from "./keyed-lock.ts";
+import { packLayer, restoreLayer } from "./layer.ts";
+import { launch, waitForSocket } from "./launcher.ts";
+import { Layout } from "./layout.ts";
+import { isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
+import type { SandboxRecord } from "./record.ts";
+import { listRecordIds, readRecord, writeRecord } from "./record.ts";
+import { ensureMountPoint, ensureUser } from "./rootprep.ts";
+import { endSandboxProcesses } from "./terminate.ts";
+import { UidAllocator } from "./uids.ts";
+
+// The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
+// ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
+// as a dedicated host uid for the namespaces. No daemon: the state is the data dir plus the kernel.
+
+export interface LinuxProviderOptions {
+  /** Root of the runner's persistent state (sandboxes/, snapshots/). */
+  dataDir: string;
+  /** Where mount points and agent sockets live; default /run/sandbar/<hash of dataDir>. */
+  runtimeDir?: string;
+  /** Host uid range for sandboxes; default 1 500 000 000 + 65 536. */
+  uidBase?: number;
+  uidCount?: number;
+  /** Force a cgroup back end (default: what the host offers). */
+  cgroupVersion?: "v1" | "v2";
+  log?: (line: string) => void;
+  /** Time spent in each phase of a start (ms), for benchmarks and tracing. */
+  trace?: (id: string, phase: StartPhase, ms: number) => void;
+}
+
+export type StartPhase = "cleanup" | "dirs" | "overlay" | "root-prep" | "cgroup" | "spawn" | "socket";
+
+const DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/sandbar/bin";
+const CPU_PERIOD_US = 100_000;
+
+interface Tools {
+  bwrap: string;
+  setpriv: string;
+  /** Host path of the shell used as the sandbox's pid 1. */
+  initSh: string;
+}
+
+// pid 1 of the sandbox: waits for the agent (reaping orphans meanwhile, as dash's wait reaps any
+// child) and exits with its status, which ends the namespace. bwrap's own reaper is not used
+// (--as-pid-1): when the agent exits it reports and quits before reaping its init, orphaning it
+// to the host's pid 1, which on some hosts reaps only every few seconds.
+const INIT_SCRIPT = '"$@" & wait $!';
+
+export class LinuxProvider implements SandboxProvider {
+  readonly name = "linux";
+  readonly layout: Layout;
+  readonly cgroups: CgroupBackend;
+  readonly #tools: Tools;
+  readonly #uids: UidAllocator;
+  readonly #lock = new KeyedLock();
+  readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
+  readonly #log: (line: string) => void;
+  readonly #trace: NonNullable<LinuxProviderOptions["trace"]>;
+
+  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, options: LinuxProviderOptions) {
+    this.layout = layout;
+    this.cgroups = cgroups;
+    this.#tools = tools;
+    this.#uids = uids;
+    this.#log = options.log ?? (() => undefined);
+    this.#trace = options.trace ?? (() => undefined);
+  }
+
+  /** A stopwatch reporting each phase of a start to the trace hook. */
+  #phases(id: string): (phase: StartPhase) => void {
+    let last = performance.now();
+    return (phase) => {
+      const now = performance.now();
+      this.#trace(id, phase, now - last);
+      last = now;
+    };
+  }
+
+  /** Checks the host (root, bwrap, setpriv, cgroups) and loads the sandboxes already on disk. */
+  static async open(options: LinuxProviderOptions): Promise<LinuxProvider> {
+    if (process.getuid?.() !== 0) throw errors.failedPrecondition("the linux provider must run as root (it mounts and manages cgroups)");
+    const bwrap = which("bwrap");
+    if (!bwrap) throw errors.failedPrecondition("bubblewrap is not installed: apt-get install bubblewrap");
+    const setpriv = which("setpriv");
+    if (!setpriv) throw errors.failedPrecondition("setpriv is not installed: apt-get install util-linux");
+    const initSh = await realpath(which("sh") ?? "/bin/sh");
+    const layout = new Layout(options.dataDir, options.runtimeDir);
+    const cgroups = await detectCgroups({ group: `sandbar-${layout.key}`, version: options.cgroupVersion });
+    await mkdir(layout.sandboxesDir, { recursive: true, mode: 0o700 });
+    const uids = new UidAllocator(options.uidBase, options.uidCount);
+    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh }, uids, options);
+    for (const id of await listRecordIds(layout)) {
+      const rec = await readRecord(layout, id).catch(() => undefined);
+      if (rec) uids.markUsed(rec.hostUid);
+    }
+    return provider;
+  }
+
+  // ---- create -------------------------------------------------------------------------------
+
+  async create(input: SandboxSpec): Promise<SandboxInfo> {
+    const spec = validateSpec(input);
+    await this.#checkHostPaths(spec);
+    return this.#lock.with(spec.id, async () => {
+      if (await readRecord(this.layout, spec.id)) throw errors.alreadyExists(`sandbox ${spec.id} already exists`);
+      const dir = this.layout.sandboxDir(spec.id);
+      const hostUid = this.#uids.allocate();
+      try {
+        await mkdir(dir, { mode: 0o700 });
+        const disk = diskBytesOf(spec);
+        if (disk !== undefined) {
+          await makeDiskImage(this.layout.diskImage(spec.id), disk);
+        } else {
+          await mkdir(this.layout.upper(spec.id, false), { mode: 0o755 });
+          await mkdir(this.layout.work(spec.id, false), { mode: 0o700 });
+        }
+        const rec: SandboxRecord = { version: 1, spec, hostUid, createdAt: new Date().toISOString(), desired: "created" };
+        await writeRecord(this.layout, rec);
+        return this.#info(rec);
+      } catch (err) {
+        await rm(dir, { recursive: true, force: true }).catch(() => undefined);
+        this.#uids.release(hostUid);
+        throw err;
+      }
+    });
+  }
+
+  async #checkHostPaths(spec: SandboxSpec): Promise<void> {
+    if (!(await statOrFail("rootfs", spec.rootfs)).isDirectory()) throw errors.failedPrecondition(`rootfs ${spec.rootfs} is not a directory`);
+    const node = await statOrFail("init.node", spec.init.node);
+    if (!node.isFile()) throw errors.failedPrecondition(`init.node ${spec.init.node} is not a file`);
+    await assertReachable("init.node", spec.init.node);
+    const bundle = await statOrFail("init.bundle", spec.init.bundle);
+    if (bundle.isDirectory()) {
+      if (!spec.init.main) throw errors.invalidArgument(`init.main is required: init.bundle ${spec.init.bundle} is a directory`);
+      await statOrFail("init.main", path.join(spec.init.bundle, spec.init.main));
+    }
+    await assertReachable("init.bundle", spec.init.bundle);
+    for (const m of spec.mounts ?? []) {
+      await statOrFail("mount source", m.source);
+      await assertReachable("mount source", m.source);
+    }
+  }
+
+  // ---- start --------------------------------------------------------------------------------
+
+  async start(id: string, options: StartOptions = {}): Promise<SandboxInfo> {
+    validateId(id);
+    return this.#lock.with(id, async () => {
+      const phase = this.#phases(id);
+      const rec = await this.#record(id);
+      if ((await this.cgroups.pids(id)).length > 0) return this.#info(rec);
+      await this.#teardown(id); // leftovers of a crash or of a first process that died
+      phase("cleanup");
+      const child = await this.#prepareAndLaunch(rec, phase);
+      try {
+        await waitForSocket(this.layout.socket(id), child, options.timeoutMs ?? 30_000, this.layout.initLog(id));
+        phase("socket");
+      } catch (err) {
+        await this.#teardown(id).catch((e: unknown) => this.#log(`sandbox ${id}: cleanup after failed start: ${String(e)}`));
+        throw errors.failedPrecondition(`sandbox ${id} failed to start: ${(err as Error).message}`);
+      }
+      rec.desired = "started";
+      rec.startedAt = new Date().toISOString();
+      await writeRecord(this.layout, rec);
+      return this.#info(rec);
+    });
+  }
+
+  async #prepareAndLaunch(rec: SandboxRecord, phase: (p: StartPhase) => void): Promise<ChildProcess> {
+    const { spec, hostUid } = rec;
+    const id = spec.id;
+    const L = this.layout;
+    const hasDisk = spec.diskGiB !== undefined;
+    const owner = { uid: hostUid, gid: hostUid };
+    try {
+      // Runtime dirs: traversable by the sandbox uid, writable only by root (the run dir by the sandbox).
+      await mkdir(L.runtimeDir, { recursive: true, mode: 0o711 });
+      await chmod(L.runtimeDir, 0o711);
+      await mkdir(L.runtime(id), { recursive: true, mode: 0o711 });
+      await mkdir(L.rootMount(id), { recursive: true });
+      await mkdir(L.runDir(id), { recursive: true, mode: 0o700 });
+      await chown(L.runDir(id), hostUid, hostUid);
+      await rm(L.socket(id), { force: true });
+
+      if (hasDisk) {
+        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+        await mountDiskImage(L.diskImage(id), L.diskMount(id));
+        await mkdir(L.upper(id, true), { recursive: true, mode: 0o755 });
+        await mkdir(L.work(id, true), { recursive: true, mode: 0o700 });
+      }
+      phase("dirs");
+      await mountOverlay({ lower: spec.rootfs, upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id) });
+
+      phase("overlay");
+      const root = L.rootMount(id);
+      const isRoot = spec.user === "root";
+      const user = { name: spec.user!, uid: isRoot ? 0 : 1000, gid: isRoot ? 0 : 1000, home: isRoot ? "/root" : `/home/${spec.user}` };
+      await ensureUser(root, user, owner);
+
+      const mounts: BwrapMount[] = [];
+      const addMount = async (source: string, target: string, readonly: boolean) => {
+        const isDir = (await stat(source)).isDirectory();
+        await ensureMountPoint(root, target, isDir, { ownedBelow: user.home, owner });
+        mounts.push({ source, target, readonly });
+      };
+      for (const m of spec.mounts ?? []) await addMount(m.source, m.target, m.readonly !== false);
+      await addMount(this.#tools.initSh, SANDBOX_PATHS.init, true);
+      await addMount(spec.init.node, SANDBOX_PATHS.node, true);
+      const bundleIsDir = (await stat(spec.init.bundle)).isDirectory();
+      const agentTarget = bundleIsDir ? SANDBOX_PATHS.agent : path.join(SANDBOX_PATHS.agent, path.basename(spec.init.bundle));
+      await addMount(spec.init.bundle, agentTarget, true);
+      await addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
+
+      const command = [SANDBOX_PATHS.init, "-c", INIT_SCRIPT, "sandbar-init", SANDBOX_PATHS.node, ...(spec.init.nodeArgs ?? []), bundleIsDir ? path.join(agentTarget, spec.init.main!) : agentTarget, "--socket", SANDBOX_PATHS.agentSocket];
+      if (spec.init.secret !== undefined) {
+        const secretFile = path.join(L.runDir(id), "secret");
+        await writeFile(secretFile, spec.init.secret, { mode: 0o600 });
+        await chown(secretFile, hostUid, hostUid);
+        command.push("--secret-file", SANDBOX_PATHS.secretFile);
+      }
+      command.push(...(spec.init.args ?? []));
+      phase("root-prep");
+
+      await this.cgroups.create(id, {
+        memoryBytes: memoryBytesOf(spec),
+        pidsMax: spec.pidsLimit,
+        cpuPeriodUs: CPU_PERIOD_US,
+        cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)),
+      });
+
+      phase("cgroup");
+      const env = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, ...spec.env };
+      const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: user.home, mounts });
+      this.#exits.delete(id);
+      const child = launch({ bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command, logFile: L.initLog(id) });
+      child.on("exit", (code, signal) => this.#exits.set(id, { code, signal }));
+      phase("spawn");
+      return child;
+    } catch (err) {
+      await this.#teardown(id).catch(() => undefined);
+      if (err instanceof ConnectError) throw err;
+      throw errors.failedPrecondition(`sandbox ${id} failed to start: ${(err as Error).message}`);
+    }
+  }
+
+  // ---- stop / destroy -----------------------------------------------------------------------
+
+  async stop(id: string, options: StopOptions = {}): Promise<SandboxInfo> {
+    validateId(id);
+    return this.#lock.with(id, async () => {
+      const rec = await this.#record(id);
+      await this.#teardown(id, options.force ? 0 : (options.graceMs ?? 5000));
+      if (rec.desired === "started") {
+        rec.desired = "stopped";
+        await writeRecord(this.layout, rec);
+      }
+      return this.#info(rec);
+    });
+  }
+
+  /** Kills the sandbox's processes, removes its cgroup, mounts and runtime dir. Idempotent. */
+  async #teardown(id: string, graceMs = 0): Promise<void> {
+    const L = this.layout;
+    await endSandboxProcesses(this.cgroups, id, graceMs);
+    await this.cgroups.remove(id);
+    if (await isMountpoint(L.rootMount(id))) await unmount(L.rootMount(id));
+    if (await isMountpoint(L.diskMount(id))) await unmount(L.diskMount(id));
+    const left = await mountsUnder(L.runtime(id));
+    if (left.length > 0) throw errors.internal(`sandbox ${id}: still mounted after stop: ${left.join(", ")}`);
+    await rm(L.runtime(id), { recursive: true, force: true });
+  }
+
+  async destroy(id: string): Promise<void> {
+    validateId(id);
+    await this.#lock.with(id, async () => {
+      const rec = await readRecord(this.layout, id).catch(() => undefined);
+      await this.#teardown(id);
+      const dir = this.layout.sandboxDir(id);
+      const left = await mountsUnder(dir);
+      if (left.length > 0) throw errors.internal(`sandbox ${id}: cannot remove, still mounted: ${left.join(", ")}`);
+      await rm(dir, { recursive: true, force: true });
+      if (rec) this.#uids.release(rec.hostUid);
+      this.#exits.delete(id);
+    });
+  }
+
+  // ---- inspect / list / connect -------------------------------------------------------------
+
+  async inspect(id: string): Promise<SandboxInfo> {
+    validateId(id);
+    return this.#info(await this.#record(id));
+  }
+
+  async list(): Promise<SandboxInfo[]> {
+    const out: SandboxInfo[] = [];
+    for (const id of await listRecordIds(this.layout)) {
+      try {
+        const rec = await readRecord(this.layout, id);
+        if (rec) out.push(await this.#info(rec));
+      } catch (err) {
+        this.#log(`sandbox ${id}: unreadable record skipped: ${String(err)}`);
+      }
+    }
+    return out;
+  }
+
+  async connect(id: string): Promise<string> {
+    validateId(id);
+    const rec = await this.#record(id);
+    if ((await this.cgroups.pids(id)).length === 0) throw errors.failedPrecondition(`sandbox ${id} is not started`);
+    return this.layout.socket(rec.spec.id);
+  }
+
+  async #record(id: string): Promise<SandboxRecord> {
+    const rec = await readRecord(this.layout, id);
+    if (!rec) throw errors.notFound(`sandbox ${id} not found`);
+    return rec;
+  }
+
+  async #info(rec: SandboxRecord): Promise<SandboxInfo> {
+    const id = rec.spec.id;
+    const running = (await this.cgroups.pids(id)).length > 0;
+    const { secret: _secret, ...init } = rec.spec.init;
+    const info: SandboxInfo = {
+      id,
+      state: running ? "started" : rec.desired === "started" ? "error" : rec.desired,
+      createdAt: new Date(rec.createdAt),
+      hostUid: rec.hostUid,
+      spec: { ...rec.spec, init },
+    };
+    if (rec.startedAt && running) info.startedAt = new Date(rec.startedAt);
+    const stats = await this.cgroups.stats(id);
+    if (running && stats) info.usage = stats;
+    if (info.state === "error") {
+      const exit = this.#exits.get(id);
+      const how = exit ? (exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.code}`) : "is gone";
+      const oom = stats && stats.oomKills > 0 ? ` (the sandbox ran out of memory: ${stats.oomKills} OOM kill(s))` : "";
+      info.error = `the sandbox's first process ${how}${oom}`;
+    }
+    return info;
+  }
+
+  // ---- writable layer -----------------------------------------------------------------------
+
+  async pack(id: string): Promise<Readable> {
+    validateId(id);
+    const release = await this.#lock.acquire(id);
+    let mountedHere = false;
+    const L = this.layout;
+    try {
+      const rec = await this.#record(id);
+      const hasDisk = rec.spec.diskGiB !== undefined;
+      if (hasDisk && !(await isMountpoint(L.diskMount(id)))) {
+        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+        await mountDiskImage(L.diskImage(id), L.diskMount(id), true);
+        mountedHere = true;
+      }
+      // The lock (and a temporary mount) are held until tar is done with the layer.
+      const cleanup = async () => {
+        if (mountedHere) await unmount(L.diskMount(id)).catch((e: unknown) => this.#log(`sandbox ${id}: unmount after pack: ${String(e)}`));
+        release();
+      };
+      const handle = await packLayer(L.upper(id, hasDisk), rec.hostUid, path.join(L.sandboxDir(id), "owner-map"), cleanup);
+      return handle.stream;
+    } catch (err) {
+      if (mountedHere) await unmount(L.diskMount(id)).catch(() => undefined);
+      release();
+      throw err;
+    }
+  }
+
+  async restore(id: string, archive: Readable): Promise<void> {
+    // Listen at once: a source that fails while we wait for the lock must not go unhandled
+    // (restoreLayer reads `archive.errored`).
+    archive.on("error", () => undefined);
+    validateId(id);
+    await this.#lock.with(id, async () => {
+      const rec = await this.#record(id);
+      if ((await this.cgroups.pids(id)).length > 0) throw errors.failedPrecondition(`sandbox ${id} is running; stop it before restoring its writable layer`);
+      await this.#teardown(id);
+      const L = this.layout;
+      const hasDisk = rec.spec.diskGiB !== undefined;
+      if (hasDisk) {
+        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+        await mountDiskImage(L.diskImage(id), L.diskMount(id));
+      }
+      try {
+        await restoreLayer(L.upper(id, hasDisk), L.work(id, hasDisk), archive, rec.hostUid);
+      } catch (err) {
+        throw errors.failedPrecondition(`sandbox ${id}: ${(err as Error).message}`);
+      } finally {
+        if (hasDisk) await unmount(L.diskMount(id));
+      }
+    });
+  }
+
+  // ---- shutdown -----------------------------------------------------------------------------
+
+  async close(): Promise<void> {
+    await this.cgroups.removeParentIfEmpty();
+    try {
+      if ((await readdir(this.layout.runtimeDir)).length === 0) await rmdir(this.layout.runtimeDir);
+    } catch {
+      // missing or in use
+    }
+  }
+}

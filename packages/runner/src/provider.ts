@@ -1,0 +1,147 @@
+import type { Readable } from "node:stream";
+
+// The contract between the control plane and a sandbox provider (linux today, docker later).
+// Sandboxes are named by the caller's id; every method is safe to call again after a crash
+// (state lives on disk and in the kernel, not in the provider object).
+
+/** Network modes. Only "none" (loopback only) exists so far; veth + NAT is planned. */
+export type NetworkMode = "none";
+
+/** A host path made visible inside the sandbox. */
+export interface BindMount {
+  /** Absolute host path (file or directory). */
+  source: string;
+  /** Absolute path inside the sandbox. */
+  target: string;
+  /** Default true. */
+  readonly?: boolean;
+}
+
+/**
+ * The sandbox's first process: the agent, run by the host's node binary from a bundle,
+ * both bind-mounted read-only. The provider adds `--socket <path>` (and `--secret-file <path>`
+ * when a secret is given) before `args`; the agent must listen on that unix socket.
+ */
+export interface InitCommand {
+  /** Host path of the node binary. */
+  node: string;
+  /** Host path of the agent bundle: one script file, or a directory holding `main`. */
+  bundle: string;
+  /** Script inside the bundle directory (relative); required when `bundle` is a directory. */
+  main?: string;
+  /** Flags for node itself, placed before the script. */
+  nodeArgs?: string[];
+  /** Arguments for the agent, after the provider's own. */
+  args?: string[];
+  /** Written to a file readable by the sandbox user and passed as `--secret-file`. */
+  secret?: string;
+}
+
+export interface SandboxSpec {
+  /** Letters, digits, `_`, `.`, `-`; starts with a letter or digit; at most 63 characters. */
+  id: string;
+  /** Host directory holding the snapshot's root filesystem (the read-only lower layer). */
+  rootfs: string;
+  /** Extra binds, applied in order after the root (a snapshot's own binds go first). */
+  mounts?: BindMount[];
+  /** CPU cores, may be fractional (0.5 = half a core). */
+  cpu: number;
+  /** Memory limit in GiB (swap is not granted on top). */
+  memoryGiB: number;
+  /** Hard cap of the writable layer in GiB; unlimited when absent. */
+  diskGiB?: number;
+  /** Maximum number of processes and threads. */
+  pidsLimit: number;
+  /** The sandbox's environment (nothing of the host's leaks in). */
+  env?: Record<string, string>;
+  /** Default "none". */
+  network?: NetworkMode;
+  /** OS user inside the sandbox; default "sandbar". "root" is uid 0 inside, still without capabilities. */
+  user?: string;
+  init: InitCommand;
+}
+
+export type SandboxState =
+  | "created" // prepared, never started (or restored and not yet started)
+  | "started" // processes are running
+  | "stopped" // stopped on request; the writable layer is kept
+  | "error"; // meant to run, but its first process is gone (see `error`)
+
+/** Live counters from the sandbox's cgroup, since its last start. */
+export interface SandboxUsage {
+  memoryBytes: number;
+  memoryPeakBytes?: number;
+  memoryLimitBytes: number;
+  /** Processes killed by the OOM killer inside this sandbox. */
+  oomKills: number;
+  pids: number;
+  pidsLimit: number;
+  /** Forks refused because the pids limit was reached. */
+  pidsLimitHits: number;
+  cpuUsageUsec?: number;
+  cpuPeriods: number;
+  cpuThrottledPeriods: number;
+  cpuThrottledUsec: number;
+}
+
+export interface SandboxInfo {
+  id: string;
+  state: SandboxState;
+  /** Why the sandbox is in state "error". */
+  error?: string;
+  createdAt: Date;
+  startedAt?: Date;
+  /** Host uid the sandbox's processes and files run as. */
+  hostUid: number;
+  /** The spec it was created with (the secret is never echoed). */
+  spec: SandboxSpec;
+  /** Present while started. */
+  usage?: SandboxUsage;
+}
+
+export interface StartOptions {
+  /** How long to wait for the agent's socket to accept connections; default 30 s. */
+  timeoutMs?: number;
+}
+
+export interface StopOptions {
+  /** Skip the polite SIGTERM and kill at once. */
+  force?: boolean;
+  /** Time between SIGTERM and SIGKILL; default 5 s. */
+  graceMs?: number;
+}
+
+export interface SandboxProvider {
+  readonly name: string;
+  /** Prepares the sandbox (writable layer, disk cap, identity) without starting it. */
+  create(spec: SandboxSpec): Promise<SandboxInfo>;
+  /** Mounts, launches the first process and waits for its socket. A started sandbox is left alone. */
+  start(id: string, options?: StartOptions): Promise<SandboxInfo>;
+  /** Kills every process of the sandbox and unmounts it; files survive. */
+  stop(id: string, options?: StopOptions): Promise<SandboxInfo>;
+  /** Removes everything the sandbox had on the host; unknown ids are fine. */
+  destroy(id: string): Promise<void>;
+  inspect(id: string): Promise<SandboxInfo>;
+  /** Every sandbox this provider holds, for reconciliation with the control plane. */
+  list(): Promise<SandboxInfo[]>;
+  /** The writable layer as a tar stream (for archive and backup). */
+  pack(id: string): Promise<Readable>;
+  /** Replaces the writable layer of a sandbox that is not running with a `pack` stream. */
+  restore(id: string, archive: Readable): Promise<void>;
+  /** Host path of the agent's unix socket; the sandbox must be started. */
+  connect(id: string): Promise<string>;
+  /** Releases host resources the provider holds beyond its sandboxes (sandboxes keep running). */
+  close(): Promise<void>;
+}
+
+/** Where the provider puts things inside every sandbox. */
+export const SANDBOX_PATHS = {
+  /** Bind of the sandbox's runtime directory on the host; holds the agent socket. */
+  runDir: "/run/sandbar",
+  agentSocket: "/run/sandbar/agent.sock",
+  secretFile: "/run/sandbar/secret",
+  node: "/opt/sandbar/bin/node",
+  /** The host's sh, run as the namespace's pid 1: it reaps orphans and exits with the agent. */
+  init: "/opt/sandbar/bin/init-sh",
+  agent: "/opt/sandbar/agent",
+} as const;

@@ -1,0 +1,136 @@
+import path from "node:path";
+import { errors } from "@sandbar/protocol";
+import type { BindMount, InitCommand, SandboxSpec } from "./provider.ts";
+import { SANDBOX_PATHS } from "./provider.ts";
+
+// Shape checks every provider shares. They run before anything touches the host, and say
+// exactly what is wrong, because specs come from API callers.
+
+const ID = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$/;
+const USER = /^[a-z_][a-z0-9_-]{0,31}$/;
+const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const MiB = 2 ** 20;
+const GiB = 2 ** 30;
+
+export const DEFAULT_USER = "sandbar";
+
+export function validateId(id: unknown): string {
+  if (typeof id !== "string" || !ID.test(id)) {
+    throw errors.invalidArgument(
+      `sandbox id ${JSON.stringify(id)} is invalid: use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit`,
+    );
+  }
+  return id;
+}
+
+function finite(name: string, v: unknown): number {
+  if (typeof v !== "number" || !Number.isFinite(v)) throw errors.invalidArgument(`${name} must be a number`);
+  return v;
+}
+
+function absolutePath(name: string, p: unknown): string {
+  if (typeof p !== "string" || !path.isAbsolute(p) || p.includes("\0")) {
+    throw errors.invalidArgument(`${name} must be an absolute path, got ${JSON.stringify(p)}`);
+  }
+  if (p.split("/").includes("..")) throw errors.invalidArgument(`${name} must not contain '..': ${p}`);
+  return path.normalize(p);
+}
+
+const reservedTargets = ["/proc", "/dev", SANDBOX_PATHS.runDir, "/opt/sandbar"];
+
+function validateMount(m: BindMount, i: number): BindMount {
+  if (typeof m !== "object" || m === null) throw errors.invalidArgument(`mounts[${i}] must be an object`);
+  const source = absolutePath(`mounts[${i}].source`, m.source);
+  const target = absolutePath(`mounts[${i}].target`, m.target);
+  if (target === "/") throw errors.invalidArgument(`mounts[${i}].target must not be '/'`);
+  for (const r of reservedTargets) {
+    if (target === r || target.startsWith(r + "/") || r.startsWith(target + "/")) {
+      throw errors.invalidArgument(`mounts[${i}].target ${target} is reserved by the runner (${r})`);
+    }
+  }
+  if (m.readonly !== undefined && typeof m.readonly !== "boolean") {
+    throw errors.invalidArgument(`mounts[${i}].readonly must be a boolean`);
+  }
+  return { source, target, readonly: m.readonly ?? true };
+}
+
+function stringArray(name: string, v: unknown): string[] {
+  if (v === undefined) return [];
+  if (!Array.isArray(v) || v.some((a) => typeof a !== "string" || a.includes("\0"))) {
+    throw errors.invalidArgument(`${name} must be an array of strings without NUL characters`);
+  }
+  return v as string[];
+}
+
+function validateInit(init: InitCommand | undefined): InitCommand {
+  if (typeof init !== "object" || init === null) throw errors.invalidArgument("init is required");
+  const out: InitCommand = {
+    node: absolutePath("init.node", init.node),
+    bundle: absolutePath("init.bundle", init.bundle),
+    nodeArgs: stringArray("init.nodeArgs", init.nodeArgs),
+    args: stringArray("init.args", init.args),
+  };
+  if (init.main !== undefined) {
+    if (typeof init.main !== "string" || init.main === "" || path.isAbsolute(init.main) || init.main.split("/").includes("..")) {
+      throw errors.invalidArgument(`init.main must be a relative path inside the bundle, got ${JSON.stringify(init.main)}`);
+    }
+    out.main = path.normalize(init.main);
+  }
+  if (init.secret !== undefined) {
+    if (typeof init.secret !== "string" || init.secret.includes("\0")) throw errors.invalidArgument("init.secret must be a string");
+    out.secret = init.secret;
+  }
+  return out;
+}
+
+/** Returns a normalised copy of the spec, or throws invalidArgument naming the bad field. */
+export function validateSpec(spec: SandboxSpec): SandboxSpec {
+  if (typeof spec !== "object" || spec === null) throw errors.invalidArgument("sandbox spec is required");
+  const id = validateId(spec.id);
+  const rootfs = absolutePath("rootfs", spec.rootfs);
+
+  const cpu = finite("cpu", spec.cpu);
+  if (cpu < 0.01) throw errors.invalidArgument(`cpu must be at least 0.01 cores, got ${cpu}`);
+  const memoryGiB = finite("memoryGiB", spec.memoryGiB);
+  if (memoryGiB * GiB < 16 * MiB) throw errors.invalidArgument(`memoryGiB must be at least 16 MiB (0.015625), got ${memoryGiB}`);
+  let diskGiB: number | undefined;
+  if (spec.diskGiB !== undefined && spec.diskGiB !== null) {
+    diskGiB = finite("diskGiB", spec.diskGiB);
+    if (diskGiB * GiB < 16 * MiB) throw errors.invalidArgument(`diskGiB must be at least 16 MiB (0.015625), got ${diskGiB}`);
+  }
+  const pidsLimit = finite("pidsLimit", spec.pidsLimit);
+  if (!Number.isInteger(pidsLimit) || pidsLimit < 1) throw errors.invalidArgument(`pidsLimit must be a positive integer, got ${pidsLimit}`);
+
+  const env: Record<string, string> = {};
+  if (spec.env !== undefined) {
+    if (typeof spec.env !== "object" || spec.env === null) throw errors.invalidArgument("env must be an object of strings");
+    for (const [k, v] of Object.entries(spec.env)) {
+      if (!ENV_KEY.test(k)) throw errors.invalidArgument(`env name ${JSON.stringify(k)} is invalid`);
+      if (typeof v !== "string" || v.includes("\0")) throw errors.invalidArgument(`env ${k} must be a string without NUL characters`);
+      env[k] = v;
+    }
+  }
+
+  const network = spec.network ?? "none";
+  if (network !== "none") {
+    throw errors.invalidArgument(`network mode ${JSON.stringify(network)} is not supported yet; only "none" (loopback only) is`);
+  }
+  const user = spec.user ?? DEFAULT_USER;
+  if (typeof user !== "string" || !USER.test(user)) {
+    throw errors.invalidArgument(`user ${JSON.stringify(user)} is invalid: lower-case letters, digits, '_' or '-', at most 32`);
+  }
+  if (spec.mounts !== undefined && !Array.isArray(spec.mounts)) throw errors.invalidArgument("mounts must be an array");
+  const mounts = (spec.mounts ?? []).map(validateMount);
+
+  const out: SandboxSpec = { id, rootfs, mounts, cpu, memoryGiB, pidsLimit, env, network, user, init: validateInit(spec.init) };
+  if (diskGiB !== undefined) out.diskGiB = diskGiB;
+  return out;
+}
+
+export function memoryBytesOf(spec: SandboxSpec): number {
+  return Math.round(spec.memoryGiB * GiB);
+}
+
+export function diskBytesOf(spec: SandboxSpec): number | undefined {
+  return spec.diskGiB === undefined ? undefined : Math.round(spec.diskGiB * GiB);
+}
