@@ -22,4 +22,9 @@ ensure_deps() {
   if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ] || [ package.json -nt node_modules/.package-lock.json ]; then
     npm_config_nodedir="$(dirname "$(dirname "$(command -v node)")")" npm install --no-audit --no-fund >&2 || exit 1
   fi
+  # The agent bundle that sandboxes run, rebuilt when its sources changed.
+  local bundle=packages/agent/dist/agent.mjs
+  if [ ! -f "$bundle" ] || [ -n "$(find packages/agent/src packages/agent/build.ts package-lock.json -newer "$bundle" -print -quit)" ]; then
+    node packages/agent/build.ts >&2 || exit 1
+  fi
 }
