@@ -12,6 +12,17 @@ export interface Settings {
   version: string;
   /** The address clients use to reach this server (for URLs the API hands out). */
   publicUrl: string;
+  /** Length of one "minute" of the sandbox timers (auto-stop/archive/delete); tests shrink it. */
+  timerMinuteMs: number;
+  /** How often the sandbox timers run. */
+  timerTickMs: number;
+  /**
+   * Where the default snapshot is built and cached (its `snapshots/` dir goes there); default
+   * `<dataDir>/runner`. Tests share one cache so the debootstrap build happens once per machine.
+   */
+  snapshotCacheDir?: string;
+  /** The agent run as each sandbox's first process: a bundle directory holding agent.mjs, or one script; default packages/agent/dist. */
+  agentBundle?: string;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -35,5 +46,17 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     bootstrapApiKey: env.SANDBAR_BOOTSTRAP_API_KEY || undefined,
     version: env.SANDBAR_VERSION || "0.1.0",
     publicUrl: (env.SANDBAR_PUBLIC_URL || `http://localhost:${port}`).replace(/\/+$/, ""),
+    timerMinuteMs: positiveInt(env, "SANDBAR_TIMER_MINUTE_MS", 60_000),
+    timerTickMs: positiveInt(env, "SANDBAR_TIMER_TICK_MS", 10_000),
+    snapshotCacheDir: env.SANDBAR_SNAPSHOT_CACHE || undefined,
+    agentBundle: env.SANDBAR_AGENT_BUNDLE || undefined,
   };
+}
+
+function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): number {
+  const raw = env[name];
+  if (raw === undefined || raw === "") return fallback;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (milliseconds), got "${raw}"`);
+  return n;
 }

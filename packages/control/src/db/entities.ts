@@ -69,4 +69,51 @@ export const ApiKeyRecord = defineEntity({
 });
 export type ApiKeyRecord = InferEntity<typeof ApiKeyRecord>;
 
-export const entities = [User, Organization, OrganizationMember, ApiKeyRecord];
+/**
+ * A sandbox. `state` is what the sandbox is, `desiredState` what an operation is driving it to;
+ * the API reports a state derived from both (sandboxes/states.ts). Destroyed rows are renamed
+ * DESTROYED_<name>_<ms> so the name is free again.
+ */
+export const SandboxRecord = defineEntity({
+  name: "SandboxRecord",
+  tableName: "sandbox",
+  properties: {
+    id: p.uuid().primary(),
+    organizationId: p.uuid(),
+    name: p.string(),
+    snapshot: p.string().nullable(),
+    osUser: p.string(),
+    env: p.json<Record<string, string>>(),
+    labels: p.json<Record<string, string>>(),
+    public: p.boolean().default(false),
+    /** Cores. */
+    cpu: p.integer(),
+    gpu: p.integer().default(0),
+    /** GiB. */
+    memory: p.integer(),
+    /** GiB. */
+    disk: p.integer(),
+    state: p.string().default("unknown"),
+    desiredState: p.string().default("started"),
+    errorReason: p.text().nullable(),
+    /** None, Pending, InProgress, Completed or Error (the reference's spelling). */
+    backupState: p.string().default("None"),
+    backupCreatedAt: p.datetime().nullable(),
+    /** Minutes; 0 disables. */
+    autoStopInterval: p.integer().default(15),
+    /** Minutes; 0 means the maximum. */
+    autoArchiveInterval: p.integer().default(10080),
+    /** Minutes; -1 disabled, 0 deleted on stop. */
+    autoDeleteInterval: p.integer().default(-1),
+    createdAt: p.datetime().onCreate(() => new Date()),
+    updatedAt: p.datetime().onCreate(() => new Date()),
+    lastActivityAt: p.datetime().nullable(),
+    /** The preview token; rotated on every start. */
+    authToken: p.string(),
+    /** The runner holding the sandbox's files; null when archived or destroyed. */
+    runnerId: p.string().nullable(),
+  },
+});
+export type SandboxRecord = InferEntity<typeof SandboxRecord>;
+
+export const entities = [User, Organization, OrganizationMember, ApiKeyRecord, SandboxRecord];

@@ -15,11 +15,19 @@ export type ImplIndex = Map<string, Record<string, Impl | undefined>>;
 const MAX_JSON_BODY = 10 * 1024 * 1024;
 
 /**
+ * Hook for routes the generic mapping cannot serve (the toolbox's multipart and raw-stream
+ * routes): given the verb and the path below the base, a handler that takes the request before
+ * the route table, or undefined. Its handlers call the same secured implementations, and what
+ * they throw is answered like any gateway error.
+ */
+export type GatewayIntercept = (verb: string, path: string) => ((req: IncomingMessage, res: ServerResponse) => Promise<void>) | undefined;
+
+/**
  * The REST gateway: maps the documented paths and statuses onto the same (secured) service
  * implementations the RPC router serves. Errors use the reference's body
  * {path, timestamp, statusCode, error, message}.
  */
-export function createGateway(table: RouteTable, impls: ImplIndex, basePath: string) {
+export function createGateway(table: RouteTable, impls: ImplIndex, basePath: string, intercept?: GatewayIntercept) {
   return async (req: IncomingMessage, res: ServerResponse) => {
     const url = req.url ?? "/";
     try {
@@ -30,6 +38,8 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       const searchParams = new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
       const verb = req.method ?? "GET";
       const path = pathname.slice(basePath.length) || "/";
+      const special = intercept?.(verb, path);
+      if (special) return await special(req, res);
       let match;
       try {
         match = table.match(verb === "HEAD" ? "GET" : verb, path);
@@ -48,7 +58,7 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       if (route.method.methodKind === "server_streaming") return await stream(res, route, impl(input, ctx) as AsyncIterable<unknown>, ctx);
       if (route.method.methodKind !== "unary") throw errors.unimplemented(`${route.method.name} is not available over REST`);
       const output = create(route.method.output, (await impl(input, ctx)) as never) as Message;
-      send(res, route, output, ctx);
+      send(res, route, output, ctx, wholePage(route, req, searchParams));
     } catch (err) {
       sendError(res, url, err);
     }
@@ -136,13 +146,26 @@ function copyHeaders(res: ServerResponse, ctx: HandlerContext) {
   ctx.responseHeader.forEach((value, key) => res.setHeader(key, value));
 }
 
-function send(res: ServerResponse, route: RestRoute, output: Message, ctx: HandlerContext) {
+/**
+ * Cursor-paginated lists answer a bare array to the clients that predate cursors, and the whole
+ * page ({items, nextCursor}) to those that paginate: a `cursor` or `limit` in the query, or a
+ * client that says it is 0.180 or newer (whose first request carries neither).
+ */
+function wholePage(route: RestRoute, req: IncomingMessage, query: URLSearchParams): boolean {
+  if (!route.responseBody || !route.method.output.fields.some((f) => f.name === "next_cursor")) return false;
+  if (query.has("cursor") || query.has("limit")) return true;
+  const version = /^(\d+)\.(\d+)/.exec(String(req.headers["x-daytona-sdk-version"] ?? ""));
+  return version !== null && (Number(version[1]) > 0 || Number(version[2]) >= 180);
+}
+
+function send(res: ServerResponse, route: RestRoute, output: Message, ctx: HandlerContext, whole = false) {
   copyHeaders(res, ctx);
   if (route.method.output.typeName === "google.protobuf.Empty") return void res.writeHead(route.status).end();
-  const field = route.responseBody ? route.method.output.fields.find((f) => f.name === route.responseBody) : undefined;
+  const opts = { omitUnset: route.omitUnset };
+  const field = route.responseBody && !whole ? route.method.output.fields.find((f) => f.name === route.responseBody) : undefined;
   const body = field
-    ? valueToJson(field, (output as unknown as Record<string, unknown>)[field.localName])
-    : messageToJson(route.method.output, output);
+    ? valueToJson(field, (output as unknown as Record<string, unknown>)[field.localName], opts)
+    : messageToJson(route.method.output, output, opts);
   const text = JSON.stringify(body);
   res.writeHead(route.status, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) });
   res.end(text);
@@ -159,7 +182,7 @@ async function stream(res: ServerResponse, route: RestRoute, messages: AsyncIter
   res.writeHead(route.status, { "content-type": raw ? "text/plain; charset=utf-8" : "application/x-ndjson" });
   while (!next.done && !res.destroyed) {
     const msg = create(route.method.output, next.value as never) as unknown as Record<string, unknown>;
-    const chunk = raw ? (msg[field!.localName] as string | Uint8Array) : JSON.stringify(messageToJson(route.method.output, msg as unknown as Message)) + "\n";
+    const chunk = raw ? (msg[field!.localName] as string | Uint8Array) : JSON.stringify(messageToJson(route.method.output, msg as unknown as Message, { omitUnset: route.omitUnset })) + "\n";
     if (!res.write(chunk)) await new Promise((r) => res.once("drain", r));
     next = await iterator.next();
   }

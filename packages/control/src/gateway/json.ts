@@ -21,52 +21,62 @@ type Any = Record<string, unknown>;
 const TIMESTAMP = "google.protobuf.Timestamp";
 const STRUCT_TYPES = new Set(["google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"]);
 
-export function messageToJson(desc: DescMessage, msg: Message): Obj {
+/**
+ * `omitUnset`: leave unset optional fields out instead of writing null. The control API's DTOs
+ * write null (as the reference's API does); the toolbox leaves them out (as its daemon does:
+ * clients test a running command's `exitCode` against undefined).
+ */
+export interface JsonOptions {
+  omitUnset?: boolean;
+}
+
+export function messageToJson(desc: DescMessage, msg: Message, opts: JsonOptions = {}): Obj {
   const out: Obj = {};
   const m = msg as unknown as Any;
   for (const field of desc.fields) {
     if (field.oneof) {
       const oneof = m[field.oneof.localName] as { case?: string; value?: unknown };
-      if (oneof.case === field.localName) out[field.jsonName] = valueToJson(field, oneof.value);
+      if (oneof.case === field.localName) out[field.jsonName] = valueToJson(field, oneof.value, opts);
       continue;
     }
-    out[field.jsonName] = valueToJson(field, m[field.localName]);
+    const value = valueToJson(field, m[field.localName], opts);
+    if (value !== null || !opts.omitUnset) out[field.jsonName] = value;
   }
   return out;
 }
 
 /** One field's value as JSON (used for `response_body` too). */
-export function valueToJson(field: DescField, value: unknown): unknown {
+export function valueToJson(field: DescField, value: unknown, opts: JsonOptions = {}): unknown {
   switch (field.fieldKind) {
     case "scalar":
       return value === undefined ? null : scalarToJson(field.scalar, value);
     case "enum":
       return value === undefined ? null : enumToJson(field.enum, value as number);
     case "message":
-      return value === undefined ? null : singularMessageToJson(field.message, value);
+      return value === undefined ? null : singularMessageToJson(field.message, value, opts);
     case "list": {
       const list = value as unknown[];
       if (field.listKind === "scalar") return list.map((v) => scalarToJson(field.scalar, v));
       if (field.listKind === "enum") return list.map((v) => enumToJson(field.enum, v as number));
-      return list.map((v) => singularMessageToJson(field.message, v));
+      return list.map((v) => singularMessageToJson(field.message, v, opts));
     }
     case "map": {
       const out: Obj = {};
       for (const [k, v] of Object.entries(value as Obj)) {
-        out[k] = field.mapKind === "scalar" ? scalarToJson(field.scalar, v) : field.mapKind === "enum" ? enumToJson(field.enum, v as number) : singularMessageToJson(field.message, v);
+        out[k] = field.mapKind === "scalar" ? scalarToJson(field.scalar, v) : field.mapKind === "enum" ? enumToJson(field.enum, v as number) : singularMessageToJson(field.message, v, opts);
       }
       return out;
     }
   }
 }
 
-function singularMessageToJson(desc: DescMessage, value: unknown): unknown {
+function singularMessageToJson(desc: DescMessage, value: unknown, opts: JsonOptions): unknown {
   if (desc.typeName === TIMESTAMP) return timestampDate(value as Timestamp).toISOString();
   if (STRUCT_TYPES.has(desc.typeName)) {
     // protobuf-es represents Struct fields as plain JSON already; a Message still converts.
     return isMessage(value) ? protoToJson(desc, value) : value;
   }
-  return messageToJson(desc, value as Message);
+  return messageToJson(desc, value as Message, opts);
 }
 
 function scalarToJson(type: ScalarType, value: unknown): unknown {

@@ -12,6 +12,8 @@ export interface RestRoute {
   body: string;
   responseBody: string;
   status: number;
+  /** Unset optional fields are left out of responses rather than written as null. */
+  omitUnset: boolean;
 }
 
 export interface RouteMatch {
@@ -28,25 +30,25 @@ export class RouteTable {
   private readonly byVerb = new Map<string, RestRoute[]>();
 
   /** Each group's paths are mounted under its prefix (the toolbox mounts the agent's paths under a sandbox). */
-  constructor(groups: Array<{ services: DescService[]; prefix?: string }>) {
-    for (const { services, prefix = "" } of groups) {
+  constructor(groups: Array<{ services: DescService[]; prefix?: string; omitUnset?: boolean }>) {
+    for (const { services, prefix = "", omitUnset = false } of groups) {
       for (const service of services) {
         for (const method of service.methods) {
-          for (const b of httpBindingsOf(method)) this.add(service, method, b.verb, prefix + b.path, b.body, b.responseBody);
+          for (const b of httpBindingsOf(method)) this.add(service, method, b.verb, prefix + b.path, b.body, b.responseBody, omitUnset);
         }
       }
     }
     for (const routes of this.byVerb.values()) routes.sort(bySpecificity);
   }
 
-  private add(service: DescService, method: DescMethod, verb: string, template: string, body: string, responseBody: string) {
+  private add(service: DescService, method: DescMethod, verb: string, template: string, body: string, responseBody: string, omitUnset: boolean) {
     const segments = split(template).map((s) => {
       const m = /^\{([a-z0-9_]+)(=[^}]*)?\}$/.exec(s);
       return m ? { param: m[1] } : { literal: s };
     });
     const status = routeOf(method).status || 200;
     const list = this.byVerb.get(verb) ?? [];
-    list.push({ verb, template, service, method, segments, body, responseBody, status });
+    list.push({ verb, template, service, method, segments, body, responseBody, status, omitUnset });
     this.byVerb.set(verb, list);
   }
 

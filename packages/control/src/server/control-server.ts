@@ -7,6 +7,7 @@ import { file_grpc_health_v1_health, Health } from "@sandbar/protocol/gen/grpc/h
 import { file_grpc_reflection_v1_reflection, ServerReflection } from "@sandbar/protocol/gen/grpc/reflection/v1/reflection_pb.js";
 import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
 import { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
+import { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
 import { bootstrap } from "../bootstrap.ts";
@@ -17,12 +18,14 @@ import { RouteTable } from "../gateway/route-table.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
+import { type Sandboxes, startSandboxes } from "../sandboxes/boot.ts";
 import { apiKeyService } from "../services/api-keys.ts";
 import { configService } from "../services/config.ts";
 import type { Settings } from "../settings.ts";
 import { listenOnePort } from "./listener.ts";
-import { type AgentLocator, sandboxesUnavailable } from "../toolbox/agent-locator.ts";
+import type { AgentLocator } from "../toolbox/agent-locator.ts";
 import { mountToolbox, TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
+import { toolboxRest } from "../toolbox/rest/index.ts";
 
 export const API_BASE = "/api";
 
@@ -31,6 +34,8 @@ export interface ControlServer {
   port: number;
   databaseUrl: string;
   orm: MikroORM;
+  /** The sandboxes of this host: manager, runtime, timers. */
+  sandboxes: Sandboxes;
   stop(): Promise<void>;
 }
 
@@ -54,6 +59,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   await credentials.start(databaseUrl);
   await bootstrap(orm, settings.dataDir, settings.bootstrapApiKey, log);
   const guard = new Guard(credentials);
+  const sandboxes = await startSandboxes(settings, orm, log);
 
   // Every service of the control contract is served; those without an implementation
   // yet answer UNIMPLEMENTED (REST 501).
@@ -61,13 +67,14 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const implemented = new Map<string, Impl>([
     [ConfigService.typeName, configService(settings) as Impl],
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
+    [SandboxService.typeName, sandboxes.impl as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   const impls: ImplIndex = new Map();
   for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard) as never);
 
   // The toolbox: the agent's services, forwarded to the sandbox each call names.
-  const agentLocator: AgentLocator = options.agentLocator ?? sandboxesUnavailable;
+  const agentLocator: AgentLocator = options.agentLocator ?? sandboxes.manager;
   const toolbox = await mountToolbox(agentLocator, guard);
   for (const [name, impl] of toolbox.impls) impls.set(name, impl as never);
 
@@ -79,8 +86,11 @@ export async function startControlServer(settings: Settings, log: (line: string)
       router.service(ServerReflection, reflectionService([...controlFiles, ...toolbox.files, file_grpc_health_v1_health, file_grpc_reflection_v1_reflection], serviceNames));
     },
   });
-  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix }))]);
-  const gateway = createGateway(routes, impls, API_BASE);
+  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))]);
+  // Toolbox routes with wire formats of their own (multipart, raw streams, WebSockets) are
+  // served before the generic gateway, through the same secured implementations.
+  const rest = toolboxRest({ impls, locator: agentLocator, clients: toolbox.clients, basePath: API_BASE, prefixes: TOOLBOX_PREFIXES });
+  const gateway = createGateway(routes, impls, API_BASE, rest.intercept);
 
   const listener = await listenOnePort(
     (req, res) => {
@@ -90,6 +100,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     },
     settings.port,
     settings.host,
+    rest.upgrade,
   );
   const port = listener.port;
   let stopped: Promise<void> | undefined;
@@ -98,9 +109,12 @@ export async function startControlServer(settings: Settings, log: (line: string)
     port,
     databaseUrl,
     orm,
+    sandboxes,
     stop: () =>
       (stopped ??= (async () => {
+        rest.close();
         await listener.close();
+        await sandboxes.stop();
         toolbox.clients.close();
         await credentials.stop();
         await orm.close();

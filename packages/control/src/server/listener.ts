@@ -1,8 +1,11 @@
 import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
+import type { Duplex } from "node:stream";
 
 type Handler = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => void;
+/** Takes an HTTP/1.1 upgrade request (WebSocket); false when it is not for this handler. */
+export type UpgradeHandler = (req: http.IncomingMessage, socket: Duplex, head: Buffer) => boolean;
 
 export interface Listener {
   port: number;
@@ -14,7 +17,7 @@ export interface Listener {
  * One TCP port for HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge, as gRPC uses):
  * the first bytes of each connection say which; the connection is handed to that server.
  */
-export function listenOnePort(handler: Handler, port: number, host: string): Promise<Listener> {
+export function listenOnePort(handler: Handler, port: number, host: string, onUpgrade?: UpgradeHandler): Promise<Listener> {
   // HTTP/1.1 sockets with a request in flight; idle ones are dropped at once on close.
   const busy = new Map<net.Socket, number>();
   let closing = false;
@@ -28,6 +31,10 @@ export function listenOnePort(handler: Handler, port: number, host: string): Pro
       if (closing && n <= 0) socket.destroy();
     });
     handler(req, res);
+  });
+  // Upgrades (WebSockets) go to onUpgrade; any other is refused rather than left hanging.
+  h1.on("upgrade", (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
+    if (!onUpgrade?.(req, socket, head)) socket.end("HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
   });
   const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
   const sockets = new Set<net.Socket>();

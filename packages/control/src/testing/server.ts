@@ -3,7 +3,14 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startControlServer, type ControlOptions, type ControlServer } from "../server/control-server.ts";
-import { loadSettings } from "../settings.ts";
+import { loadSettings, type Settings } from "../settings.ts";
+import { freePort } from "../server/free-port.ts";
+
+/**
+ * Where test servers build and cache the default snapshot: shared with the runner's tests, so
+ * the debootstrap build (minutes) happens once per machine. Override with SANDBAR_TEST_CACHE_DIR.
+ */
+export const TEST_SNAPSHOT_CACHE = process.env.SANDBAR_TEST_CACHE_DIR ?? "/var/tmp/sandbar-runner-test-cache";
 
 export interface TestServer {
   server: ControlServer;
@@ -17,17 +24,22 @@ export interface TestServer {
 
 /** A real control server on a free loopback port with its own data dir (embedded PostgreSQL). */
 export async function startTestServer(
-  opts: { dataDir?: string; databaseUrl?: string; adminKey?: string; control?: ControlOptions } = {},
+  opts: { dataDir?: string; databaseUrl?: string; adminKey?: string; control?: ControlOptions; settings?: Partial<Settings> } = {},
 ): Promise<TestServer> {
   const dataDir = opts.dataDir ?? (await mkdtemp(join(tmpdir(), "sandbar-test-")));
   const adminKey = opts.adminKey ?? "sbr_" + randomBytes(32).toString("hex");
+  // A known port up front, so the URLs the API hands out (toolbox, preview) point at this server.
+  const port = opts.settings?.port ?? (await freePort());
   const settings = {
     ...loadSettings({}),
-    port: 0,
+    port,
+    publicUrl: `http://127.0.0.1:${port}`,
     host: "127.0.0.1",
     dataDir,
     databaseUrl: opts.databaseUrl,
     bootstrapApiKey: adminKey,
+    snapshotCacheDir: TEST_SNAPSHOT_CACHE,
+    ...opts.settings,
   };
   const server = await startControlServer(settings, () => {}, opts.control);
   return {
@@ -36,6 +48,11 @@ export async function startTestServer(
     adminKey,
     dataDir,
     async stop({ keepData = false } = {}) {
+      // A data dir that goes away takes its sandboxes along (mounts, cgroups, processes).
+      if (!keepData && !opts.dataDir) {
+        const { runtime } = server.sandboxes;
+        for (const s of await runtime.list()) await runtime.destroy(s.id).catch(() => undefined);
+      }
       await server.stop();
       if (!keepData && !opts.dataDir) await rm(dataDir, { recursive: true, force: true });
     },

@@ -1,5 +1,3 @@
-import { errors } from "@sandbar/protocol";
-
 /** Where a sandbox's agent listens, and the secret it expects. */
 export interface AgentEndpoint {
   sandboxId: string;
@@ -15,12 +13,10 @@ export interface AgentEndpoint {
 export interface AgentLocator {
   agentFor(organizationId: string, idOrName: string): Promise<AgentEndpoint>;
   touch(sandboxId: string): void;
+  /**
+   * Optional: checks a sandbox's preview token (WebSocket clients that send no API key or JWT,
+   * only `X-Daytona-Preview-Token` or `?DAYTONA_SANDBOX_AUTH_KEY=`) and resolves to its agent;
+   * throws UNAUTHENTICATED for a wrong token, NOT_FOUND for an unknown sandbox.
+   */
+  previewToken?(sandboxId: string, token: string): Promise<AgentEndpoint>;
 }
-
-/** Until a sandbox runtime is wired in: every toolbox call is refused plainly. */
-export const sandboxesUnavailable: AgentLocator = {
-  agentFor: async () => {
-    throw errors.unavailable("Sandboxes are not available on this server");
-  },
-  touch: () => {},
-};

@@ -128,7 +128,8 @@ describe("default snapshot", () => {
         snap,
         [
           "cut -d. -f1 /etc/debian_version",
-          "python3 -c 'import pylsp; print(\"pylsp\")'",
+          // pylsp loads its plugins through setuptools' entry points: without it, no completions.
+          "python3 -c 'import pylsp, setuptools, jedi; print(\"pylsp\")'",
           "git --version | cut -d' ' -f1-2",
           "ls /etc/ssl/certs/ca-certificates.crt",
           "ps -e -o comm= | head -1",

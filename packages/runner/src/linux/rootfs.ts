@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { spawn } from "node:child_process";
 import { chmod, copyFile, lstat, mkdir, readdir, readFile, readlink, rename, rm, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
@@ -24,7 +25,8 @@ export interface Snapshot {
   kind: "debootstrap" | "host-usr";
 }
 
-export const DEFAULT_PACKAGES = ["git", "python3", "python3-pylsp", "ca-certificates", "procps"];
+// python3-setuptools: pylsp finds its plugins (jedi completions, symbols) through setuptools' entry points.
+export const DEFAULT_PACKAGES = ["git", "python3", "python3-pylsp", "python3-setuptools", "ca-certificates", "procps"];
 export const DEFAULT_SUITE = "bookworm";
 
 export interface DefaultSnapshotOptions {
@@ -71,7 +73,10 @@ async function buildOrReuse(o: DefaultSnapshotOptions): Promise<Snapshot> {
   const progress = o.onProgress ?? (() => undefined);
   const warn = o.log ?? ((l: string) => console.warn(l));
   await mkdir(dir, { recursive: true, mode: 0o755 });
-  const debian = path.join(dir, `debian-${DEFAULT_SUITE}`);
+  // Named by what goes in: a changed package list builds a new snapshot beside the old one,
+  // which sandboxes created from it keep using as their lower layer.
+  const contents = createHash("sha256").update([DEFAULT_SUITE, ...(o.packages ?? DEFAULT_PACKAGES)].join(" ")).digest("hex").slice(0, 10);
+  const debian = path.join(dir, `debian-${DEFAULT_SUITE}-${contents}`);
   const hostUsr = path.join(dir, "host-usr");
 
   if (!o.forceFallback) {

@@ -1,4 +1,5 @@
 import { Migration0001Identity } from "./0001-identity.ts";
+import { Migration0002Sandboxes } from "./0002-sandboxes.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
-export const migrations = [{ name: "0001-identity", class: Migration0001Identity }];
+export const migrations = [{ name: "0001-identity", class: Migration0001Identity }, { name: "0002-sandboxes", class: Migration0002Sandboxes }];

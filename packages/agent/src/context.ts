@@ -1,0 +1,18 @@
+/** What every service needs to know about the agent it runs in. */
+export interface AgentContext {
+  /** Relative paths resolve against it; commands start in it. */
+  readonly workDir: string;
+  /** The user's home dir (also the legacy "project dir"). */
+  readonly homeDir: string;
+  /** Private scratch space of this agent process: session logs, temporary files. */
+  readonly stateDir: string;
+  /** The environment children get: the agent's own, without its secret. */
+  readonly env: NodeJS.ProcessEnv;
+  /** The user's shell, for sessions, execute and PTYs. */
+  readonly shell: string;
+  readonly version: string;
+  /** Aborted when the agent shuts down. */
+  readonly shutdown: AbortSignal;
+  /** Errors worth an operator's attention that no caller receives. */
+  readonly log: (message: string, err?: unknown) => void;
+}

@@ -1,0 +1,132 @@
+import { randomUUID } from "node:crypto";
+import { stat, rm, writeFile } from "node:fs/promises";
+import * as path from "node:path";
+import { constants } from "node:os";
+import { errors } from "@sandbar/protocol";
+import type { AgentContext } from "../context.ts";
+import { fsCall } from "../util/fs-errors.ts";
+import { resolvePath } from "../util/paths.ts";
+import { invalidEnvName, shellQuote } from "../util/shell.ts";
+import { signalTree } from "../util/kill.ts";
+import type { ShellLauncher } from "./launcher.ts";
+import type { ChildProcess } from "node:child_process";
+
+/** Most output an execution answers with; the rest is counted, not kept. */
+export const RESULT_LIMIT = 32 * 1024 * 1024;
+/** Scripts longer than this go through a file: a single argv entry is limited to 128 KiB. */
+const INLINE_LIMIT = 100 * 1024;
+/** After the shell exits, how long background processes that kept its output open are waited for. */
+const DRAIN_MS = 100;
+
+export interface ExecuteInput {
+  command: string;
+  cwd?: string;
+  envs: Record<string, string>;
+  /** Seconds; 0 or undefined: none. */
+  timeout?: number;
+}
+
+export interface ExecuteOutput {
+  exitCode: number;
+  result: string;
+}
+
+/** Checks an execution's cwd and env; returns the cwd to use. */
+export async function prepareExecution(ctx: AgentContext, input: ExecuteInput): Promise<string> {
+  if (input.command.trim() === "") throw errors.invalidArgument("command is required");
+  const badEnv = invalidEnvName(input.envs);
+  if (badEnv) throw errors.invalidArgument(badEnv);
+  const cwd = input.cwd ? resolvePath(ctx.workDir, input.cwd, "cwd") : ctx.workDir;
+  const st = await fsCall(cwd, () => stat(cwd));
+  if (!st.isDirectory()) throw errors.invalidArgument(`cwd is not a directory: ${cwd}`);
+  return cwd;
+}
+
+/**
+ * Runs a shell script in its own process group, stdout and stderr interleaved
+ * into one result. Past the timeout (or when the caller goes away) the whole
+ * group is killed; a timeout fails with DEADLINE_EXCEEDED.
+ */
+export async function execute(ctx: AgentContext, launcher: ShellLauncher, input: ExecuteInput, signal?: AbortSignal): Promise<ExecuteOutput> {
+  const cwd = await prepareExecution(ctx, input);
+  let scriptFile: string | undefined;
+  let script = input.command;
+  if (Buffer.byteLength(script) > INLINE_LIMIT) {
+    scriptFile = path.join(ctx.stateDir, `exec-${randomUUID()}.sh`);
+    await writeFile(scriptFile, script, { mode: 0o600 });
+    script = `. ${shellQuote(scriptFile)}`;
+  }
+  try {
+    return await run(launcher.launch(`exec 2>&1\n${script}`, cwd, input.envs), input, signal);
+  } finally {
+    launcher.refillSoon();
+    if (scriptFile) await rm(scriptFile, { force: true });
+  }
+}
+
+function run(child: ChildProcess, input: ExecuteInput, signal?: AbortSignal): Promise<ExecuteOutput> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let kept = 0;
+    let dropped = 0;
+    const collect = (chunk: Buffer) => {
+      const room = RESULT_LIMIT - kept;
+      if (room >= chunk.length) {
+        chunks.push(chunk);
+        kept += chunk.length;
+      } else {
+        if (room > 0) chunks.push(chunk.subarray(0, room));
+        kept += Math.max(0, room);
+        dropped += chunk.length - Math.max(0, room);
+      }
+    };
+    child.stdout!.on("data", collect);
+    child.stderr!.on("data", collect);
+    let settled = false;
+    let timer: NodeJS.Timeout | undefined;
+    const kill = () => {
+      if (child.pid !== undefined) signalTree(child.pid, "SIGKILL");
+    };
+    const onAbort = () => kill();
+    const finish = (out: ExecuteOutput | Error) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+      if (out instanceof Error) reject(out);
+      else resolve(out);
+    };
+    if (input.timeout) {
+      timer = setTimeout(() => {
+        kill();
+        finish(errors.deadlineExceeded(`command execution timeout: still running after ${input.timeout} s, killed`));
+      }, input.timeout * 1000);
+    }
+    signal?.addEventListener("abort", onAbort, { once: true });
+    child.once("error", (err) => finish({ exitCode: -1, result: err.message }));
+    child.once("exit", (code, sig) => {
+      const done = () => {
+        let result = Buffer.concat(chunks).toString("utf8");
+        if (dropped > 0) result += `\n[output truncated: ${dropped} more bytes]\n`;
+        finish({ exitCode: code ?? 128 + (sig ? (constants.signals[sig] ?? 0) : 0), result });
+      };
+      // Output may still be in flight; background children may hold the pipes open for good.
+      let open = 2;
+      const grace = setTimeout(() => {
+        child.stdout!.destroy();
+        child.stderr!.destroy();
+        done();
+      }, DRAIN_MS);
+      const closed = () => {
+        if (--open === 0) {
+          clearTimeout(grace);
+          done();
+        }
+      };
+      if (child.stdout!.readableEnded || child.stdout!.destroyed) closed();
+      else child.stdout!.once("close", closed);
+      if (child.stderr!.readableEnded || child.stderr!.destroyed) closed();
+      else child.stderr!.once("close", closed);
+    });
+  });
+}

@@ -1,0 +1,62 @@
+import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { requireSecret } from "./auth.ts";
+import type { AgentContext } from "./context.ts";
+import { serviceLoaders } from "./services.ts";
+import type { Areas } from "./services.ts";
+
+/** Most bytes of one request message (upload chunks, replace bodies). */
+const READ_MAX_BYTES = 32 * 1024 * 1024;
+
+export interface RpcHandler {
+  (req: Http2ServerRequest, res: Http2ServerResponse): void;
+  /** Loads these services now rather than on their first call. */
+  preload(services: string[]): Promise<void>;
+}
+
+/**
+ * The agent's Connect/gRPC handler: one Connect adapter per service, made on
+ * the service's first call, every call checked for the secret.
+ */
+export function createRpcHandler(ctx: AgentContext, areas: Areas, secret: string): RpcHandler {
+  const interceptors = [requireSecret(secret)];
+  const handlers = new Map<string, Promise<ReturnType<typeof connectNodeAdapter>>>();
+  const handlerFor = (service: string) => {
+    let h = handlers.get(service);
+    if (!h) {
+      h = serviceLoaders[service](ctx, areas).then((routes) =>
+        connectNodeAdapter({
+          routes,
+          interceptors,
+          readMaxBytes: READ_MAX_BYTES,
+          // Local sockets: compression costs CPU and buys nothing.
+          acceptCompression: [],
+          shutdownSignal: ctx.shutdown,
+        }),
+      );
+      h.catch(() => handlers.delete(service));
+      handlers.set(service, h);
+    }
+    return h;
+  };
+  const handle = (req: Http2ServerRequest, res: Http2ServerResponse) => {
+    // Paths are /<package>.<Service>/<Method>.
+    const service = req.url.slice(1, req.url.indexOf("/", 1));
+    if (!Object.hasOwn(serviceLoaders, service)) {
+      res.writeHead(404).end();
+      return;
+    }
+    handlerFor(service).then(
+      (h) => h(req, res),
+      (err: unknown) => {
+        ctx.log(`cannot load ${service}`, err);
+        if (!res.headersSent) res.writeHead(500).end();
+      },
+    );
+  };
+  return Object.assign(handle, {
+    preload: async (services: string[]) => {
+      await Promise.all(services.map((s) => handlerFor(s)));
+    },
+  });
+}

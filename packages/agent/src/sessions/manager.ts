@@ -1,0 +1,63 @@
+import { mkdir } from "node:fs/promises";
+import * as path from "node:path";
+import { errors } from "@sandbar/protocol";
+import type { AgentContext } from "../context.ts";
+import { Session } from "./session.ts";
+import type { SessionCommand } from "./session.ts";
+
+/** How long a deleted session's processes get between SIGTERM and SIGKILL. */
+const DELETE_GRACE_MS = 5000;
+
+/** The agent's sessions, by the ids their callers chose. */
+export class SessionManager {
+  private readonly sessions = new Map<string, Session>();
+  private readonly ctx: AgentContext;
+  private counter = 0;
+
+  constructor(ctx: AgentContext) {
+    this.ctx = ctx;
+  }
+
+  async create(id: string): Promise<Session> {
+    if (id.trim() === "") throw errors.invalidArgument("sessionId is required");
+    if (id.length > 256) throw errors.invalidArgument("sessionId is longer than 256 characters");
+    if (this.sessions.has(id)) throw errors.alreadyExists(`session already exists: ${id}`);
+    // Directory names are the agent's own: session ids may hold any character.
+    const dir = path.join(this.ctx.stateDir, "sessions", String(++this.counter));
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    if (this.sessions.has(id)) throw errors.alreadyExists(`session already exists: ${id}`);
+    const session = new Session({ id, dir, shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, log: this.ctx.log });
+    this.sessions.set(id, session);
+    return session;
+  }
+
+  get(id: string): Session {
+    const s = this.sessions.get(id);
+    if (!s) throw errors.notFound(`session not found: ${id}`);
+    return s;
+  }
+
+  command(sessionId: string, commandId: string): { session: Session; command: SessionCommand } {
+    const session = this.get(sessionId);
+    const command = session.commands.get(commandId);
+    if (!command) throw errors.notFound(`command not found: ${commandId} (session ${sessionId})`);
+    return { session, command };
+  }
+
+  list(): Session[] {
+    return [...this.sessions.values()];
+  }
+
+  async delete(id: string, graceMs = DELETE_GRACE_MS): Promise<void> {
+    const s = this.get(id);
+    this.sessions.delete(id);
+    await s.delete(graceMs);
+  }
+
+  /** Ends every session (agent shutdown). */
+  async closeAll(graceMs: number): Promise<void> {
+    const all = [...this.sessions.values()];
+    this.sessions.clear();
+    await Promise.all(all.map((s) => s.delete(graceMs)));
+  }
+}

@@ -1,0 +1,36 @@
+import { readFile } from "node:fs/promises";
+
+/**
+ * The user's shell, chosen as the reference does: zsh or bash when /etc/shells
+ * lists them, else $SHELL, else sh.
+ */
+export async function detectShell(env: NodeJS.ProcessEnv): Promise<string> {
+  let listed: string[] = [];
+  try {
+    listed = (await readFile("/etc/shells", "utf8"))
+      .split("\n")
+      .map((l) => l.trim())
+      .filter((l) => l !== "" && !l.startsWith("#"));
+  } catch {
+    // No /etc/shells: fall through to $SHELL.
+  }
+  for (const preferred of ["/usr/bin/zsh", "/bin/zsh", "/usr/bin/bash", "/bin/bash"]) {
+    if (listed.includes(preferred)) return preferred;
+  }
+  return env.SHELL || "/bin/sh";
+}
+
+/** Quotes a string for any POSIX shell. */
+export function shellQuote(s: string): string {
+  return `'${s.replaceAll("'", `'\\''`)}'`;
+}
+
+const envName = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/** Checks that every key is a valid environment variable name; returns an error text or undefined. */
+export function invalidEnvName(envs: Record<string, string>): string | undefined {
+  for (const k of Object.keys(envs)) {
+    if (!envName.test(k)) return `invalid environment variable name: ${JSON.stringify(k)}`;
+  }
+  return undefined;
+}

@@ -1,0 +1,77 @@
+import { errors } from "@sandbar/protocol";
+import type { CreateSandboxRequest } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { Checks } from "../services/validate.ts";
+import type { NewSandbox } from "./manager.ts";
+import { normalizeAutoArchive } from "./states.ts";
+
+// POST /sandbox checked as the reference checks it: field problems together in one 400, then
+// the rules one at a time, in the reference's order and words. Sandboxes here come from the
+// default snapshot, which (unlike the reference's snapshots) takes resources within the limits.
+
+/** The one snapshot sandboxes are made from, as GET /config names it. */
+export const DEFAULT_SNAPSHOT = "sandbar-default";
+export const DEFAULT_USER = "sandbar";
+export const RESOURCES = {
+  cpu: { default: 1, max: 4 },
+  memory: { default: 1, max: 8 },
+  disk: { default: 3, max: 10 },
+} as const;
+
+const USER = /^[a-z_][a-z0-9_-]{0,31}$/;
+const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/** Checks a create request as the reference does (field problems together, then one by one). */
+export function newSandbox(organizationId: string, req: CreateSandboxRequest): NewSandbox {
+  const snapshot = (req.snapshot ?? req.image ?? "").trim();
+  const checks = new Checks();
+  if (req.name !== undefined) checks.displayName("name", req.name);
+  const user = req.user ?? DEFAULT_USER;
+  checks.that(USER.test(user), "user must be 1-32 lower-case letters, digits, '_' or '-', starting with a letter or '_'");
+  for (const key of Object.keys(req.env)) checks.that(ENV_KEY.test(key), `env name ${JSON.stringify(key)} is invalid: use letters, digits and '_', not starting with a digit`);
+  for (const field of ["cpu", "gpu", "memory", "disk"] as const) {
+    const v = req[field];
+    checks.that(v === undefined || v >= 0, `${field} must not be less than 0`);
+  }
+  checks.that(req.gpu === undefined || req.gpu <= 1, "gpu must not be greater than 1");
+  checks.done();
+
+  if (req.buildInfo && snapshot) throw errors.invalidArgument("Cannot specify a snapshot when using a build info entry");
+  if (req.buildInfo && req.linkedSandbox) throw errors.invalidArgument("linkedSandbox is not supported with declarative builds. Create a sandbox from a snapshot");
+  if (req.gpuType.length > 0) throw errors.invalidArgument("Cannot specify GPU type when creating sandbox from snapshot. GPU type is inherited from snapshot.");
+  if (req.buildInfo) throw errors.unimplemented("Declarative builds (buildInfo) are not supported yet: create from the default snapshot");
+  if (snapshot && snapshot !== DEFAULT_SNAPSHOT) throw errors.invalidArgument(`Snapshot ${snapshot} not found. Only the default snapshot (${DEFAULT_SNAPSHOT}) exists on this server`);
+  if (req.linkedSandbox) throw errors.unimplemented("Linked sandboxes are not supported yet");
+  if (req.volumes.length > 0) throw errors.unimplemented("Volumes are not supported yet");
+  if (req.networkAllowList || req.domainAllowList) {
+    throw errors.unimplemented("Network allow lists are not supported yet: sandboxes have no network access (loopback only)");
+  }
+
+  const cpu = req.cpu || RESOURCES.cpu.default;
+  const memory = req.memory || RESOURCES.memory.default;
+  const disk = req.disk || RESOURCES.disk.default;
+  if (cpu > RESOURCES.cpu.max) throw errors.invalidArgument(`CPU request ${cpu} exceeds maximum allowed per sandbox (${RESOURCES.cpu.max}).`);
+  if (memory > RESOURCES.memory.max) throw errors.invalidArgument(`Memory request ${memory}GB exceeds maximum allowed per sandbox (${RESOURCES.memory.max}GB).`);
+  if (disk > RESOURCES.disk.max) throw errors.invalidArgument(`Disk request ${disk}GB exceeds maximum allowed per sandbox (${RESOURCES.disk.max}GB).`);
+  if (req.gpu) throw errors.invalidArgument(`GPU request ${req.gpu} exceeds maximum allowed per sandbox (0).`);
+
+  const autoStop = req.autoStopInterval ?? 15;
+  if (autoStop < 0) throw errors.invalidArgument("Auto-stop interval must be non-negative");
+  const autoArchive = req.autoArchiveInterval ?? 10080;
+  if (autoArchive < 0) throw errors.invalidArgument("Auto-archive interval must be non-negative");
+
+  return {
+    organizationId,
+    name: req.name,
+    snapshot: DEFAULT_SNAPSHOT,
+    user,
+    env: req.env,
+    labels: req.labels,
+    public: req.public ?? false,
+    cpu,
+    memory,
+    disk,
+    autoStopInterval: autoStop,
+    autoArchiveInterval: normalizeAutoArchive(autoArchive),
+    autoDeleteInterval: req.autoDeleteInterval ?? -1,
+  };
+}

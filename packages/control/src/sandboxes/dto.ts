@@ -1,0 +1,72 @@
+import { create, type DescEnum } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { enumValueJson } from "@sandbar/protocol";
+import {
+  BackupStateSchema,
+  type Sandbox,
+  SandboxClassSchema,
+  SandboxDesiredStateSchema,
+  SandboxSchema,
+  SandboxStateSchema,
+} from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import type { SandboxRecord } from "../db/entities.ts";
+import { REGION, SANDBOX_CLASS } from "./list-query.ts";
+import { reportedState } from "./states.ts";
+
+// A sandbox row as the reference's Sandbox DTO.
+
+/** Enum number by JSON spelling, and back. */
+export function enumCodec(desc: DescEnum) {
+  const byName = new Map(desc.values.filter((v) => v.number !== 0).map((v) => [enumValueJson(v), v.number]));
+  const byNumber = new Map([...byName].map(([name, n]) => [n, name]));
+  return {
+    number: (name: string) => byName.get(name) ?? 0,
+    name: (n: number) => byNumber.get(n),
+    names: [...byName.keys()],
+  };
+}
+
+export const sandboxStates = enumCodec(SandboxStateSchema);
+const desiredStates = enumCodec(SandboxDesiredStateSchema);
+const backupStates = enumCodec(BackupStateSchema);
+const classes = enumCodec(SandboxClassSchema);
+
+export interface DtoContext {
+  /** `<publicUrl>/api/toolbox-proxy`: clients call `<it>/<sandboxId>/<agent path>`. */
+  toolboxProxyUrl: string;
+}
+
+export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
+  return create(SandboxSchema, {
+    id: r.id,
+    organizationId: r.organizationId,
+    name: r.name,
+    snapshot: r.snapshot ?? undefined,
+    user: r.osUser,
+    env: r.env,
+    labels: r.labels,
+    public: r.public,
+    // Sandboxes here have loopback only (the linux provider's network mode "none").
+    networkBlockAll: true,
+    target: REGION,
+    cpu: r.cpu,
+    gpu: r.gpu,
+    memory: r.memory,
+    disk: r.disk,
+    state: sandboxStates.number(reportedState(r.state, r.desiredState)),
+    desiredState: desiredStates.number(r.desiredState),
+    errorReason: r.errorReason ?? undefined,
+    backupState: backupStates.number(r.backupState),
+    backupCreatedAt: r.backupCreatedAt ? timestampFromDate(r.backupCreatedAt) : undefined,
+    autoStopInterval: r.autoStopInterval,
+    autoArchiveInterval: r.autoArchiveInterval,
+    autoDeleteInterval: r.autoDeleteInterval,
+    volumes: [],
+    createdAt: timestampFromDate(r.createdAt),
+    updatedAt: timestampFromDate(r.updatedAt),
+    lastActivityAt: r.lastActivityAt ? timestampFromDate(r.lastActivityAt) : undefined,
+    sandboxClass: classes.number(SANDBOX_CLASS),
+    runnerId: r.runnerId ?? undefined,
+    toolboxProxyUrl: c.toolboxProxyUrl,
+  });
+}

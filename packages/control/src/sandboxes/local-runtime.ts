@@ -1,0 +1,189 @@
+import { createHash, createHmac, randomBytes, randomUUID } from "node:crypto";
+import { chmod, mkdir, readFile, stat, writeFile } from "node:fs/promises";
+import path from "node:path";
+import type { Readable } from "node:stream";
+import { fileURLToPath } from "node:url";
+import { Code, ConnectError, errors } from "@sandbar/protocol";
+import type { InitCommand, SandboxSpec } from "@sandbar/runner";
+import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
+import type { RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
+
+// Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
+// from the default snapshot, with the agent as its first process. Each agent gets its own secret,
+// HMAC-SHA256(host secret, sandbox id): a restarted server derives it again to reach sandboxes it
+// re-adopts, and no per-sandbox secret is ever stored by the control plane.
+
+/** The agent bundle `node packages/agent/build.ts` writes: a directory whose entry is agent.mjs. */
+export const DEFAULT_AGENT_BUNDLE = fileURLToPath(new URL("../../../agent/dist", import.meta.url));
+const AGENT_ENTRY = "agent.mjs";
+
+/**
+ * The first process for an agent bundle: a directory holding agent.mjs (mounted whole: its
+ * chunks and node_modules come along), or a single script file.
+ */
+export async function agentInit(bundle = DEFAULT_AGENT_BUNDLE): Promise<Omit<InitCommand, "secret">> {
+  const resolved = path.resolve(bundle);
+  const isDir = await stat(resolved).then((s) => s.isDirectory(), () => resolved === DEFAULT_AGENT_BUNDLE);
+  return isDir ? { node: process.execPath, bundle: resolved, main: AGENT_ENTRY } : { node: process.execPath, bundle: resolved };
+}
+
+export interface LocalRuntimeOptions {
+  /** The runner's data dir (sandboxes/, host-secret, runner-id). */
+  dataDir: string;
+  /** Where the default snapshot is built and cached; default `dataDir`. */
+  snapshotCacheDir?: string;
+  /** The sandbox's first process; default: this node running the agent bundle (see agentInit). The secret is added per sandbox. */
+  init?: Omit<InitCommand, "secret">;
+  /** Host uid range of the sandboxes; default a 65 536-uid slot chosen by the data dir. */
+  uidBase?: number;
+  uidCount?: number;
+  /** Processes and threads per sandbox. */
+  pidsLimit?: number;
+  log?: (line: string) => void;
+}
+
+const UID_SLOT = 65_536;
+const UID_FIRST = 1_700_000_000;
+const UID_SLOTS = 6000; // stays below 2^31
+
+export class LocalRuntime implements SandboxRuntime {
+  readonly runnerId: string;
+  readonly provider: LinuxProvider;
+  /** First host uid of this runner's sandboxes (the range is `uidCount` long). */
+  readonly uidBase: number;
+  readonly #hostSecret: Buffer;
+  readonly #init: Omit<InitCommand, "secret">;
+  readonly #snapshotDir: string;
+  readonly #pidsLimit: number;
+  readonly #log: (line: string) => void;
+
+  private constructor(provider: LinuxProvider, runnerId: string, hostSecret: Buffer, uidBase: number, o: LocalRuntimeOptions) {
+    this.provider = provider;
+    this.uidBase = uidBase;
+    this.runnerId = runnerId;
+    this.#hostSecret = hostSecret;
+    this.#init = o.init ?? { node: process.execPath, bundle: DEFAULT_AGENT_BUNDLE, main: AGENT_ENTRY };
+    this.#snapshotDir = o.snapshotCacheDir ?? o.dataDir;
+    this.#pidsLimit = o.pidsLimit ?? 4096;
+    this.#log = o.log ?? (() => undefined);
+  }
+
+  /** Opens the provider (root, bubblewrap and cgroups are checked) and the runner's identity. */
+  static async open(o: LocalRuntimeOptions): Promise<LocalRuntime> {
+    const dataDir = path.resolve(o.dataDir);
+    await mkdir(dataDir, { recursive: true, mode: 0o700 });
+    const hostSecret = await loadHostSecret(path.join(dataDir, "host-secret"));
+    const runnerId = await loadRunnerId(path.join(dataDir, "runner-id"));
+    const slot = createHash("sha256").update(dataDir).digest().readUInt32BE(0) % UID_SLOTS;
+    const uidBase = o.uidBase ?? UID_FIRST + slot * UID_SLOT;
+    const provider = await LinuxProvider.open({ dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log });
+    return new LocalRuntime(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
+  }
+
+  async assertReady(): Promise<void> {
+    const { node, bundle, main } = this.#init;
+    for (const [what, file] of [["node", node], ["agent bundle", main ? path.join(bundle, main) : bundle]] as const) {
+      const found = await stat(file).then(() => true, () => false);
+      if (!found) {
+        const hint = bundle === DEFAULT_AGENT_BUNDLE ? ": build it with `node packages/agent/build.ts` (or set SANDBAR_AGENT_BUNDLE)" : "";
+        throw errors.unavailable(`Sandboxes cannot start: the ${what} ${file} does not exist${hint}`);
+      }
+    }
+  }
+
+  #snapshot(): Promise<Snapshot> {
+    return ensureDefaultSnapshot({ dataDir: this.#snapshotDir, onProgress: (l) => this.#log(`snapshot: ${l}`), log: this.#log });
+  }
+
+  async #spec(s: RuntimeSandboxSpec): Promise<SandboxSpec> {
+    const snapshot = await this.#snapshot();
+    return {
+      id: s.id,
+      rootfs: snapshot.rootfs,
+      mounts: snapshot.mounts,
+      cpu: s.cpu,
+      memoryGiB: s.memoryGiB,
+      diskGiB: s.diskGiB,
+      pidsLimit: this.#pidsLimit,
+      env: s.env,
+      user: s.user,
+      init: { ...this.#init, secret: this.agentSecret(s.id) },
+    };
+  }
+
+  async create(s: RuntimeSandboxSpec): Promise<void> {
+    await this.assertReady();
+    if (!(await this.inspect(s.id))) await this.provider.create(await this.#spec(s));
+    await this.provider.start(s.id);
+  }
+
+  async start(id: string): Promise<void> {
+    await this.provider.start(id);
+  }
+
+  async stop(id: string, options: { force?: boolean } = {}): Promise<void> {
+    await this.provider.stop(id, { force: options.force });
+  }
+
+  destroy(id: string): Promise<void> {
+    return this.provider.destroy(id);
+  }
+
+  pack(id: string): Promise<Readable> {
+    return this.provider.pack(id);
+  }
+
+  async restore(s: RuntimeSandboxSpec, archive: Readable): Promise<void> {
+    await this.assertReady();
+    if (!(await this.inspect(s.id))) await this.provider.create(await this.#spec(s));
+    await this.provider.restore(s.id, archive);
+  }
+
+  async list(): Promise<RuntimeSandbox[]> {
+    return (await this.provider.list()).map((i) => ({ id: i.id, state: i.state, error: i.error }));
+  }
+
+  async inspect(id: string): Promise<RuntimeSandbox | undefined> {
+    try {
+      const i = await this.provider.inspect(id);
+      return { id: i.id, state: i.state, error: i.error };
+    } catch (err) {
+      if (err instanceof ConnectError && err.code === Code.NotFound) return undefined;
+      throw err;
+    }
+  }
+
+  agentSocket(id: string): Promise<string> {
+    return this.provider.connect(id);
+  }
+
+  agentSecret(id: string): string {
+    return createHmac("sha256", this.#hostSecret).update(id).digest("hex");
+  }
+
+  close(): Promise<void> {
+    return this.provider.close();
+  }
+}
+
+/** 32 random bytes, kept 0600 in the data dir; created once, race-free (O_EXCL). */
+async function loadHostSecret(file: string): Promise<Buffer> {
+  try {
+    await writeFile(file, randomBytes(32).toString("hex") + "\n", { mode: 0o600, flag: "wx" });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
+  }
+  await chmod(file, 0o600);
+  const hex = (await readFile(file, "utf8")).trim();
+  if (!/^[0-9a-f]{64}$/.test(hex)) throw new Error(`${file} is not a host secret (64 hex digits); remove it only if no sandbox runs`);
+  return Buffer.from(hex, "hex");
+}
+
+async function loadRunnerId(file: string): Promise<string> {
+  try {
+    await writeFile(file, randomUUID() + "\n", { mode: 0o644, flag: "wx" });
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
+  }
+  return (await readFile(file, "utf8")).trim();
+}

@@ -1,0 +1,523 @@
+import { createHash, randomBytes, randomUUID, timingSafeEqual } from "node:crypto";
+import type { MikroORM } from "@mikro-orm/postgresql";
+import { Code, ConnectError, errors } from "@sandbar/protocol";
+import type { SandboxRecord } from "../db/entities.ts";
+import { LayerFiles } from "./layer-files.ts";
+import { OperationLocks } from "./operation-locks.ts";
+import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
+import { isEphemeral, isErrored } from "./states.ts";
+import { type SandboxPatch, SandboxStore } from "./store.ts";
+
+// The sandbox lifecycle (reference §4.3): every transition with the reference's preconditions,
+// status codes and messages. One operation at a time per sandbox; an operation records where it
+// is going (desiredState) before it works and where the sandbox is (state) after, so a crash in
+// between is visible and reconcile.ts can finish the job. API calls wait for their operation up
+// to `waitMs` (30 s, like the reference's create and start), then answer the state as it is.
+
+export interface SandboxManagerOptions {
+  orm: MikroORM;
+  runtime: SandboxRuntime;
+  /** The server's data dir: archives/ and backups/ go there. */
+  dataDir: string;
+  /** Length of a timer "minute" (activity stamps are throttled to a sixth of it, at most 10 s). */
+  minuteMs?: number;
+  waitMs?: number;
+  log?: (line: string) => void;
+}
+
+/** A validated create request. */
+export interface NewSandbox {
+  organizationId: string;
+  name?: string;
+  snapshot: string;
+  user: string;
+  env: Record<string, string>;
+  labels: Record<string, string>;
+  public: boolean;
+  cpu: number;
+  memory: number;
+  disk: number;
+  autoStopInterval: number;
+  autoArchiveInterval: number;
+  autoDeleteInterval: number;
+}
+
+/** Where the toolbox reaches a sandbox's agent. */
+export interface AgentEndpoint {
+  sandboxId: string;
+  socket: string;
+  secret: string;
+}
+
+/** How an operation ended: `failed` carries the reason when the sandbox did not get there. */
+interface Outcome {
+  failed?: string;
+}
+
+export const stateChangeInProgress = () => new ConnectError("Sandbox state change in progress", Code.Aborted);
+const bad = (message: string) => errors.invalidArgument(message);
+
+/** A fresh preview token: 32 lower-case alphanumerics, like the reference's. */
+export function newAuthToken(): string {
+  const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789";
+  const bytes = randomBytes(32);
+  let out = "";
+  for (const b of bytes) out += alphabet[b % alphabet.length];
+  return out;
+}
+
+export class SandboxManager {
+  readonly runtime: SandboxRuntime;
+  readonly store: SandboxStore;
+  readonly files: LayerFiles;
+  readonly locks = new OperationLocks();
+  readonly #backups = new Map<string, Promise<void>>();
+  readonly #touched = new Map<string, number>();
+  readonly #touchEveryMs: number;
+  readonly #waitMs: number;
+  readonly #log: (line: string) => void;
+  #closing = false;
+
+  constructor(o: SandboxManagerOptions) {
+    this.runtime = o.runtime;
+    this.store = new SandboxStore(o.orm);
+    this.files = new LayerFiles(o.dataDir);
+    this.#touchEveryMs = Math.min(10_000, Math.floor((o.minuteMs ?? 60_000) / 6));
+    this.#waitMs = o.waitMs ?? 30_000;
+    this.#log = o.log ?? (() => undefined);
+  }
+
+  // ---- lookups -------------------------------------------------------------------------------
+
+  get(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    return this.store.find(organizationId, idOrName);
+  }
+
+  /** The toolbox's way in: a started sandbox of the caller's organization. */
+  async agentFor(organizationId: string, idOrName: string): Promise<AgentEndpoint> {
+    return this.#endpoint(await this.store.find(organizationId, idOrName));
+  }
+
+  /**
+   * The way in for preview clients that hold no API key: the sandbox's preview token (any token
+   * for a public sandbox). A wrong token is UNAUTHENTICATED; an unknown sandbox NOT_FOUND.
+   */
+  async previewToken(sandboxId: string, token: string): Promise<AgentEndpoint> {
+    const row = await this.store.byId(sandboxId);
+    if (!row || row.state === "destroyed" || (isErrored(row.state) && row.desiredState === "destroyed")) {
+      throw errors.notFound(`Sandbox with ID or name ${sandboxId} not found`);
+    }
+    const digest = (v: string) => createHash("sha256").update(v).digest();
+    if (!row.public && !timingSafeEqual(digest(token), digest(row.authToken))) throw errors.unauthenticated();
+    return this.#endpoint(row);
+  }
+
+  async #endpoint(row: SandboxRecord): Promise<AgentEndpoint> {
+    if (isErrored(row.state)) throw bad("Sandbox is not running");
+    if (this.locks.busy(row.id) || row.state !== row.desiredState) throw stateChangeInProgress();
+    if (row.state !== "started") throw bad("Sandbox is not running");
+    this.#assertHere(row);
+    let socket: string;
+    try {
+      socket = await this.runtime.agentSocket(row.id);
+    } catch (err) {
+      if (err instanceof ConnectError && err.code === Code.FailedPrecondition) throw bad("Sandbox is not running");
+      throw err;
+    }
+    return { sandboxId: row.id, socket, secret: this.runtime.agentSecret(row.id) };
+  }
+
+  /** Records activity (what the auto-stop timer measures), at most once per throttle period. */
+  touch(id: string): void {
+    const now = Date.now();
+    const last = this.#touched.get(id);
+    if (last !== undefined && now - last < this.#touchEveryMs) return;
+    this.#touched.set(id, now);
+    if (this.#touched.size > 10_000) this.#touched.clear();
+    this.store.touch(id, new Date(now)).catch((err: unknown) => this.#log(`sandbox ${id}: activity stamp failed: ${String(err)}`));
+  }
+
+  // ---- create --------------------------------------------------------------------------------
+
+  async create(input: NewSandbox): Promise<SandboxRecord> {
+    this.#assertOpen();
+    await this.runtime.assertReady();
+    const id = randomUUID();
+    const now = new Date();
+    const row: SandboxRecord = {
+      id,
+      organizationId: input.organizationId,
+      name: input.name ?? id,
+      snapshot: input.snapshot,
+      osUser: input.user,
+      env: input.env,
+      labels: input.labels,
+      public: input.public,
+      cpu: input.cpu,
+      gpu: 0,
+      memory: input.memory,
+      disk: input.disk,
+      state: "unknown",
+      desiredState: "started",
+      errorReason: null,
+      backupState: "None",
+      backupCreatedAt: null,
+      autoStopInterval: input.autoStopInterval,
+      autoArchiveInterval: input.autoArchiveInterval,
+      autoDeleteInterval: input.autoDeleteInterval,
+      createdAt: now,
+      updatedAt: now,
+      lastActivityAt: now,
+      authToken: newAuthToken(),
+      runnerId: this.runtime.runnerId,
+    };
+    const op = this.locks.tryRun(id, async () => {
+      await this.store.insert(row);
+      return this.driveCreate(row);
+    })!;
+    return this.#answer(id, op, "Sandbox failed to start");
+  }
+
+  /** Makes and starts the sandbox on the host; a failure leaves it in `error` with the reason. */
+  async driveCreate(row: SandboxRecord): Promise<Outcome> {
+    try {
+      await this.runtime.create(specOf(row));
+      await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
+      return {};
+    } catch (err) {
+      return this.#fail(row.id, err);
+    }
+  }
+
+  // ---- start ---------------------------------------------------------------------------------
+
+  async start(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    const row = await this.store.find(organizationId, idOrName);
+    if (isErrored(row.state)) throw bad("Sandbox is in an errored state");
+    if (row.state === "started" && row.desiredState === "started" && !this.locks.busy(row.id)) return row;
+    const op = this.#operate(row.id, async () => {
+      const cur = await this.#current(row.id);
+      if (isErrored(cur.state)) throw bad("Sandbox is in an errored state");
+      if (cur.state === "started" && cur.desiredState === "started") return {};
+      if (cur.state !== cur.desiredState) throw stateChangeInProgress();
+      if (cur.state !== "stopped" && cur.state !== "archived") throw bad("Sandbox is not in valid state");
+      this.#assertHere(cur);
+      const archived = cur.state === "archived";
+      await this.store.update(cur.id, {
+        desiredState: "started",
+        authToken: newAuthToken(),
+        errorReason: null,
+        lastActivityAt: new Date(),
+        ...(archived ? { state: "restoring", runnerId: this.runtime.runnerId } : {}),
+      });
+      return archived ? this.driveRestore(cur, this.files.archive(cur.id), "archived") : this.driveStart(cur);
+    });
+    return this.#answer(row.id, op, "Sandbox failed to start");
+  }
+
+  /**
+   * Starts a stopped sandbox. When the host no longer has it (its files were lost), the last
+   * completed backup brings it back; without one the sandbox goes to `error`.
+   */
+  async driveStart(row: SandboxRecord): Promise<Outcome> {
+    try {
+      if (!(await this.runtime.inspect(row.id))) {
+        if (row.backupState === "Completed" && (await this.files.exists(this.files.backup(row.id)))) {
+          await this.store.update(row.id, { state: "restoring" });
+          return this.driveRestore(row, this.files.backup(row.id), "error");
+        }
+        return this.#fail(row.id, new Error("Sandbox has no runner and backup is not completed: its files are gone from this host"));
+      }
+      await this.runtime.start(row.id);
+      await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
+      return {};
+    } catch (err) {
+      return this.#fail(row.id, err);
+    }
+  }
+
+  /**
+   * Restores the sandbox from a pack (archive or backup), then starts it. An archive is removed
+   * only once the sandbox runs from it; if restoring fails, an archived sandbox goes back to
+   * `archived` (its archive is still the whole of its files) with the reason recorded.
+   */
+  async driveRestore(row: SandboxRecord, pack: string, onFailure: "archived" | "error"): Promise<Outcome> {
+    try {
+      if (!(await this.files.exists(pack))) throw new Error(`the pack of its files (${pack}) is missing`);
+      await this.runtime.destroy(row.id); // whatever an interrupted restore left
+      await this.runtime.restore(specOf(row), this.files.read(pack));
+      await this.runtime.start(row.id);
+      await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
+      if (pack === this.files.archive(row.id)) await this.files.removeArchive(row.id);
+      return {};
+    } catch (err) {
+      const reason = reasonOf(err);
+      if (onFailure === "error") return this.#fail(row.id, err);
+      this.#log(`sandbox ${row.id}: restore failed: ${reason}`);
+      await this.runtime.destroy(row.id).catch(() => undefined);
+      await this.store.update(row.id, { state: "archived", desiredState: "archived", runnerId: null, errorReason: reason });
+      return { failed: reason };
+    }
+  }
+
+  // ---- stop ----------------------------------------------------------------------------------
+
+  async stop(organizationId: string, idOrName: string, force = false): Promise<SandboxRecord> {
+    const row = await this.store.find(organizationId, idOrName);
+    if (isErrored(row.state)) throw bad("Sandbox is in an errored state");
+    const op = this.#operate(row.id, () => this.#stopChecked(row.id, force));
+    return this.#answer(row.id, op, "Sandbox failed to stop");
+  }
+
+  /** Stop with the preconditions checked under the lock; `when` lets a timer re-check its reason. */
+  async #stopChecked(id: string, force: boolean, when?: (row: SandboxRecord) => boolean): Promise<Outcome> {
+    const cur = await this.#current(id);
+    if (when && !when(cur)) return {};
+    if (isErrored(cur.state)) throw bad("Sandbox is in an errored state");
+    if (cur.state !== cur.desiredState) throw stateChangeInProgress();
+    if (cur.state !== "started") throw bad("Sandbox is not in a stoppable state");
+    this.#assertHere(cur);
+    if (isEphemeral(cur.autoDeleteInterval)) {
+      await this.#softDelete(cur);
+      return this.driveDestroy(cur);
+    }
+    await this.store.update(id, { desiredState: "stopped" });
+    return this.driveStop(cur, force);
+  }
+
+  async driveStop(row: SandboxRecord, force = false): Promise<Outcome> {
+    try {
+      await this.runtime.stop(row.id, { force });
+      await this.store.update(row.id, { state: "stopped", errorReason: null, lastActivityAt: new Date() });
+      return {};
+    } catch (err) {
+      return this.#fail(row.id, err);
+    }
+  }
+
+  // ---- archive -------------------------------------------------------------------------------
+
+  async archive(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    const row = await this.store.find(organizationId, idOrName);
+    if (isErrored(row.state)) throw bad("Sandbox is in an errored state");
+    const op = this.#operate(row.id, () => this.#archiveChecked(row.id));
+    return this.#answer(row.id, op, "Sandbox failed to archive", errors.internal);
+  }
+
+  async #archiveChecked(id: string, when?: (row: SandboxRecord) => boolean): Promise<Outcome> {
+    const cur = await this.#current(id);
+    if (when && !when(cur)) return {};
+    if (isErrored(cur.state)) throw bad("Sandbox is in an errored state");
+    if (cur.state !== cur.desiredState) throw stateChangeInProgress();
+    if (cur.state !== "stopped") throw bad("Sandbox is not stopped");
+    if (isEphemeral(cur.autoDeleteInterval)) throw bad("Ephemeral sandboxes cannot be archived");
+    this.#assertHere(cur);
+    await this.store.update(id, { desiredState: "archived" });
+    return this.driveArchive(cur);
+  }
+
+  /** Packs the stopped sandbox's writable layer to the archive file, then frees the host. */
+  async driveArchive(row: SandboxRecord): Promise<Outcome> {
+    try {
+      await this.#backups.get(row.id);
+      if (await this.runtime.inspect(row.id)) {
+        await this.files.write(await this.runtime.pack(row.id), this.files.archive(row.id));
+        await this.runtime.destroy(row.id);
+      } else if (!(await this.files.exists(this.files.archive(row.id)))) {
+        throw new Error("its files are gone from this host");
+      }
+      // No activity stamp: auto-delete keeps counting from the stop.
+      await this.store.update(row.id, { state: "archived", runnerId: null, errorReason: null });
+      return {};
+    } catch (err) {
+      // The sandbox is intact: it stays stopped; the reason is logged and answered.
+      const reason = reasonOf(err);
+      this.#log(`sandbox ${row.id}: archive failed: ${reason}`);
+      await this.store.update(row.id, { desiredState: "stopped" });
+      return { failed: reason };
+    }
+  }
+
+  // ---- delete --------------------------------------------------------------------------------
+
+  async delete(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    const row = await this.store.find(organizationId, idOrName);
+    const op = this.#operate(row.id, () => this.#deleteChecked(row.id));
+    return this.#answer(row.id, op, "Sandbox failed to delete", errors.internal);
+  }
+
+  async #deleteChecked(id: string, when?: (row: SandboxRecord) => boolean): Promise<Outcome> {
+    const cur = await this.#current(id);
+    if (when && !when(cur)) return {};
+    if (cur.state === "destroyed" || (cur.desiredState === "destroyed" && isErrored(cur.state))) {
+      throw errors.notFound(`Sandbox with ID or name ${id} not found`);
+    }
+    this.#assertHere(cur);
+    await this.#softDelete(cur);
+    return this.driveDestroy(cur);
+  }
+
+  /** The reference's soft delete: desired `destroyed`, the name freed, no backup any more. */
+  async #softDelete(row: SandboxRecord): Promise<void> {
+    const name = row.name.startsWith("DESTROYED_") ? row.name : `DESTROYED_${row.name}_${Date.now()}`;
+    await this.store.update(row.id, { desiredState: "destroyed", name, backupState: "None" });
+  }
+
+  /** Removes the sandbox from the host and its packs from disk; a failure is retried by the timers. */
+  async driveDestroy(row: SandboxRecord): Promise<Outcome> {
+    try {
+      await this.#backups.get(row.id);
+      await this.runtime.destroy(row.id);
+      await this.files.remove(row.id);
+      await this.store.update(row.id, { state: "destroyed", runnerId: null, errorReason: null });
+      this.#touched.delete(row.id);
+      return {};
+    } catch (err) {
+      return this.#fail(row.id, err);
+    }
+  }
+
+  // ---- backup --------------------------------------------------------------------------------
+
+  async backup(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    this.#assertOpen();
+    const row = await this.store.find(organizationId, idOrName);
+    if (isEphemeral(row.autoDeleteInterval)) throw bad("Ephemeral sandboxes cannot be backed up");
+    if (row.backupState === "Pending" || row.backupState === "InProgress") throw bad("Sandbox backup is already in progress");
+    if (this.locks.busy(row.id) || row.state !== row.desiredState) throw stateChangeInProgress();
+    if (row.state !== "started" && row.state !== "stopped") throw bad("Sandbox is not in valid state");
+    this.#assertHere(row);
+    const claimed = await this.store.updateIf(row.id, { backupState: { $in: ["None", "Completed", "Error"] } }, { backupState: "InProgress" });
+    if (!claimed) throw bad("Sandbox backup is already in progress");
+    const id = row.id;
+    const work = (async () => {
+      try {
+        await this.files.write(await this.runtime.pack(id), this.files.backup(id));
+        await this.store.updateIf(id, { backupState: "InProgress" }, { backupState: "Completed", backupCreatedAt: new Date() });
+      } catch (err) {
+        this.#log(`sandbox ${id}: backup failed: ${reasonOf(err)}`);
+        await this.store.updateIf(id, { backupState: "InProgress" }, { backupState: "Error" }).catch(() => undefined);
+      }
+    })().finally(() => this.#backups.delete(id));
+    this.#backups.set(id, work);
+    this.touch(id);
+    return this.#current(id);
+  }
+
+  // ---- attributes ----------------------------------------------------------------------------
+
+  async update(organizationId: string, idOrName: string, patch: SandboxPatch): Promise<SandboxRecord> {
+    const row = await this.store.find(organizationId, idOrName);
+    await this.store.update(row.id, patch);
+    this.touch(row.id);
+    return this.#current(row.id);
+  }
+
+  // ---- timers --------------------------------------------------------------------------------
+
+  /** The timers' operations: skipped when busy; `when` is re-checked under the lock. */
+  autoStop(id: string, when: (row: SandboxRecord) => boolean): Promise<Outcome> | undefined {
+    return this.#timerOp(id, () => this.#stopChecked(id, false, when));
+  }
+
+  autoArchive(id: string, when: (row: SandboxRecord) => boolean): Promise<Outcome> | undefined {
+    return this.#timerOp(id, () => this.#archiveChecked(id, when));
+  }
+
+  autoDelete(id: string, when: (row: SandboxRecord) => boolean): Promise<Outcome> | undefined {
+    return this.#timerOp(id, () => this.#deleteChecked(id, when));
+  }
+
+  /** Finishes a delete that failed on the host (the row is `error` with desired `destroyed`). */
+  retryDestroy(id: string): Promise<Outcome> | undefined {
+    return this.#timerOp(id, async () => {
+      const cur = await this.#current(id);
+      if (cur.desiredState !== "destroyed" || cur.state === "destroyed") return {};
+      return this.driveDestroy(cur);
+    });
+  }
+
+  /** A started sandbox whose first process is gone (an OOM kill, a crash) is reported as `error`. */
+  markLost(id: string, reason: string): Promise<Outcome> | undefined {
+    return this.#timerOp(id, async () => {
+      const cur = await this.#current(id);
+      if (cur.state !== "started" || cur.desiredState !== "started") return {};
+      const rt = await this.runtime.inspect(id);
+      if (rt?.state === "started") return {};
+      return this.#fail(id, new Error(rt?.error ?? reason));
+    });
+  }
+
+  #timerOp(id: string, fn: () => Promise<Outcome>): Promise<Outcome> | undefined {
+    if (this.#closing) return undefined;
+    const op = this.locks.tryRun(id, fn);
+    op?.catch(() => undefined);
+    return op;
+  }
+
+  // ---- shutdown ------------------------------------------------------------------------------
+
+  /** Refuses new operations and waits (up to `timeoutMs`) for those running. */
+  async close(timeoutMs = 30_000): Promise<void> {
+    this.#closing = true;
+    await Promise.race([
+      Promise.allSettled([this.locks.idle(timeoutMs), ...this.#backups.values()]),
+      new Promise((r) => setTimeout(r, timeoutMs).unref()),
+    ]);
+  }
+
+  // ---- helpers -------------------------------------------------------------------------------
+
+  #assertOpen(): void {
+    if (this.#closing) throw errors.unavailable("The server is shutting down");
+  }
+
+  /** Only this server's runner can operate the sandboxes it holds. */
+  #assertHere(row: SandboxRecord): void {
+    if (row.runnerId !== null && row.runnerId !== this.runtime.runnerId) {
+      throw errors.unavailable(`Sandbox ${row.id} is held by runner ${row.runnerId}, which this server does not run`);
+    }
+  }
+
+  #operate(id: string, fn: () => Promise<Outcome>): Promise<Outcome> {
+    this.#assertOpen();
+    const op = this.locks.tryRun(id, fn);
+    if (!op) throw stateChangeInProgress();
+    return op;
+  }
+
+  async #current(id: string): Promise<SandboxRecord> {
+    const row = await this.store.byId(id);
+    if (!row) throw errors.notFound(`Sandbox with ID or name ${id} not found`);
+    return row;
+  }
+
+  /**
+   * Waits for the operation up to waitMs. A precondition it refused is thrown; a failure it
+   * recorded is answered as `<what>: <reason>`; past the wait, the sandbox as it is now.
+   */
+  async #answer(id: string, op: Promise<Outcome>, what: string, make: (m: string) => ConnectError = bad): Promise<SandboxRecord> {
+    op.catch(() => undefined); // a failure after the wait is recorded on the sandbox, not lost
+    let timer: NodeJS.Timeout | undefined;
+    const outcome = await Promise.race([op, new Promise<undefined>((r) => (timer = setTimeout(() => r(undefined), this.#waitMs)))]).finally(() => clearTimeout(timer));
+    if (outcome?.failed !== undefined) throw make(`${what}: ${outcome.failed}`);
+    return this.#current(id);
+  }
+
+  /** Records the failure on the sandbox (state `error`) and reports it to the waiting caller. */
+  async #fail(id: string, err: unknown): Promise<Outcome> {
+    const reason = reasonOf(err);
+    this.#log(`sandbox ${id}: ${reason}`);
+    await this.store.update(id, { state: "error", errorReason: reason });
+    return { failed: reason };
+  }
+}
+
+export function specOf(row: SandboxRecord): RuntimeSandboxSpec {
+  return { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser };
+}
+
+function reasonOf(err: unknown): string {
+  if (err instanceof ConnectError) return err.rawMessage;
+  return err instanceof Error ? err.message : String(err);
+}

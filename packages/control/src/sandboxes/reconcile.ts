@@ -1,0 +1,109 @@
+import type { SandboxRecord } from "../db/entities.ts";
+import type { SandboxManager } from "./manager.ts";
+
+// At start, after a clean stop or a crash (kill -9): the database says what each sandbox should
+// be, the host says what is there. Sandboxes running and started in the database are adopted;
+// operations a crash interrupted are finished (create, start, restore, stop, archive, delete);
+// sandboxes the database wants started but whose process is gone are started again, or marked
+// `error` with the reason; sandboxes on the host the database does not know (or knows as
+// destroyed) are destroyed. Nothing leaks either way.
+
+export interface ReconcileReport {
+  adopted: string[];
+  /** Started again, or their interrupted operation finished. */
+  resumed: string[];
+  /** Could not be brought back: now `error` with the reason. */
+  failed: string[];
+  /** On the host but unknown (or destroyed) in the database: removed. */
+  removed: string[];
+}
+
+const PARALLEL = 4;
+
+export async function reconcile(m: SandboxManager, log: (line: string) => void = () => undefined): Promise<ReconcileReport> {
+  const report: ReconcileReport = { adopted: [], resumed: [], failed: [], removed: [] };
+  await m.files.removePartials();
+  const host = new Map((await m.runtime.list()).map((s) => [s.id, s]));
+  const rows = await m.store.ofRunner(m.runtime.runnerId);
+
+  const tasks = rows.map((row) => async () => {
+    if (row.backupState === "InProgress" || row.backupState === "Pending") {
+      await m.store.update(row.id, { backupState: "Error" }); // its writer died with the last process
+    }
+    const op = m.locks.tryRun(row.id, () => resume(m, row, host.get(row.id)?.state));
+    if (!op) return;
+    try {
+      const result = await op;
+      report[result].push(row.id);
+    } catch (err) {
+      log(`reconcile: sandbox ${row.id}: ${String(err)}`);
+      report.failed.push(row.id);
+    }
+  });
+  await inParallel(tasks, PARALLEL);
+
+  // What the host holds now that no live row claims.
+  const held = (await m.runtime.list()).map((s) => s.id);
+  const known = new Map((await m.store.byIds(held)).map((r) => [r.id, r]));
+  for (const id of held) {
+    const row = known.get(id);
+    const claimed = row && row.state !== "destroyed" && (row.runnerId === m.runtime.runnerId || row.runnerId === null);
+    if (claimed && row.state !== "archived") continue;
+    if (row?.state === "archived" && !(await m.files.exists(m.files.archive(id)))) {
+      log(`reconcile: sandbox ${id} is archived but its archive is missing; its files on this host are kept`);
+      continue;
+    }
+    if (m.locks.busy(id)) continue;
+    try {
+      await m.runtime.destroy(id);
+      report.removed.push(id);
+    } catch (err) {
+      log(`reconcile: removing sandbox ${id} from the host failed: ${String(err)}`);
+    }
+  }
+  const total = report.adopted.length + report.resumed.length + report.failed.length + report.removed.length;
+  if (total > 0) {
+    log(`reconcile: ${report.adopted.length} adopted, ${report.resumed.length} resumed, ${report.failed.length} in error, ${report.removed.length} removed from the host`);
+  }
+  return report;
+}
+
+type Result = "adopted" | "resumed" | "failed";
+
+/** Brings one sandbox to where the database says it is going. Runs under the sandbox's lock. */
+async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | undefined): Promise<Result> {
+  const done = (o: { failed?: string }): Result => (o.failed === undefined ? "resumed" : "failed");
+  if (row.state === "error") return "adopted"; // left for the user to see (and delete)
+  if (row.desiredState === "destroyed") return done(await m.driveDestroy(row));
+  if (row.desiredState === "archived") {
+    if (row.state === "archived") return "adopted"; // a leftover host copy is removed below
+    return done(await m.driveArchive(row));
+  }
+  if (row.desiredState === "started") {
+    if (row.state === "started" && onHost === "started") return "adopted";
+    if (row.state === "unknown") {
+      // The create never answered: whatever it left on the host (perhaps half made) goes first.
+      await m.runtime.destroy(row.id);
+      return done(await m.driveCreate(row));
+    }
+    if (row.state === "restoring") {
+      const archive = m.files.archive(row.id);
+      if (await m.files.exists(archive)) return done(await m.driveRestore(row, archive, "archived"));
+      return done(await m.driveRestore(row, m.files.backup(row.id), "error"));
+    }
+    return done(await m.driveStart(row));
+  }
+  if (row.desiredState === "stopped") {
+    if (row.state === "started" || onHost === "started") return done(await m.driveStop(row));
+    return "adopted";
+  }
+  return "adopted";
+}
+
+async function inParallel(tasks: Array<() => Promise<void>>, n: number): Promise<void> {
+  let next = 0;
+  const worker = async () => {
+    while (next < tasks.length) await tasks[next++]();
+  };
+  await Promise.all(Array.from({ length: Math.min(n, tasks.length) }, worker));
+}

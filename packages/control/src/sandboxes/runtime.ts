@@ -1,0 +1,82 @@
+import type { Readable } from "node:stream";
+import { errors } from "@sandbar/protocol";
+
+// What the control plane needs from a host that runs sandboxes. One implementation today
+// (LocalRuntime: this host, the linux provider); a remote runner will implement the same.
+// Every method may be called again after a crash: the host's state is on its disk.
+
+/** How a sandbox is made: always from the default snapshot for now. */
+export interface RuntimeSandboxSpec {
+  /** The sandbox id (a UUID), also its name on the host. */
+  id: string;
+  /** Cores. */
+  cpu: number;
+  /** GiB. */
+  memoryGiB: number;
+  /** GiB: the cap of the writable layer. */
+  diskGiB: number;
+  env: Record<string, string>;
+  /** OS user inside the sandbox. */
+  user: string;
+}
+
+export type RuntimeState = "created" | "started" | "stopped" | "error";
+
+export interface RuntimeSandbox {
+  id: string;
+  /** "error": meant to run, but its first process is gone (see `error`). */
+  state: RuntimeState;
+  error?: string;
+}
+
+export interface SandboxRuntime {
+  /** Stable id of this host's runner (recorded on each sandbox it holds). */
+  readonly runnerId: string;
+  /** Throws UNAVAILABLE with the reason when sandboxes cannot be made here. */
+  assertReady(): Promise<void>;
+  /** Creates the sandbox (or finds it, after an interrupted create) and starts it. */
+  create(spec: RuntimeSandboxSpec): Promise<void>;
+  /** Starts a stopped sandbox; a running one is left alone. */
+  start(id: string): Promise<void>;
+  /** Ends every process of the sandbox; its files stay. */
+  stop(id: string, options?: { force?: boolean }): Promise<void>;
+  /** Removes everything the sandbox has on the host; unknown ids are fine. */
+  destroy(id: string): Promise<void>;
+  /** The writable layer as a tar stream. */
+  pack(id: string): Promise<Readable>;
+  /** Makes the sandbox (not started) with its writable layer from a `pack` stream. */
+  restore(spec: RuntimeSandboxSpec, archive: Readable): Promise<void>;
+  /** Every sandbox the host holds; undefined from `inspect` when it holds none by that id. */
+  list(): Promise<RuntimeSandbox[]>;
+  inspect(id: string): Promise<RuntimeSandbox | undefined>;
+  /** Host path of the agent's unix socket; the sandbox must be started. */
+  agentSocket(id: string): Promise<string>;
+  /** The bearer secret the sandbox's agent expects. Never stored per sandbox; never logged. */
+  agentSecret(id: string): string;
+  /** Releases what the runtime holds beyond its sandboxes (which keep running). */
+  close(): Promise<void>;
+}
+
+/** Stands in where sandboxes cannot run (not root, no bubblewrap): every call says why. */
+export function unavailableRuntime(reason: string): SandboxRuntime {
+  const fail = async (): Promise<never> => {
+    throw errors.unavailable(`Sandboxes are not available on this server: ${reason}`);
+  };
+  return {
+    runnerId: "unavailable",
+    assertReady: fail,
+    create: fail,
+    start: fail,
+    stop: fail,
+    destroy: fail,
+    pack: fail,
+    restore: fail,
+    list: async () => [],
+    inspect: async () => undefined,
+    agentSocket: fail,
+    agentSecret: () => {
+      throw errors.unavailable(`Sandboxes are not available on this server: ${reason}`);
+    },
+    close: async () => {},
+  };
+}

@@ -1,0 +1,226 @@
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
+import type { MikroORM } from "@mikro-orm/postgresql";
+import { errors } from "@sandbar/protocol";
+import {
+  type SandboxService,
+  SandboxListSortField,
+  SandboxSortField,
+  SortOrder,
+  SandboxClassSchema,
+} from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { organizationOf } from "../auth/principal.ts";
+import { Checks } from "../services/validate.ts";
+import type { Settings } from "../settings.ts";
+import { enumCodec, sandboxStates, toSandbox, type DtoContext } from "./dto.ts";
+import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteria, pagePage, type PageSort, sortValueOf, whereOf } from "./list-query.ts";
+import { SandboxManager } from "./manager.ts";
+import type { SandboxRuntime } from "./runtime.ts";
+import { normalizeAutoArchive } from "./states.ts";
+import { newSandbox } from "./create-request.ts";
+
+// SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
+// manager; every answer is the reference's Sandbox DTO.
+
+const sandboxClasses = enumCodec(SandboxClassSchema);
+
+export interface SandboxServiceDeps {
+  orm: MikroORM;
+  settings: Settings;
+  runtime: SandboxRuntime;
+  log?: (line: string) => void;
+}
+
+export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<ServiceImpl<typeof SandboxService>>; manager: SandboxManager } {
+  const manager = new SandboxManager({
+    orm: deps.orm,
+    runtime: deps.runtime,
+    dataDir: deps.settings.dataDir,
+    minuteMs: deps.settings.timerMinuteMs,
+    log: deps.log,
+  });
+  const { publicUrl } = deps.settings;
+  const dtoContext: DtoContext = { toolboxProxyUrl: `${publicUrl}/api/toolbox-proxy` };
+  const previewHost = new URL(publicUrl).host;
+  const AGENT_PORT = 2280;
+  const dto = (r: Parameters<typeof toSandbox>[0]) => toSandbox(r, dtoContext);
+
+  /** Ids and names address sandboxes; `touch` counts the call as activity. */
+  const touched = async (ctx: HandlerContext, idOrName: string) => {
+    const row = await manager.get(organizationOf(ctx), idOrName);
+    manager.touch(row.id);
+    return row;
+  };
+
+  const impl: Partial<ServiceImpl<typeof SandboxService>> = {
+    async listSandboxes(req, ctx) {
+      const checks = new Checks();
+      const base = whereOf(criteria(organizationOf(ctx), req, req.regionIds), checks, sandboxStates.names);
+      const paged = req.cursor !== undefined || req.limit !== undefined;
+      const limit = checkLimit(checks, req.limit);
+      checks.done();
+      const sort = CURSOR_SORTS[req.sort] ?? "lastActivityAt";
+      const order = req.order === SortOrder.ASC ? "asc" : "desc";
+      const filter = cursorPage(base, sort, order, req.cursor, limit);
+      if (!paged) filter.limit = undefined; // the bare-array list answers everything
+      const rows = await manager.store.list(filter);
+      const more = paged && rows.length > limit;
+      const items = more ? rows.slice(0, limit) : rows;
+      const last = items[items.length - 1];
+      return { items: items.map(dto), nextCursor: more && last ? encodeCursor(sortValueOf(sort, last), last.id) : undefined };
+    },
+
+    async listSandboxesPaginated(req, ctx) {
+      const checks = new Checks();
+      const base = whereOf(criteria(organizationOf(ctx), req, req.regions), checks, sandboxStates.names);
+      const page = req.page ?? 1;
+      checks.that(page >= 1, "page must not be less than 1");
+      const limit = checkLimit(checks, req.limit);
+      checks.done();
+      const sort = PAGE_SORTS[req.sort] ?? "createdAt";
+      const order = req.order === SortOrder.ASC ? "asc" : "desc";
+      const [rows, total] = await Promise.all([manager.store.list(pagePage(base, sort, order, page, limit)), manager.store.count({ ...base, orderBy: "" })]);
+      return { items: rows.map(dto), total, page, totalPages: Math.ceil(total / limit) };
+    },
+
+    async createSandbox(req, ctx) {
+      return dto(await manager.create(newSandbox(organizationOf(ctx), req)));
+    },
+
+    async getSandbox(req, ctx) {
+      return dto(await manager.get(organizationOf(ctx), req.sandboxId));
+    },
+
+    async deleteSandbox(req, ctx) {
+      return dto(await manager.delete(organizationOf(ctx), req.sandboxId));
+    },
+
+    async startSandbox(req, ctx) {
+      return dto(await manager.start(organizationOf(ctx), req.sandboxId));
+    },
+
+    async stopSandbox(req, ctx) {
+      return dto(await manager.stop(organizationOf(ctx), req.sandboxId, req.force ?? false));
+    },
+
+    async replaceLabels(req, ctx) {
+      return dto(await manager.update(organizationOf(ctx), req.sandboxId, { labels: req.labels }));
+    },
+
+    async backupSandbox(req, ctx) {
+      return dto(await manager.backup(organizationOf(ctx), req.sandboxId));
+    },
+
+    async setPublicStatus(req, ctx) {
+      return dto(await manager.update(organizationOf(ctx), req.sandboxId, { public: req.isPublic }));
+    },
+
+    async setAutostopInterval(req, ctx) {
+      if (req.interval < 0) throw errors.invalidArgument("Auto-stop interval must be non-negative");
+      return dto(await manager.update(organizationOf(ctx), req.sandboxId, { autoStopInterval: req.interval }));
+    },
+
+    async setAutoArchiveInterval(req, ctx) {
+      if (req.interval < 0) throw errors.invalidArgument("Auto-archive interval must be non-negative");
+      return dto(await manager.update(organizationOf(ctx), req.sandboxId, { autoArchiveInterval: normalizeAutoArchive(req.interval) }));
+    },
+
+    async setAutoDeleteInterval(req, ctx) {
+      return dto(await manager.update(organizationOf(ctx), req.sandboxId, { autoDeleteInterval: req.interval }));
+    },
+
+    async archiveSandbox(req, ctx) {
+      return dto(await manager.archive(organizationOf(ctx), req.sandboxId));
+    },
+
+    async getPortPreviewUrl(req, ctx) {
+      if (!Number.isInteger(req.port) || req.port < 1 || req.port > 65535) throw errors.invalidArgument("Invalid port");
+      const row = await touched(ctx, req.sandboxId);
+      // Port 2280 is the agent's: clients (0.27 to 0.111) follow logs and open terminals over a
+      // WebSocket on that URL, which the API itself serves on the toolbox prefix.
+      const url = req.port === AGENT_PORT ? `${publicUrl}/api/toolbox/${row.id}/toolbox` : `http://${req.port}-${row.id}.preview.${previewHost}`;
+      return { sandboxId: row.id, url, token: row.authToken };
+    },
+
+    async *getBuildLogs(req, ctx) {
+      await manager.get(organizationOf(ctx), req.sandboxId);
+      // Sandboxes here come from the default snapshot, never from a declarative build.
+      throw errors.notFound(`Sandbox with ID or name ${req.sandboxId} has no build info`);
+    },
+
+    async getToolboxProxyUrl(req, ctx) {
+      await manager.get(organizationOf(ctx), req.sandboxId);
+      return { url: dtoContext.toolboxProxyUrl };
+    },
+  };
+  return { impl, manager };
+}
+
+const CURSOR_SORTS: Partial<Record<SandboxListSortField, CursorSort>> = {
+  [SandboxListSortField.NAME]: "name",
+  [SandboxListSortField.CPU]: "cpu",
+  [SandboxListSortField.MEMORY_GIB]: "memoryGib",
+  [SandboxListSortField.DISK_GIB]: "diskGib",
+  [SandboxListSortField.LAST_ACTIVITY_AT]: "lastActivityAt",
+  [SandboxListSortField.CREATED_AT]: "createdAt",
+};
+
+const PAGE_SORTS: Partial<Record<SandboxSortField, PageSort>> = {
+  [SandboxSortField.ID]: "id",
+  [SandboxSortField.NAME]: "name",
+  [SandboxSortField.STATE]: "state",
+  [SandboxSortField.SNAPSHOT]: "snapshot",
+  [SandboxSortField.REGION]: "region",
+  [SandboxSortField.UPDATED_AT]: "updatedAt",
+  [SandboxSortField.CREATED_AT]: "createdAt",
+  [SandboxSortField.LAST_ACTIVITY_AT]: "lastActivityAt",
+};
+
+interface ListRequestFields {
+  id?: string;
+  name?: string;
+  labels?: string;
+  includeErroredDeleted?: boolean;
+  states: number[];
+  snapshots: string[];
+  minCpu?: number;
+  maxCpu?: number;
+  minMemoryGib?: number;
+  maxMemoryGib?: number;
+  minDiskGib?: number;
+  maxDiskGib?: number;
+  isPublic?: boolean;
+  isRecoverable?: boolean;
+  createdAtAfter?: Parameters<typeof timestampDate>[0];
+  createdAtBefore?: Parameters<typeof timestampDate>[0];
+  lastEventAfter?: Parameters<typeof timestampDate>[0];
+  lastEventBefore?: Parameters<typeof timestampDate>[0];
+  sandboxClasses?: number[];
+}
+
+function criteria(organizationId: string, req: ListRequestFields, regions: string[]): ListCriteria {
+  const date = (t: ListRequestFields["createdAtAfter"]) => (t ? timestampDate(t) : undefined);
+  return {
+    organizationId,
+    idPrefix: req.id,
+    namePrefix: req.name,
+    labels: req.labels,
+    includeErroredDeleted: req.includeErroredDeleted,
+    states: req.states.map((s) => sandboxStates.name(s) ?? String(s)),
+    snapshots: req.snapshots,
+    regions,
+    classes: (req.sandboxClasses ?? []).map((c) => sandboxClasses.name(c) ?? String(c)),
+    minCpu: req.minCpu,
+    maxCpu: req.maxCpu,
+    minMemoryGiB: req.minMemoryGib,
+    maxMemoryGiB: req.maxMemoryGib,
+    minDiskGiB: req.minDiskGib,
+    maxDiskGiB: req.maxDiskGib,
+    isPublic: req.isPublic,
+    isRecoverable: req.isRecoverable,
+    createdAtAfter: date(req.createdAtAfter),
+    createdAtBefore: date(req.createdAtBefore),
+    lastEventAfter: date(req.lastEventAfter),
+    lastEventBefore: date(req.lastEventBefore),
+  };
+}

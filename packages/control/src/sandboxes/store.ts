@@ -1,0 +1,111 @@
+import type { MikroORM } from "@mikro-orm/postgresql";
+import { errors } from "@sandbar/protocol";
+import { SandboxRecord } from "../db/entities.ts";
+import type { ListFilter } from "./list-query.ts";
+
+// The sandbox table. Updates name the columns they change (never a whole-row write), so a
+// lifecycle operation and a labels or interval change made meanwhile never undo each other.
+// Times are written from JS Dates (millisecond precision), which keeps list cursors exact.
+
+export type SandboxPatch = Partial<Omit<SandboxRecord, "id" | "organizationId" | "createdAt">>;
+
+const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(s);
+
+/** Rows the API shows: not destroyed, and not an errored sandbox on its way out. */
+const VISIBLE = { state: { $ne: "destroyed" }, $not: { state: { $in: ["error", "build_failed"] }, desiredState: "destroyed" } } as const;
+
+export class SandboxStore {
+  readonly #orm: MikroORM;
+
+  constructor(orm: MikroORM) {
+    this.#orm = orm;
+  }
+
+  #em() {
+    return this.#orm.em.fork();
+  }
+
+  async insert(row: SandboxRecord): Promise<void> {
+    const em = this.#em();
+    try {
+      await em.insert(SandboxRecord, row);
+    } catch (err) {
+      if ((err as { code?: string }).code === "23505" || /unique/i.test(String(err))) {
+        throw errors.alreadyExists(`Sandbox with name ${row.name} already exists`);
+      }
+      throw err;
+    }
+  }
+
+  /** Any row by id, destroyed ones included. */
+  async byId(id: string): Promise<SandboxRecord | null> {
+    if (!isUuid(id)) return null;
+    return this.#em().findOne(SandboxRecord, { id });
+  }
+
+  /** The organization's sandbox by id, else by name; unknown, destroyed and other organizations' are 404. */
+  async find(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    const em = this.#em();
+    const rows = await em.find(SandboxRecord, {
+      organizationId,
+      ...VISIBLE,
+      $or: isUuid(idOrName) ? [{ id: idOrName }, { name: idOrName }] : [{ name: idOrName }],
+    });
+    const row = rows.find((r) => r.id === idOrName) ?? rows[0];
+    if (!row) throw errors.notFound(`Sandbox with ID or name ${idOrName} not found`);
+    return row;
+  }
+
+  async update(id: string, patch: SandboxPatch): Promise<void> {
+    await this.#em().nativeUpdate(SandboxRecord, { id }, { ...patch, updatedAt: new Date() });
+  }
+
+  /** Updates only while `where` holds; says whether it did. */
+  async updateIf(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<boolean> {
+    const n = await this.#em().nativeUpdate(SandboxRecord, { id, ...where }, { ...patch, updatedAt: new Date() });
+    return n > 0;
+  }
+
+  /** Activity stamp: no updatedAt change, and nothing for destroyed rows. */
+  async touch(id: string, at: Date): Promise<void> {
+    await this.#em().nativeUpdate(SandboxRecord, { id, state: { $ne: "destroyed" } }, { lastActivityAt: at });
+  }
+
+  /**
+   * Rows a runner answers for: those it holds, plus unheld ones an operation left unfinished
+   * (an archived sandbox being deleted). Destroyed rows are done.
+   */
+  async ofRunner(runnerId: string): Promise<SandboxRecord[]> {
+    return this.#em().find(SandboxRecord, {
+      $or: [{ runnerId }, { runnerId: null, state: { $ne: "archived" } }, { runnerId: null, state: "archived", desiredState: { $ne: "archived" } }],
+      state: { $ne: "destroyed" },
+    });
+  }
+
+  /** Archived sandboxes (held by no runner) that have an auto-delete interval. */
+  async archivedWithAutoDelete(): Promise<SandboxRecord[]> {
+    return this.#em().find(SandboxRecord, { state: "archived", desiredState: "archived", runnerId: null, autoDeleteInterval: { $gte: 0 } });
+  }
+
+  /** Rows by id, destroyed ones included (for reconciliation against a host's list). */
+  async byIds(ids: string[]): Promise<SandboxRecord[]> {
+    if (ids.length === 0) return [];
+    return this.#em().find(SandboxRecord, { id: { $in: ids.filter(isUuid) } });
+  }
+
+  async list(f: ListFilter): Promise<SandboxRecord[]> {
+    const em = this.#em();
+    const rows = await em.execute(`select * from "sandbox" where ${f.where} order by ${f.orderBy}${f.limit ? ` limit ${f.limit}` : ""}${f.offset ? ` offset ${f.offset}` : ""}`, f.params, "all");
+    return (rows as Record<string, unknown>[]).map((r) => em.map(SandboxRecord, r as never));
+  }
+
+  async count(f: ListFilter): Promise<number> {
+    const [row] = (await this.#em().execute(`select count(*)::int as n from "sandbox" where ${f.where}`, f.params, "all")) as Array<{ n: number }>;
+    return row.n;
+  }
+
+  /** Destroyed rows older than `before` are removed for good (the reference keeps them 24 h). */
+  async purgeDestroyed(before: Date): Promise<number> {
+    return this.#em().nativeDelete(SandboxRecord, { state: "destroyed", updatedAt: { $lt: before } });
+  }
+}

@@ -1,0 +1,88 @@
+import type { SandboxRecord } from "../db/entities.ts";
+import type { SandboxManager } from "./manager.ts";
+import { isEphemeral, normalizeAutoArchive } from "./states.ts";
+
+// Auto-stop, auto-archive and auto-delete (reference §4.4), plus two chores: finishing deletes
+// that failed on the host, and reporting started sandboxes whose first process died. Everything
+// the timers need is in the database (intervals, last activity), so they carry on across
+// restarts; a pass runs every `tickMs` and acts through the manager's locked operations.
+// Intervals are minutes; `minuteMs` lets tests shrink a minute.
+
+export interface TimerOptions {
+  minuteMs: number;
+  tickMs: number;
+  log?: (line: string) => void;
+}
+
+/** Destroyed rows are kept a day (in timer minutes), then removed. */
+const KEEP_DESTROYED_MINUTES = 24 * 60;
+
+export class SandboxTimers {
+  readonly #manager: SandboxManager;
+  readonly #o: TimerOptions;
+  #timer: NodeJS.Timeout | undefined;
+  #running: Promise<void> | undefined;
+  #stopped = true;
+
+  constructor(manager: SandboxManager, o: TimerOptions) {
+    this.#manager = manager;
+    this.#o = o;
+  }
+
+  start(): void {
+    if (!this.#stopped) return;
+    this.#stopped = false;
+    this.#schedule();
+  }
+
+  #schedule(): void {
+    if (this.#stopped) return;
+    this.#timer = setTimeout(() => {
+      this.#running = this.tick()
+        .catch((err: unknown) => this.#o.log?.(`sandbox timers: ${String(err)}`))
+        .finally(() => {
+          this.#running = undefined;
+          this.#schedule();
+        });
+    }, this.#o.tickMs);
+    this.#timer.unref();
+  }
+
+  /** Stops the loop and waits for a pass in progress. */
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    clearTimeout(this.#timer);
+    await this.#running;
+  }
+
+  /** One pass over this runner's sandboxes (and the archived ones, which no runner holds). */
+  async tick(now = Date.now()): Promise<void> {
+    const m = this.#manager;
+    const rows = await m.store.ofRunner(m.runtime.runnerId);
+    const archived = await m.store.archivedWithAutoDelete();
+    const host = new Map((await m.runtime.list()).map((s) => [s.id, s]));
+    const minute = this.#o.minuteMs;
+    const idleFor = (r: SandboxRecord) => now - (r.lastActivityAt ?? r.updatedAt).getTime();
+    const idleMinutes = (r: SandboxRecord, minutes: number) => idleFor(r) >= minutes * minute;
+
+    const shouldStop = (r: SandboxRecord) =>
+      r.state === "started" && r.desiredState === "started" && r.autoStopInterval > 0 && idleMinutes(r, r.autoStopInterval);
+    const shouldDelete = (r: SandboxRecord) =>
+      (r.state === "stopped" || r.state === "archived") && r.desiredState === r.state && r.autoDeleteInterval >= 0 && idleMinutes(r, r.autoDeleteInterval);
+    const shouldArchive = (r: SandboxRecord) =>
+      r.state === "stopped" && r.desiredState === "stopped" && !isEphemeral(r.autoDeleteInterval) && idleMinutes(r, normalizeAutoArchive(r.autoArchiveInterval)) && !shouldDelete(r);
+
+    const ops: Array<Promise<unknown> | undefined> = [];
+    for (const r of [...rows, ...archived]) {
+      if (m.locks.busy(r.id)) continue;
+      if (r.desiredState === "destroyed" && r.state === "error") ops.push(m.retryDestroy(r.id));
+      else if (r.state === "started" && r.desiredState === "started" && host.get(r.id)?.state !== "started") {
+        ops.push(m.markLost(r.id, "the sandbox is gone from its host"));
+      } else if (shouldStop(r)) ops.push(m.autoStop(r.id, shouldStop));
+      else if (shouldDelete(r)) ops.push(m.autoDelete(r.id, shouldDelete));
+      else if (shouldArchive(r)) ops.push(m.autoArchive(r.id, shouldArchive));
+    }
+    await Promise.allSettled(ops);
+    await m.store.purgeDestroyed(new Date(now - KEEP_DESTROYED_MINUTES * minute));
+  }
+}

@@ -1,0 +1,95 @@
+import type { IncomingHttpHeaders } from "node:http";
+import {
+  create,
+  type DescMessage,
+  type DescMethod,
+  type DescMethodClientStreaming,
+  type DescMethodServerStreaming,
+  type DescMethodUnary,
+  type MessageInitShape,
+  type MessageShape,
+} from "@bufbuild/protobuf";
+import { createContextValues, createHandlerContext, type CallOptions } from "@connectrpc/connect";
+import { errors } from "@sandbar/protocol";
+import type { ImplIndex } from "../../gateway/handler.ts";
+import { inputProblemsKey } from "../../rpc/secure.ts";
+import type { AgentClients } from "../agent-clients.ts";
+import type { AgentEndpoint, AgentLocator } from "../agent-locator.ts";
+import { SANDBOX_ID_HEADER } from "../forward.ts";
+
+/**
+ * How a toolbox REST handler calls the agent's services for one request. `problems` are input
+ * decoding problems: they are raised after the caller is checked (401 before 400).
+ */
+export interface ToolboxCaller {
+  unary<I extends DescMessage, O extends DescMessage>(method: DescMethodUnary<I, O>, input: MessageInitShape<I>, problems?: string[]): Promise<MessageShape<O>>;
+  serverStream<I extends DescMessage, O extends DescMessage>(method: DescMethodServerStreaming<I, O>, input: MessageInitShape<I>, problems?: string[]): AsyncIterable<MessageShape<O>>;
+  clientStream<I extends DescMessage, O extends DescMessage>(method: DescMethodClientStreaming<I, O>, input: AsyncIterable<MessageInitShape<I>>): Promise<MessageShape<O>>;
+}
+
+type Impl = (input: unknown, ctx: unknown) => unknown;
+
+/**
+ * Calls through the secured implementations the gateway and the RPC router use: the guard checks
+ * the request's credentials and the toolbox scope, then the forwarder locates the sandbox's agent.
+ */
+export function guardedCaller(
+  impls: ImplIndex,
+  request: { headers: IncomingHttpHeaders; method?: string; url?: string },
+  sandboxId: string,
+  signal: AbortSignal,
+): ToolboxCaller {
+  // The sandbox named by the path routes the call, whatever a client put in this header.
+  const requestHeader = { ...(request.headers as Record<string, string>), [SANDBOX_ID_HEADER]: sandboxId };
+  const call = (method: DescMethod, input: unknown, problems: string[] = []): unknown => {
+    const impl = impls.get(method.parent.typeName)?.[method.localName] as Impl | undefined;
+    if (!impl) throw errors.unimplemented(`${method.parent.name}.${method.name} is not available`);
+    const ctx = createHandlerContext({
+      service: method.parent,
+      method,
+      protocolName: "rest",
+      requestMethod: request.method ?? "GET",
+      url: request.url ?? "/",
+      requestHeader,
+      requestSignal: signal,
+      contextValues: createContextValues().set(inputProblemsKey, problems),
+    });
+    return impl(input, ctx);
+  };
+  return {
+    async unary(method, input, problems) {
+      return create(method.output, (await call(method, create(method.input, input), problems)) as never);
+    },
+    async *serverStream(method, input, problems) {
+      for await (const msg of call(method, create(method.input, input), problems) as AsyncIterable<unknown>) yield create(method.output, msg as never);
+    },
+    async clientStream(method, input) {
+      return create(method.output, (await call(method, input)) as never);
+    },
+  };
+}
+
+/**
+ * Calls the agent directly, for a request authorized by the sandbox's preview token (the
+ * locator checked it; there is no API key or JWT for the guard to check).
+ */
+export function agentCaller(clients: AgentClients, locator: AgentLocator, agent: AgentEndpoint, signal: AbortSignal): ToolboxCaller {
+  const options: CallOptions = { headers: { authorization: `Bearer ${agent.secret}` }, signal };
+  const call = (method: DescMethod, input: unknown, problems: string[] = []): unknown => {
+    if (problems.length) throw errors.invalidArgument(problems.join(", "));
+    locator.touch(agent.sandboxId);
+    const client = clients.client(method.parent, agent.socket) as unknown as Record<string, (input: unknown, options: CallOptions) => unknown>;
+    return client[method.localName](input, options);
+  };
+  return {
+    async unary(method, input, problems) {
+      return (await call(method, input, problems)) as never;
+    },
+    async *serverStream(method, input, problems) {
+      yield* call(method, input, problems) as AsyncIterable<never>;
+    },
+    async clientStream(method, input) {
+      return (await call(method, input)) as never;
+    },
+  };
+}

@@ -1,0 +1,101 @@
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import { errors } from "@sandbar/protocol";
+import { FileService, type UploadFileRequestSchema, type UploadFilesRequestSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
+import { fileChunks, formParts, partText, type FormPart } from "./multipart-parts.ts";
+import { noteMoved } from "./gc-pacer.ts";
+import { sendJson } from "./http.ts";
+import type { RestHandler } from "./routes.ts";
+
+type UploadMessage = MessageInitShape<typeof UploadFilesRequestSchema> & MessageInitShape<typeof UploadFileRequestSchema>;
+
+const FIELD = /^files\[(\d+)\]\.(path|file)$/;
+
+/**
+ * `POST …/files/bulk-upload`: per file a text field `files[i].path` (the destination) before the
+ * file field `files[i].file`, any number of files, streamed into the agent's upload as they arrive.
+ */
+export const bulkUpload: RestHandler = async ({ req, res, caller }) => {
+  const input = remembering(bulkUploadMessages(formParts(req)));
+  const out = await caller.clientStream(FileService.method.uploadFiles, input).catch(input.rethrow);
+  sendJson(res, 200, { files: out.files.map((f) => ({ path: f.path, bytes: Number(f.bytes) })) });
+};
+
+/** `POST …/files/upload?path=`: one file in the multipart field `file`. */
+export const singleUpload: RestHandler = async ({ req, res, caller, query }) => {
+  const path = query.get("path") ?? "";
+  const input = remembering(singleUploadMessages(formParts(req), path));
+  const out = await caller.clientStream(FileService.method.uploadFile, input).catch(input.rethrow);
+  sendJson(res, 200, { path: out.file?.path ?? path, bytes: Number(out.file?.bytes ?? 0n) });
+};
+
+export async function* bulkUploadMessages(parts: AsyncIterable<FormPart>): AsyncGenerator<UploadMessage> {
+  const destinations = new Map<string, string>();
+  for await (const part of parts) {
+    const m = FIELD.exec(part.name);
+    if (!m) {
+      if (part.kind === "file") part.stream.resume(); // Not ours: skipped, as the reference does.
+      continue;
+    }
+    const [, index, what] = m;
+    if (what === "path") {
+      const path = (await partText(part)).trim();
+      if (path === "") throw errors.invalidArgument(`files[${index}].path is empty`);
+      destinations.set(index, path);
+      continue;
+    }
+    const path = destinations.get(index);
+    if (path === undefined) throw errors.invalidArgument(`files[${index}].file: missing files[${index}].path before it`);
+    destinations.delete(index);
+    yield { part: { case: "header", value: { path } } };
+    yield* content(part);
+  }
+}
+
+async function* singleUploadMessages(parts: AsyncIterable<FormPart>, path: string): AsyncGenerator<UploadMessage> {
+  if (path.trim() === "") throw errors.invalidArgument("path is required");
+  let sent = false;
+  for await (const part of parts) {
+    if (part.name !== "file" || sent) {
+      if (part.kind === "file") part.stream.resume();
+      continue;
+    }
+    sent = true;
+    yield { part: { case: "header", value: { path } } };
+    yield* content(part);
+  }
+  if (!sent) throw errors.invalidArgument('the multipart field "file" is missing');
+}
+
+async function* content(part: FormPart): AsyncGenerator<UploadMessage> {
+  if (part.kind === "field") {
+    // A client that sent the content without a filename: busboy took it for a text field.
+    if (part.truncated) throw errors.invalidArgument(`${part.name} is too large for a text field: send it as a file`);
+    if (part.value !== "") yield { part: { case: "data", value: Buffer.from(part.value, "utf8") } };
+    return;
+  }
+  for await (const chunk of fileChunks(part.stream)) {
+    noteMoved(chunk.length);
+    yield { part: { case: "data", value: chunk } };
+  }
+}
+
+/**
+ * The request body's own problem (a malformed or incomplete multipart body) is what the client
+ * must hear, not the cancelled call it caused.
+ */
+function remembering<T>(source: AsyncGenerator<T>): AsyncGenerator<T> & { rethrow: (err: unknown) => never } {
+  let failure: unknown;
+  async function* gen() {
+    try {
+      yield* source;
+    } catch (err) {
+      failure = err;
+      throw err;
+    }
+  }
+  return Object.assign(gen(), {
+    rethrow: (err: unknown): never => {
+      throw failure ?? err;
+    },
+  });
+}
