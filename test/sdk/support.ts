@@ -6,7 +6,6 @@
 import { spawn } from "node:child_process";
 import { chmod, mkdtemp, rm } from "node:fs/promises";
 import { createRequire } from "node:module";
-import { createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -39,24 +38,10 @@ async function buildAgentBundle(): Promise<string> {
   return bundle;
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer();
-    probe.once("error", reject);
-    probe.listen(0, "127.0.0.1", () => {
-      const { port } = probe.address() as AddressInfo;
-      probe.close(() => resolve(port));
-    });
-  });
-}
-
 export async function startRealServer(): Promise<RealServer> {
   if (process.getuid?.() !== 0) throw new Error("the SDK suites run real sandboxes: run them as root");
   const bundle = await buildAgentBundle();
-  // The DTO's toolboxProxyUrl (read by SDK 0.218.0) is built from publicUrl, which defaults to
-  // localhost:3000: the server is told the address it really listens on, as a deployment would be.
-  const port = await freePort();
-  const server = await startTestServer({ settings: { agentBundle: bundle, port, publicUrl: `http://127.0.0.1:${port}` } });
+  const server = await startTestServer({ settings: { agentBundle: bundle } });
   return {
     server,
     apiUrl: `${server.url}/api`,

@@ -10,7 +10,6 @@ import type { Areas } from "./services.ts";
 import { detectShell } from "./util/shell.ts";
 import { AGENT_VERSION } from "./version.ts";
 import { writeErr } from "./util/stdio.ts";
-import { noteActivity } from "./util/gc-pacer.ts";
 
 export interface AgentOptions {
   /** Unix socket to serve on (created; a stale one is replaced). */
@@ -103,7 +102,6 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
   let rpc: Promise<RpcHandler> | undefined;
   const loadRpc = () => (rpc ??= import("./rpc.ts").then((m) => m.createRpcHandler(ctx, areas, options.secret)));
   const handler = (req: Http2ServerRequest, res: Http2ServerResponse) => {
-    noteActivity();
     loadRpc().then(
       (h) => h(req, res),
       (err: unknown) => {

@@ -34,29 +34,3 @@ export function noteMoved(bytes: number): void {
   moved = 0;
   getGc()?.({ type: "minor" });
 }
-
-/**
- * Calls leave garbage (Connect, HTTP/2 and protobuf objects: tens of KB per
- * call) that V8 collects only when its heap has grown well past what the
- * agent keeps alive. A sandbox mostly sits idle, so once calls have stopped
- * for IDLE_MS the agent collects everything, and an idle agent stays small.
- */
-const IDLE_MS = 1000;
-let idleTimer: NodeJS.Timeout | undefined;
-let busySince = false;
-
-/** Notes a call; a full collection follows once calls stop. */
-export function noteActivity(): void {
-  busySince = true;
-  if (idleTimer) {
-    idleTimer.refresh();
-    return;
-  }
-  idleTimer = setTimeout(() => {
-    idleTimer = undefined;
-    if (!busySince) return;
-    busySince = false;
-    getGc()?.({ type: "major" });
-  }, IDLE_MS);
-  idleTimer.unref();
-}

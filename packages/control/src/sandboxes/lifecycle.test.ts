@@ -54,7 +54,7 @@ describe("create", () => {
       volumes: [],
       sandboxClass: "container",
       runnerId: f.runtime.runnerId,
-      toolboxProxyUrl: "http://localhost:3000/api/toolbox-proxy",
+      toolboxProxyUrl: `${f.t.url}/api/toolbox-proxy`,
     });
     expect(s.id).toMatch(/^[0-9a-f-]{36}$/);
     expect(Date.parse(s.lastActivityAt)).not.toBeNaN();
@@ -295,10 +295,10 @@ describe("attributes", () => {
     const res = await f.call("GET", `/sandbox/${s.id}/ports/3000/preview-url`);
     expect(res.status).toBe(200);
     const row = await f.t.server.orm.em.fork().findOneOrFail(SandboxRecord, { id: s.id });
-    expect(res.body).toEqual({ sandboxId: s.id, url: `http://3000-${s.id}.preview.localhost:3000`, token: row.authToken });
+    expect(res.body).toEqual({ sandboxId: s.id, url: `http://3000-${s.id}.preview.${new URL(f.t.url).host}`, token: row.authToken });
     await expectError(await f.call("GET", `/sandbox/${s.id}/ports/0/preview-url`), 400, "Invalid port");
     await expectError(await f.call("GET", `/sandbox/${s.id}/ports/65536/preview-url`), 400, "Invalid port");
-    expect((await f.call("GET", `/sandbox/${s.id}/toolbox-proxy-url`)).body).toEqual({ url: "http://localhost:3000/api/toolbox-proxy" });
+    expect((await f.call("GET", `/sandbox/${s.id}/toolbox-proxy-url`)).body).toEqual({ url: `${f.t.url}/api/toolbox-proxy` });
     await expectError(await f.call("GET", `/sandbox/${s.id}/build-logs`), 404, `Sandbox with ID or name ${s.id} has no build info`);
   });
 
