@@ -6,13 +6,13 @@ import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
 import { inputProblemsKey } from "../rpc/secure.ts";
+import { readJsonBody, requestSignal } from "./request-body.ts";
 import { SANDBOX_ID_HEADER } from "../toolbox/forward.ts";
 
 type Impl = (input: unknown, ctx: HandlerContext) => unknown;
 /** Secured implementations by service type name and method local name. */
 export type ImplIndex = Map<string, Record<string, Impl | undefined>>;
 
-const MAX_JSON_BODY = 10 * 1024 * 1024;
 
 /**
  * Hook for routes the generic mapping cannot serve (the toolbox's multipart and raw-stream
@@ -69,15 +69,7 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
 async function readInput(req: IncomingMessage, route: RestRoute, params: Record<string, string>, query: URLSearchParams, errs: DecodeErrors): Promise<Message> {
   const desc = route.method.input;
   let msg: Record<string, unknown>;
-  const text = route.body ? await readBody(req) : "";
-  let json: unknown = undefined;
-  if (text.trim() !== "") {
-    try {
-      json = JSON.parse(text);
-    } catch {
-      errs.add("Invalid JSON in request body");
-    }
-  }
+  const json = route.body ? await readJsonBody(req, errs) : undefined;
   if (route.body === "*") {
     msg = messageFromJson(desc, json, errs) as unknown as Record<string, unknown>;
   } else {
@@ -104,30 +96,7 @@ function fieldNamed(method: DescMethod, name: string): DescField | undefined {
   return method.input.fields.find((f) => f.name === name || f.jsonName === name);
 }
 
-function readBody(req: IncomingMessage): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on("data", (c: Buffer) => {
-      size += c.length;
-      if (size > MAX_JSON_BODY) {
-        reject(errors.invalidArgument("Request body is too large"));
-        req.destroy();
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on("end", () => resolve(Buffer.concat(chunks).toString("utf8")));
-    req.on("error", reject);
-  });
-}
-
 function handlerContext(req: IncomingMessage, res: ServerResponse, route: RestRoute, url: string, problems: string[]): HandlerContext {
-  const abort = new AbortController();
-  // Only a client gone mid-call aborts: a finished response needs no abort (it is not free).
-  res.once("close", () => {
-    if (!res.writableFinished) abort.abort();
-  });
   // Node joins repeated request headers into one string (set-cookie aside), so the object maps straight to Headers.
   const requestHeader = req.headers as Record<string, string>;
   return createHandlerContext({
@@ -137,7 +106,7 @@ function handlerContext(req: IncomingMessage, res: ServerResponse, route: RestRo
     requestMethod: req.method ?? "GET",
     url,
     requestHeader,
-    requestSignal: abort.signal,
+    requestSignal: requestSignal(res),
     contextValues: createContextValues().set(inputProblemsKey, problems),
   });
 }

@@ -2,51 +2,16 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson } from "../../gateway/json.ts";
-
-const MAX_JSON_BODY = 10 * 1024 * 1024;
-
-/** Aborted when the client goes away before the response is finished. */
-export function requestSignal(res: ServerResponse): AbortSignal {
-  const abort = new AbortController();
-  res.once("close", () => {
-    if (!res.writableFinished) abort.abort();
-  });
-  return abort.signal;
-}
+import { readJsonBody } from "../../gateway/request-body.ts";
+export { requestSignal } from "../../gateway/request-body.ts";
 
 /**
  * Decodes a JSON request body into a message as the gateway does; problems are collected in
  * `errs` (and raised after the guard). An empty body is an empty message.
  */
 export async function readJsonMessage<D extends DescMessage>(req: IncomingMessage, desc: D, errs: DecodeErrors): Promise<MessageShape<D>> {
-  const text = await readBody(req);
-  let json: unknown = undefined;
-  if (text.trim() !== "") {
-    try {
-      json = JSON.parse(text);
-    } catch {
-      errs.add("Invalid JSON in request body");
-    }
-  }
+  const json = await readJsonBody(req, errs);
   return messageFromJson(desc, json, errs) as MessageShape<D>;
-}
-
-function readBody(req: IncomingMessage): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on("data", (c: Buffer) => {
-      size += c.length;
-      if (size > MAX_JSON_BODY) {
-        reject(errors.invalidArgument("Request body is too large"));
-        req.destroy();
-        return;
-      }
-      chunks.push(c);
-    });
-    req.on("end", () => resolve(Buffer.concat(chunks).toString("utf8")));
-    req.on("error", reject);
-  });
 }
 
 export function sendJson(res: ServerResponse, status: number, body: unknown): void {
