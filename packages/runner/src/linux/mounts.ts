@@ -38,8 +38,19 @@ export async function makeDiskImage(image: string, bytes: number): Promise<void>
 }
 
 export async function mountDiskImage(image: string, target: string, readonly = false): Promise<void> {
-  // mount(8) sets the loop device up with autoclear, so unmounting frees it.
-  await run("mount", ["-o", `loop,nosuid,nodev${readonly ? ",ro" : ""}`, image, target]);
+  // mount(8) sets the loop device up with autoclear, so unmounting frees it. Two loop setups
+  // racing for the same free device make the loser fail with "already mounted or mount point
+  // busy" (exit 32): that one is worth another try.
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await run("mount", ["-o", `loop,nosuid,nodev${readonly ? ",ro" : ""}`, image, target]);
+      return;
+    } catch (err) {
+      const busy = err instanceof CommandError && err.code === 32 && /already mounted or mount point busy/.test(err.stderr);
+      if (!busy || attempt >= 4 || (await isMountpoint(target))) throw err;
+      await new Promise((r) => setTimeout(r, 50 * (attempt + 1)));
+    }
+  }
 }
 
 export async function unmount(target: string): Promise<void> {

@@ -1,0 +1,305 @@
+// Sandboxes bench: time to interactive through the REST API (create, then the first exec returns)
+// against the floor of the same mechanisms measured in the same run, `docker run --rm` when an
+// engine answers, and density (idle sandboxes started until half the memory is used or 300 run).
+//
+//   node bench/sandboxes/run.ts [--quick]     (as root; writes bench/sandboxes/RESULTS.md)
+//
+// --quick: 12 sequential / 12 parallel runs and a density cap of 40 (to check the bench works).
+import { execFile, spawn } from "node:child_process";
+import { chmod, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { promisify } from "node:util";
+import { execAgentBundle } from "../../packages/runner/src/linux/testing/harness.ts";
+import { TEST_SNAPSHOT_CACHE } from "../../packages/control/src/testing/server.ts";
+import { loadAvg, log, machine, ms, pool, requireRoot, startBenchServer, stats, type BenchServer, type Stat } from "./support.ts";
+
+requireRoot("bench/sandboxes");
+const QUICK = process.argv.includes("--quick");
+const RUNS = QUICK ? 12 : 50;
+const PARALLEL = 4;
+const DENSITY_TARGET = QUICK ? 40 : 300;
+const DENSITY_CAP = QUICK ? 40 : 320;
+const FLOOR_UID = 1_690_500_000;
+const run = promisify(execFile);
+
+// ---- floor: overlay + setpriv + bwrap, as bench/runner drives it, over the default snapshot ----
+const FLOOR_SCRIPT = `set -e
+D="$1"; LOWER="$2"; U="$3"; NODE="$4"; MODE="$5"; AGENT="$6"
+mkdir -p "$D/upper" "$D/work" "$D/merged" "$D/run"
+mount -t overlay overlay -o nosuid,nodev,lowerdir="$LOWER",upperdir="$D/upper",workdir="$D/work" "$D/merged"
+set -- --unshare-user --unshare-all --as-pid-1 --new-session --cap-drop ALL --clearenv --setenv PATH /usr/bin:/bin \\
+  --uid 1000 --gid 1000 --bind "$D/merged" / --proc /proc --dev /dev
+if [ "$MODE" = node ]; then
+  mkdir -p "$D/merged/opt/sandbar/bin" "$D/merged/opt/sandbar/agent" "$D/merged/run/sandbar"
+  touch "$D/merged/opt/sandbar/bin/node" "$D/merged/opt/sandbar/agent/agent.mjs"; chown "$U" "$D/run"
+  setpriv --reuid="$U" --regid="$U" --clear-groups --no-new-privs bwrap "$@" --ro-bind "$NODE" /opt/sandbar/bin/node \\
+    --ro-bind "$AGENT" /opt/sandbar/agent/agent.mjs --bind "$D/run" /run/sandbar \\
+    -- /opt/sandbar/bin/node /opt/sandbar/agent/agent.mjs --socket /run/sandbar/s.sock --exit-when-listening
+else
+  setpriv --reuid="$U" --regid="$U" --clear-groups --no-new-privs bwrap "$@" -- /bin/true
+fi
+umount "$D/merged"
+rm -rf "$D"
+`;
+
+function floorOnce(workDir: string, lower: string, mode: "true" | "node", agent: string, i: number): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    const d = path.join(workDir, `${mode}-${i}-${Math.random().toString(36).slice(2, 8)}`);
+    const child = spawn("/bin/sh", ["-c", FLOOR_SCRIPT, "floor", d, lower, String(FLOOR_UID + (i % 64)), process.execPath, mode, agent], {
+      stdio: ["ignore", "ignore", "pipe"],
+      env: { PATH: process.env.PATH ?? "/usr/bin:/bin" },
+    });
+    let err = "";
+    child.stderr.on("data", (c: Buffer) => (err += c.toString()));
+    child.on("close", (code) => (code === 0 ? resolve(performance.now() - t0) : reject(new Error(`floor run failed (${code}): ${err}`))));
+  });
+}
+
+/** The default snapshot's rootfs in the shared test cache (the lower layer sandboxes get). */
+async function snapshotRootfs(): Promise<string> {
+  const dir = path.join(TEST_SNAPSHOT_CACHE, "snapshots");
+  const names = (await readdir(dir)).filter((n) => /^debian-bookworm-[0-9a-f]+$/.test(n));
+  if (names.length === 0) throw new Error(`no built default snapshot under ${dir}`);
+  return path.join(dir, names[0], "rootfs");
+}
+
+// ---- docker ---------------------------------------------------------------------------------
+async function dockerImage(): Promise<string | undefined> {
+  try {
+    await run("docker", ["info", "--format", "{{.ServerVersion}}"], { timeout: 10_000 });
+  } catch {
+    return undefined;
+  }
+  for (const image of ["debian:bookworm-slim", "alpine:3"]) {
+    try {
+      await run("docker", ["image", "inspect", image], { timeout: 10_000 });
+      return image;
+    } catch {
+      /* not present locally */
+    }
+  }
+  return undefined;
+}
+
+async function dockerOnce(image: string): Promise<number> {
+  const t0 = performance.now();
+  await run("docker", ["run", "--rm", "--network", "none", image, "true"], { timeout: 60_000 });
+  return performance.now() - t0;
+}
+
+// ---- sandbar --------------------------------------------------------------------------------
+/** Create→first exec; the two halves go to `split` when given (where the time goes). */
+async function tti(s: BenchServer, created: string[], split?: { create: number[]; exec: number[] }): Promise<number> {
+  const t0 = performance.now();
+  const sb = await s.rest.ok("POST", "/sandbox", {});
+  const t1 = performance.now();
+  const r = await s.rest.ok("POST", `/toolbox/${sb.id}/toolbox/process/execute`, { command: "true" });
+  const t = performance.now() - t0;
+  split?.create.push(t1 - t0);
+  split?.exec.push(t - (t1 - t0));
+  if (r.exitCode !== 0) throw new Error(`exec in a new sandbox exited ${r.exitCode}: ${r.result}`);
+  created.push(sb.id);
+  return t;
+}
+
+async function deleteAll(s: BenchServer, ids: string[], width = 4): Promise<number[]> {
+  const todo = [...ids];
+  ids.length = 0;
+  return pool(todo.length, width, async (i) => {
+    const t0 = performance.now();
+    await s.rest.ok("DELETE", `/sandbox/${todo[i]}`);
+    return performance.now() - t0;
+  });
+}
+
+async function memAvailable(): Promise<number> {
+  const m = /MemAvailable:\s+(\d+) kB/.exec(await readFile("/proc/meminfo", "utf8"));
+  return Number(m![1]) * 1024;
+}
+
+/** Processes in this server's sandbox cgroups and mounts under its runtime dir. */
+async function leftovers(runtimeDir: string, cgroupName: string): Promise<{ processes: number; mounts: number }> {
+  let processes = 0;
+  for (const pid of await readdir("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    const cg = await readFile(`/proc/${pid}/cgroup`, "utf8").catch(() => "");
+    if (cg.includes(`/${cgroupName}/`)) processes++;
+  }
+  const mounts = (await readFile("/proc/self/mountinfo", "utf8")).split("\n").filter((l) => l.includes(runtimeDir)).length;
+  return { processes, mounts };
+}
+
+async function sleep(msec: number) {
+  await new Promise((r) => setTimeout(r, msec));
+}
+
+async function main(): Promise<void> {
+  const startedAt = new Date();
+  log("building the agent and starting the control server");
+  const s = await startBenchServer();
+  const lower = await snapshotRootfs();
+  const agent = await execAgentBundle();
+  const workDir = await mkdtemp(path.join("/var/tmp", "sandbar-bench-floor-"));
+  await chmod(workDir, 0o711);
+  const image = await dockerImage();
+  const created: string[] = [];
+  const rows: [string, string, Stat][] = [];
+  const record = (what: string, how: string, xs: number[]) => {
+    const st = stats(xs);
+    rows.push([what, how, st]);
+    console.log(`${what.padEnd(22)} ${how.padEnd(11)} n=${st.n} p50=${ms(st.p50)} ms p95=${ms(st.p95)} ms mean=${ms(st.mean)} ms`);
+  };
+
+  try {
+    // Where this server's sandboxes live (for the leftover check) from one warm-up sandbox.
+    for (let i = 0; i < 3; i++) {
+      await tti(s, created);
+      await floorOnce(workDir, lower, "node", agent, i);
+      await floorOnce(workDir, lower, "true", agent, i);
+    }
+    const first = await s.server.server.sandboxes.manager.agentFor((await s.rest.ok("GET", `/sandbox/${created[0]}`)).organizationId, created[0]);
+    const runtimeDir = first.socket.split("/").slice(0, 4).join("/");
+    const cgroupName = `sandbar-${path.basename(runtimeDir)}`;
+    await deleteAll(s, created);
+
+    for (const [how, width] of [
+      ["sequential", 1],
+      [`${PARALLEL} parallel`, PARALLEL],
+    ] as const) {
+      const runs = Math.ceil(RUNS / width) * width;
+      const floorTrue: number[] = [];
+      const floorNode: number[] = [];
+      const docker: number[] = [];
+      const split = { create: [] as number[], exec: [] as number[] };
+      log(`time to interactive, ${how}: ${runs} runs (interleaved with the floors${image ? " and docker" : ""})`);
+      const ttis = await pool(runs, width, async (i) => {
+        floorTrue.push(await floorOnce(workDir, lower, "true", agent, i));
+        floorNode.push(await floorOnce(workDir, lower, "node", agent, i));
+        if (image) docker.push(await dockerOnce(image));
+        return tti(s, created, split);
+      });
+      record("floor/true", how, floorTrue);
+      record("floor/node", how, floorNode);
+      if (image) record(`docker run --rm`, how, docker);
+      record("REST create→exec", how, ttis);
+      record("  of which create", how, split.create);
+      record("  of which 1st exec", how, split.exec);
+      record("REST delete", how, await deleteAll(s, created, width));
+    }
+
+    // ---- density ----
+    await sleep(2000);
+    const total = os.totalmem();
+    const before = await memAvailable();
+    const budget = total / 2;
+    log(`density: starting idle sandboxes (memory 1 GiB) until ${(budget / 2 ** 30).toFixed(1)} GiB in use or ${DENSITY_TARGET} run`);
+    const startTimes: number[] = [];
+    let stopReason = `${DENSITY_TARGET} running`;
+    let failure = "";
+    const t0 = performance.now();
+    while (created.length < DENSITY_CAP) {
+      if (total - (await memAvailable()) >= budget) {
+        stopReason = "half the memory in use";
+        break;
+      }
+      if (created.length >= DENSITY_TARGET) break;
+      const t = performance.now();
+      try {
+        const sb = await s.rest.ok("POST", "/sandbox", { memory: 1 });
+        created.push(sb.id);
+      } catch (err) {
+        failure = err instanceof Error ? err.message : String(err);
+        stopReason = `a create failed: ${failure.slice(0, 200)}`;
+        break;
+      }
+      startTimes.push(performance.now() - t);
+      if (created.length % 50 === 0) log(`  ${created.length} running, MemAvailable ${((await memAvailable()) / 2 ** 30).toFixed(2)} GiB`);
+    }
+    const fillSeconds = (performance.now() - t0) / 1000;
+    await sleep(3000); // let the agents settle into idle before reading memory
+    const after = await memAvailable();
+    const count = created.length;
+    // Every one still answers: the count is of working sandboxes, not of records.
+    let answering = 0;
+    await pool(count, 8, async (i) => {
+      const r = await s.rest.call("POST", `/toolbox/${created[i]}/toolbox/process/execute`, { command: "true" });
+      if (r.status === 200 && r.body?.exitCode === 0) answering++;
+      return 0;
+    });
+    const perSandbox = (before - after) / count;
+    log(`density: ${count} running (${answering} answering exec), ${(perSandbox / 2 ** 20).toFixed(1)} MiB each`);
+    const tDel = performance.now();
+    const deleteTimes = await deleteAll(s, created, 4);
+    const deleteSeconds = (performance.now() - tDel) / 1000;
+    await sleep(2000);
+    const left = await leftovers(runtimeDir, cgroupName);
+    const start = stats(startTimes);
+    const del = stats(deleteTimes);
+    log(`density: deleted in ${deleteSeconds.toFixed(1)} s; left: ${left.processes} processes, ${left.mounts} mounts`);
+
+    // ---- report ----
+    const get = (what: string, how: string) => rows.find((r) => r[0] === what && r[1] === how)?.[2];
+    const ratio = (how: string) => {
+      const t = get("REST create→exec", how)!;
+      const node = get("floor/node", how)!;
+      const d = get("docker run --rm", how);
+      return `| ${how} | ${ms(t.p50)} | ${(t.p50 / node.p50).toFixed(2)}× | ${(t.p95 / node.p95).toFixed(2)}× | ${d ? `${(t.p50 / d.p50).toFixed(2)}×` : "n/a"} | ${t.p50 < 60 ? "met" : "missed"} |`;
+    };
+    const table = rows.map(([what, how, st]) => `| ${what} | ${how} | ${st.n} | ${ms(st.p50)} | ${ms(st.p95)} | ${ms(st.mean)} |`);
+    const md = `# Sandboxes bench: time to interactive and density
+
+Latest run: ${startedAt.toISOString()}${QUICK ? " (**--quick**: fewer runs, density capped at 40)" : ""} on ${machine()};
+load average at the end ${loadAvg()} (the machine is shared: other work running at the same time shows up as noise).
+
+Command: \`node bench/sandboxes/run.ts\` (as root). One real control server (\`startTestServer\`, embedded
+PostgreSQL, the default snapshot from the shared test cache, the agent bundled fresh as test/sdk does).
+Runs of each kind are interleaved (floor/true, floor/node, ${image ? "docker, " : ""}REST create→exec, repeat), so load
+drifting on the machine hits them alike.
+
+- **floor/true**: one shell script as bench/runner has it, over the default snapshot's rootfs: mkdir,
+  overlay mount, \`setpriv\` to a sandbox uid, \`bwrap\` with all namespaces, \`/bin/true\`, umount, rm.
+- **floor/node**: the same with node and the agent stand-in bound in, until it listens on a unix socket.
+- **REST create→exec**: \`POST /api/sandbox {}\` (default snapshot) then the first
+  \`POST /api/toolbox/{id}/toolbox/process/execute {"command":"true"}\` returns (HTTP/1.1 keep-alive).
+- **docker run --rm**: ${image ? `\`docker run --rm --network none ${image} true\`` : "skipped: no docker engine reachable (`docker info` failed: the client is installed, the daemon is not running)"}.
+- **REST delete**: \`DELETE /api/sandbox/{id}\` of those sandboxes afterwards.
+
+| what | how | runs | p50 ms | p95 ms | mean ms |
+|---|---|---|---|---|---|
+${table.join("\n")}
+
+Time to interactive against the floor measured in the same run (target: p50 under 60 ms sequential):
+
+| how | p50 ms | / floor/node (p50) | / floor/node (p95) | / docker (p50) | target |
+|---|---|---|---|---|---|
+${[ratio("sequential"), ratio(`${PARALLEL} parallel`)].join("\n")}
+
+## Density
+
+Idle sandboxes (default snapshot, \`memory: 1\` GiB limit each) created one after another through
+\`POST /api/sandbox\` until half the machine's memory (${(budget / 2 ** 30).toFixed(1)} GiB) is in use or ${DENSITY_TARGET} run (cap ${DENSITY_CAP}).
+
+| figure | value |
+|---|---|
+| running at once | **${count}** (${answering} answered an exec afterwards) — target ≥ 300: ${count >= 300 ? "met" : "missed"} |
+| stopped because | ${stopReason} |
+| memory per sandbox (MemAvailable drop / count) | ${(perSandbox / 2 ** 20).toFixed(1)} MiB (MemAvailable ${(before / 2 ** 30).toFixed(2)} → ${(after / 2 ** 30).toFixed(2)} GiB) |
+| time per start (create returns started) | p50 ${ms(start.p50)} ms, p95 ${ms(start.p95)} ms, mean ${ms(start.mean)} ms; ${fillSeconds.toFixed(1)} s for all |
+| delete all (4 at once) | ${deleteSeconds.toFixed(1)} s; per delete p50 ${ms(del.p50)} ms, p95 ${ms(del.p95)} ms |
+| left afterwards | ${left.processes} processes in the server's sandbox cgroups (\`${cgroupName}\`), ${left.mounts} mounts under \`${runtimeDir}\` |
+
+MemAvailable is host-wide: other work on the shared machine moves it too (either way).
+`;
+    const out = new URL("./RESULTS.md", import.meta.url);
+    await writeFile(out, md);
+    log(`wrote ${out.pathname}`);
+  } finally {
+    await deleteAll(s, created).catch(() => undefined);
+    await rm(workDir, { recursive: true, force: true });
+    await s.stop();
+  }
+}
+
+await main();

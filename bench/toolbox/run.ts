@@ -1,0 +1,293 @@
+// Toolbox bench: the exec round trip through the control server (REST and gRPC) beside the agent's
+// own round trip measured in the same run, 256 MiB upload/download through REST beside the agent
+// direct, and time to interactive through the official client 0.111.1.
+//
+//   node bench/toolbox/run.ts [--quick]     (as root; writes bench/toolbox/RESULTS.md)
+//
+// --quick: 100 exec calls each, 64 MiB transfers, 5 SDK runs (to check the bench works).
+import { writeFile } from "node:fs/promises";
+import http from "node:http";
+import { createRequire } from "node:module";
+import { randomBytes } from "node:crypto";
+import { createClient, type Interceptor } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
+import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
+import { loadAvg, log, machine, ms, requireRoot, startBenchServer, stats, type BenchServer, type Stat } from "../sandboxes/support.ts";
+
+requireRoot("bench/toolbox");
+const QUICK = process.argv.includes("--quick");
+const CALLS = QUICK ? 100 : 400;
+const WARMUP = 50;
+const MIB = 2 ** 20;
+const SIZE_MIB = QUICK ? 64 : 256;
+const SDK_RUNS = QUICK ? 5 : 20;
+const CHUNK = randomBytes(MIB);
+
+interface Sdk0111 {
+  Daytona: new (cfg: { apiKey: string; apiUrl: string; target?: string }) => {
+    create(params?: object, opts?: { timeout?: number }): Promise<{ id: string; process: { executeCommand(cmd: string): Promise<{ exitCode: number; result: string }> } }>;
+    delete(sandbox: object, timeout?: number): Promise<void>;
+  };
+}
+const sdk = createRequire(new URL("../../packages/control/package.json", import.meta.url))("sdk-0111") as Sdk0111;
+
+async function timed(n: number, once: () => Promise<void>): Promise<number[]> {
+  for (let i = 0; i < WARMUP; i++) await once();
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    await once();
+    out.push(performance.now() - t0);
+  }
+  return out;
+}
+
+/** The three exec paths, interleaved in rounds of 50 so drifting load hits them alike. */
+async function execRoundTrips(s: BenchServer, id: string, socket: string, secret: string): Promise<Record<string, number[]>> {
+  const rest = async () => {
+    const r = await s.rest.ok("POST", `/toolbox/${id}/toolbox/process/execute`, { command: "true" });
+    if (r.exitCode !== 0) throw new Error(`REST exec exited ${r.exitCode}`);
+  };
+  const headers: Interceptor = (next) => (req) => {
+    req.header.set("authorization", `Bearer ${s.key}`);
+    req.header.set("x-sandbar-sandbox-id", id);
+    return next(req);
+  };
+  const control = createClient(ProcessService, createGrpcTransport({ baseUrl: s.url, interceptors: [headers] }));
+  const grpc = async () => {
+    const r = await control.execute({ command: "true" });
+    if (r.exitCode !== 0) throw new Error(`gRPC exec exited ${r.exitCode}`);
+  };
+  const agents = new AgentClients();
+  const agent = agents.client(ProcessService, socket);
+  const direct = async () => {
+    const r = await agent.execute({ command: "true" }, { headers: { authorization: `Bearer ${secret}` } });
+    if (r.exitCode !== 0) throw new Error(`agent exec exited ${r.exitCode}`);
+  };
+  const out: Record<string, number[]> = { "agent direct (gRPC, unix socket)": [], "REST (HTTP/1.1 keep-alive)": [], "gRPC on the control port": [] };
+  const paths: [string, () => Promise<void>][] = [
+    ["agent direct (gRPC, unix socket)", direct],
+    ["REST (HTTP/1.1 keep-alive)", rest],
+    ["gRPC on the control port", grpc],
+  ];
+  for (const [, once] of paths) for (let i = 0; i < WARMUP; i++) await once();
+  const ROUND = 50;
+  for (let done = 0; done < CALLS; done += ROUND) {
+    for (const [name, once] of paths) out[name].push(...(await timed(Math.min(ROUND, CALLS - done), once).then((x) => x)));
+  }
+  agents.close();
+  return out;
+}
+
+// ---- transfers ------------------------------------------------------------------------------
+function restUpload(s: BenchServer, id: string, dest: string, mib: number): Promise<number> {
+  const boundary = "----sandbarbench" + randomBytes(8).toString("hex");
+  const head = Buffer.from(
+    `--${boundary}\r\nContent-Disposition: form-data; name="files[0].path"\r\n\r\n${dest}\r\n` +
+      `--${boundary}\r\nContent-Disposition: form-data; name="files[0].file"; filename="bench.bin"\r\nContent-Type: application/octet-stream\r\n\r\n`,
+  );
+  const tail = Buffer.from(`\r\n--${boundary}--\r\n`);
+  const base = new URL(s.url);
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    const req = http.request(
+      {
+        host: base.hostname,
+        port: base.port,
+        method: "POST",
+        path: `/api/toolbox/${id}/toolbox/files/bulk-upload`,
+        agent: s.rest.agent,
+        headers: {
+          authorization: `Bearer ${s.key}`,
+          "content-type": `multipart/form-data; boundary=${boundary}`,
+          "content-length": head.length + mib * MIB + tail.length,
+        },
+      },
+      (res) => {
+        let body = "";
+        res.on("data", (c: Buffer) => (body += c.toString()));
+        res.on("end", () => {
+          if (res.statusCode !== 200) return reject(new Error(`bulk-upload answered ${res.statusCode}: ${body}`));
+          const bytes = JSON.parse(body).files?.[0]?.bytes;
+          if (bytes !== mib * MIB) return reject(new Error(`bulk-upload stored ${bytes} bytes, sent ${mib * MIB}`));
+          resolve(performance.now() - t0);
+        });
+      },
+    );
+    req.on("error", reject);
+    // Streamed with back-pressure: never more than a few chunks in memory.
+    let sent = 0;
+    const pump = () => {
+      while (sent < mib) {
+        sent++;
+        if (!req.write(CHUNK)) return void req.once("drain", pump);
+      }
+      req.end(tail);
+    };
+    req.write(head);
+    pump();
+  });
+}
+
+function restDownload(s: BenchServer, id: string, file: string, expected: number): Promise<number> {
+  const base = new URL(s.url);
+  return new Promise((resolve, reject) => {
+    const t0 = performance.now();
+    const req = http.request(
+      { host: base.hostname, port: base.port, method: "GET", path: `/api/toolbox/${id}/toolbox/files/download?path=${encodeURIComponent(file)}`, agent: s.rest.agent, headers: { authorization: `Bearer ${s.key}` } },
+      (res) => {
+        let bytes = 0;
+        res.on("data", (c: Buffer) => (bytes += c.length));
+        res.on("end", () => {
+          if (res.statusCode !== 200) return reject(new Error(`download answered ${res.statusCode}`));
+          if (bytes !== expected) return reject(new Error(`download gave ${bytes} bytes, expected ${expected}`));
+          resolve(performance.now() - t0);
+        });
+        res.on("error", reject);
+      },
+    );
+    req.on("error", reject);
+    req.end();
+  });
+}
+
+async function agentUpload(socket: string, secret: string, dest: string, mib: number): Promise<number> {
+  const agents = new AgentClients();
+  const files = agents.client(FileService, socket);
+  const t0 = performance.now();
+  async function* parts() {
+    yield { part: { case: "header" as const, value: { path: dest } } };
+    for (let i = 0; i < mib; i++) yield { part: { case: "data" as const, value: CHUNK } };
+  }
+  const r = await files.uploadFile(parts(), { headers: { authorization: `Bearer ${secret}` } });
+  const t = performance.now() - t0;
+  agents.close();
+  if (Number(r.file?.bytes) !== mib * MIB) throw new Error(`agent upload stored ${r.file?.bytes} bytes`);
+  return t;
+}
+
+async function agentDownload(socket: string, secret: string, file: string, expected: number): Promise<number> {
+  const agents = new AgentClients();
+  const files = agents.client(FileService, socket);
+  const t0 = performance.now();
+  let bytes = 0;
+  for await (const m of files.downloadFile({ path: file }, { headers: { authorization: `Bearer ${secret}` } })) {
+    if (m.part.case === "data") bytes += m.part.value.length;
+  }
+  const t = performance.now() - t0;
+  agents.close();
+  if (bytes !== expected) throw new Error(`agent download gave ${bytes} bytes, expected ${expected}`);
+  return t;
+}
+
+async function main(): Promise<void> {
+  const startedAt = new Date();
+  log("building the agent and starting the control server");
+  const s = await startBenchServer();
+  const created: string[] = [];
+  try {
+    const sb = await s.rest.ok("POST", "/sandbox", {});
+    created.push(sb.id);
+    const { socket, secret } = await s.server.server.sandboxes.manager.agentFor(sb.organizationId, sb.id);
+    const home = (await s.rest.ok("POST", `/toolbox/${sb.id}/toolbox/process/execute`, { command: "printf %s \"$HOME\"" })).result as string;
+
+    log(`exec round trips: ${CALLS} calls per path after ${WARMUP} warm-up, interleaved`);
+    const trips = await execRoundTrips(s, sb.id, socket, secret);
+    const exec: [string, Stat][] = Object.entries(trips).map(([k, v]) => [k, stats(v)]);
+    for (const [k, st] of exec) console.log(`${k.padEnd(34)} n=${st.n} p50=${ms(st.p50)} ms p99=${ms(st.p99)} ms mean=${ms(st.mean)} ms`);
+
+    log(`transfers: ${SIZE_MIB} MiB each way, REST and agent direct (2 rounds, best kept)`);
+    const bytes = SIZE_MIB * MIB;
+    const transfers: Record<string, number[]> = { "REST upload": [], "agent upload": [], "REST download": [], "agent download": [] };
+    for (let round = 0; round < 2; round++) {
+      transfers["agent upload"].push(await agentUpload(socket, secret, `${home}/agent.bin`, SIZE_MIB));
+      transfers["REST upload"].push(await restUpload(s, sb.id, `${home}/rest.bin`, SIZE_MIB));
+      transfers["agent download"].push(await agentDownload(socket, secret, `${home}/agent.bin`, bytes));
+      transfers["REST download"].push(await restDownload(s, sb.id, `${home}/rest.bin`, bytes));
+    }
+    const mbps = (t: number) => bytes / 1e6 / (t / 1000);
+    const rate: Record<string, { best: number; all: number[] }> = {};
+    for (const [k, ts] of Object.entries(transfers)) {
+      rate[k] = { best: Math.max(...ts.map(mbps)), all: ts.map(mbps) };
+      console.log(`${k.padEnd(16)} ${rate[k].all.map((x) => x.toFixed(0)).join(", ")} MB/s`);
+    }
+    await s.rest.ok("DELETE", `/sandbox/${created.pop()}`);
+
+    log(`time to interactive through SDK 0.111.1: ${SDK_RUNS} runs (+1 warm-up)`);
+    const daytona = new sdk.Daytona({ apiKey: s.key, apiUrl: `${s.url}/api`, target: "local" });
+    const sdkTimes: number[] = [];
+    for (let i = 0; i <= SDK_RUNS; i++) {
+      const t0 = performance.now();
+      const box = await daytona.create({}, { timeout: 120 });
+      const r = await box.process.executeCommand("true");
+      const t = performance.now() - t0;
+      if (r.exitCode !== 0) throw new Error(`SDK executeCommand exited ${r.exitCode}`);
+      if (i > 0) sdkTimes.push(t);
+      await daytona.delete(box, 60);
+    }
+    const tti = stats(sdkTimes);
+    console.log(`SDK 0.111.1 create→exec n=${tti.n} p50=${ms(tti.p50)} ms p95=${ms(tti.p95)} ms`);
+
+    // ---- report ----
+    const direct = exec[0][1];
+    const restSt = exec[1][1];
+    const execRows = exec.map(([k, st]) => `| ${k} | ${st.n} | ${ms(st.p50)} | ${ms(st.p99)} | ${ms(st.mean)} | ${k.startsWith("agent") ? "—" : `+${ms(st.p50 - direct.p50)}`} |`);
+    const verdict = (ok: boolean) => (ok ? "met" : "missed");
+    const tRow = (k: string, floor: string) => `| ${k} | ${rate[k].all.map((x) => x.toFixed(0)).join(", ")} | **${rate[k].best.toFixed(0)}** | ${k.startsWith("REST") ? `${(rate[k].best / rate[floor].best * 100).toFixed(0)}% of agent direct; target ≥ 300 MB/s: ${verdict(rate[k].best >= 300)}` : "floor"} |`;
+    const md = `# Toolbox bench: exec round trip, file transfer, SDK time to interactive
+
+Latest run: ${startedAt.toISOString()}${QUICK ? " (**--quick**: fewer calls, smaller files)" : ""} on ${machine()};
+load average at the end ${loadAvg()} (the machine is shared: other work running at the same time shows up as noise).
+
+Command: \`node bench/toolbox/run.ts\` (as root). One real control server (\`startTestServer\`, embedded
+PostgreSQL, default snapshot from the shared test cache, the agent bundled fresh as test/sdk does) and one
+real sandbox. The agent-direct figures are the floor: a client straight to the sandbox's agent socket
+(\`manager.agentFor\` → socket + secret, one HTTP/2 connection as the control server keeps).
+
+## Exec round trip (\`{"command":"true"}\`)
+
+${CALLS} calls per path after ${WARMUP} warm-up calls each; the paths take turns in rounds of 50.
+REST: \`POST /api/toolbox/{id}/toolbox/process/execute\` over node:http keep-alive. gRPC: connect-node
+\`createGrpcTransport\` to the control port, \`ProcessService.Execute\` with \`x-sandbar-sandbox-id\`.
+
+| path | calls | p50 ms | p99 ms | mean ms | added over agent (p50) |
+|---|---|---|---|---|---|
+${execRows.join("\n")}
+
+Targets: REST p50 under 3 ms — ${verdict(restSt.p50 < 3)} (${ms(restSt.p50)} ms); under 1 ms added over the agent alone —
+${verdict(restSt.p50 - direct.p50 < 1)} (+${ms(restSt.p50 - direct.p50)} ms).
+
+## File transfer (${SIZE_MIB} MiB, into the sandbox's home)
+
+REST upload: \`POST …/files/bulk-upload\` multipart (\`files[0].path\`, \`files[0].file\`), streamed from
+memory with back-pressure. REST download: \`GET …/files/download?path=\`, drained. Agent direct:
+\`FileService.UploadFile\` (client stream of 1 MiB chunks) / \`DownloadFile\`. Two rounds each; MB = 10^6 bytes.
+
+| transfer | MB/s per round | best MB/s | |
+|---|---|---|---|
+${tRow("agent upload", "agent upload")}
+${tRow("REST upload", "agent upload")}
+${tRow("agent download", "agent download")}
+${tRow("REST download", "agent download")}
+
+## Time to interactive through the official client 0.111.1
+
+\`daytona.create()\` then \`sandbox.process.executeCommand("true")\`, ${SDK_RUNS} runs one after another after
+one warm-up run, each sandbox deleted afterwards (not timed).
+
+| runs | p50 ms | p95 ms | mean ms |
+|---|---|---|---|
+| ${tti.n} | ${ms(tti.p50)} | ${ms(tti.p95)} | ${ms(tti.mean)} |
+`;
+    const out = new URL("./RESULTS.md", import.meta.url);
+    await writeFile(out, md);
+    log(`wrote ${out.pathname}`);
+  } finally {
+    for (const id of created) await s.rest.call("DELETE", `/sandbox/${id}`).catch(() => undefined);
+    await s.stop();
+  }
+}
+
+await main();
