@@ -1,14 +1,10 @@
 // Shared by bench/sandboxes and bench/toolbox: a real control server with real sandboxes (the
 // agent bundled fresh, as test/sdk does), percentile stats, and a keep-alive REST client.
-import { spawn } from "node:child_process";
-import { chmod, mkdtemp, rm } from "node:fs/promises";
+import { rm } from "node:fs/promises";
 import http from "node:http";
 import os from "node:os";
-import { join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { buildAgentBundle } from "../../packages/control/src/testing/agent-bundle.ts";
 import { startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
-
-const AGENT_BUILD = fileURLToPath(new URL("../../packages/agent/build.ts", import.meta.url));
 
 export interface Stat {
   n: number;
@@ -51,21 +47,8 @@ export interface BenchServer {
   stop(): Promise<void>;
 }
 
-/** Bundles the agent into a directory sandbox users can read (read-only bind source). */
-async function buildAgentBundle(): Promise<string> {
-  const bundle = await mkdtemp(join(os.tmpdir(), "sandbar-bench-agent-"));
-  await chmod(bundle, 0o755);
-  await new Promise<void>((resolve, reject) => {
-    const child = spawn(process.execPath, [AGENT_BUILD, bundle], { stdio: ["ignore", "ignore", "pipe"] });
-    let err = "";
-    child.stderr.on("data", (c: Buffer) => (err += c.toString()));
-    child.on("exit", (code) => (code === 0 ? resolve() : reject(new Error(`agent build failed (${code}): ${err}`))));
-  });
-  return bundle;
-}
-
 export async function startBenchServer(): Promise<BenchServer> {
-  const bundle = await buildAgentBundle();
+  const bundle = await buildAgentBundle("sandbar-bench-agent-");
   const server = await startTestServer({ settings: { agentBundle: bundle } });
   const rest = new Rest(server.url, server.adminKey);
   return {

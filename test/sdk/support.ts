@@ -3,18 +3,15 @@
  * suite starts one server with a freshly built agent bundle (as the sandbox lifecycle tests do)
  * and creates its one sandbox through the SDK under test. Run as root (the local runtime).
  */
-import { spawn } from "node:child_process";
-import { chmod, mkdtemp, rm } from "node:fs/promises";
+import { rm } from "node:fs/promises";
 import { createRequire } from "node:module";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
-import { startTestServer, type TestServer } from "@sandbar/control/testing";
+import { buildAgentBundle, startTestServer, type TestServer } from "@sandbar/control/testing";
 import { it } from "vitest";
 
-const AGENT_BUILD = fileURLToPath(new URL("../../packages/agent/build.ts", import.meta.url));
 const PROTO_ROOT = fileURLToPath(new URL("../../proto", import.meta.url));
 
 export interface RealServer {
@@ -25,22 +22,9 @@ export interface RealServer {
   stop(): Promise<void>;
 }
 
-/** Bundles the agent into a scratch directory sandbox users can reach (read-only bind source). */
-async function buildAgentBundle(): Promise<string> {
-  const bundle = await mkdtemp(join(tmpdir(), "sandbar-sdk-agent-"));
-  await chmod(bundle, 0o755);
-  await new Promise<void>((resolve, reject) => {
-    const child = spawn(process.execPath, [AGENT_BUILD, bundle], { stdio: ["ignore", "ignore", "pipe"] });
-    let err = "";
-    child.stderr.on("data", (c: Buffer) => (err += c.toString()));
-    child.on("exit", (code) => (code === 0 ? resolve() : reject(new Error(`agent build failed (${code}): ${err}`))));
-  });
-  return bundle;
-}
-
 export async function startRealServer(): Promise<RealServer> {
   if (process.getuid?.() !== 0) throw new Error("the SDK suites run real sandboxes: run them as root");
-  const bundle = await buildAgentBundle();
+  const bundle = await buildAgentBundle("sandbar-sdk-agent-");
   const server = await startTestServer({ settings: { agentBundle: bundle } });
   return {
     server,

@@ -1,29 +1,17 @@
-import { spawn } from "node:child_process";
-import { chmod, mkdtemp, rm } from "node:fs/promises";
-import { tmpdir } from "node:os";
-import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { rm } from "node:fs/promises";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
 import { leftovers } from "./testing/leaks.ts";
+import { buildAgentBundle } from "../testing/agent-bundle.ts";
 
 // Sandboxes running the real agent (packages/agent, bundled by its build.ts into a scratch
 // directory), reached through the toolbox the way clients reach it.
-
-const BUILD = fileURLToPath(new URL("../../../agent/build.ts", import.meta.url));
 
 let bundle: string;
 let f: SandboxFixture;
 
 beforeAll(async () => {
-  bundle = await mkdtemp(path.join(tmpdir(), "sandbar-agent-bundle-"));
-  await chmod(bundle, 0o755); // sandbox users must reach the bind source
-  await new Promise<void>((resolve, reject) => {
-    const child = spawn(process.execPath, [BUILD, bundle], { stdio: ["ignore", "ignore", "pipe"] });
-    let err = "";
-    child.stderr.on("data", (c: Buffer) => (err += c.toString()));
-    child.on("exit", (code) => (code === 0 ? resolve() : reject(new Error(`agent build failed (${code}): ${err}`))));
-  });
+  bundle = await buildAgentBundle();
   f = await sandboxFixture({ agentBundle: bundle });
 });
 

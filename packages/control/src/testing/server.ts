@@ -75,3 +75,5 @@ export async function api(base: string, key: string | undefined, method: string,
   }
   return { status: res.status, body: json, headers: res.headers };
 }
+
+export { buildAgentBundle } from "./agent-bundle.ts";
