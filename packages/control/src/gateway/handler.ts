@@ -6,7 +6,7 @@ import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
 import { inputProblemsKey } from "../rpc/secure.ts";
-import { readJsonBody, requestSignal } from "./request-body.ts";
+import { readJsonBody, requestSignal, sendJson } from "./http-io.ts";
 import { SANDBOX_ID_HEADER } from "../toolbox/forward.ts";
 
 type Impl = (input: unknown, ctx: HandlerContext) => unknown;
@@ -135,9 +135,7 @@ function send(res: ServerResponse, route: RestRoute, output: Message, ctx: Handl
   const body = field
     ? valueToJson(field, (output as unknown as Record<string, unknown>)[field.localName], opts)
     : messageToJson(route.method.output, output, opts);
-  const text = JSON.stringify(body);
-  res.writeHead(route.status, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) });
-  res.end(text);
+  sendJson(res, route.status, body);
 }
 
 /** Server streams: a string/bytes response_body is written raw; otherwise one JSON object per line. */
@@ -162,15 +160,13 @@ export function sendError(res: ServerResponse, path: string, err: unknown) {
   const e = asConnectError(err);
   const statusCode = httpStatusOf(e.code);
   if (res.headersSent) return void res.destroy();
-  const text = JSON.stringify({
+  sendJson(res, statusCode, {
     path,
     timestamp: new Date().toISOString(),
     statusCode,
     error: STATUS_CODES[statusCode] ?? "Error",
     message: e.rawMessage,
   });
-  res.writeHead(statusCode, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) });
-  res.end(text);
 }
 
 function cors(req: IncomingMessage, res: ServerResponse) {

@@ -2,8 +2,8 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson } from "../../gateway/json.ts";
-import { readJsonBody } from "../../gateway/request-body.ts";
-export { requestSignal } from "../../gateway/request-body.ts";
+import { readJsonBody } from "../../gateway/http-io.ts";
+export { requestSignal, sendJson } from "../../gateway/http-io.ts";
 
 /**
  * Decodes a JSON request body into a message as the gateway does; problems are collected in
@@ -12,12 +12,6 @@ export { requestSignal } from "../../gateway/request-body.ts";
 export async function readJsonMessage<D extends DescMessage>(req: IncomingMessage, desc: D, errs: DecodeErrors): Promise<MessageShape<D>> {
   const json = await readJsonBody(req, errs);
   return messageFromJson(desc, json, errs) as MessageShape<D>;
-}
-
-export function sendJson(res: ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) });
-  res.end(text);
 }
 
 export function sendEmpty(res: ServerResponse, status: number): void {

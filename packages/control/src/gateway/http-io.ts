@@ -43,3 +43,10 @@ export function requestSignal(res: ServerResponse): AbortSignal {
   });
   return abort.signal;
 }
+
+/** A JSON response with its length. */
+export function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) });
+  res.end(text);
+}
