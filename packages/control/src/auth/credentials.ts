@@ -27,6 +27,8 @@ export class Credentials {
   private readonly members = new Map<string, { role: string | null; loadedAt: number }>();
   private readonly lastUsedWrites = new Map<string, number>();
   private listener?: pg.Client;
+  private syncing = false;
+  private syncWaiters: Array<() => void> = [];
   private readonly pool: pg.Pool;
 
   constructor(databaseUrl: string) {
@@ -67,6 +69,8 @@ export class Credentials {
     // JWTs need an OIDC issuer, which this server does not have configured.
     if (!token || looksLikeJwt(token)) throw errors.unauthenticated();
     const hash = hashApiKey(token);
+    // Trust the cache only once every revocation committed before this request has arrived.
+    if (this.keys.has(hash)) await this.sync();
     const now = Date.now();
     let cached = this.keys.get(hash);
     if (!cached || now - cached.loadedAt > CACHE_TTL_MS) {
@@ -82,6 +86,35 @@ export class Credentials {
     if (key.expiresAt && key.expiresAt.getTime() <= now) throw errors.unauthenticated();
     this.touch(key, now);
     return cached.principal;
+  }
+
+  /**
+   * A read barrier: resolves after a round trip on the listening connection that was sent after
+   * this call. PostgreSQL delivers the notifications committed before a query ahead of its answer,
+   * so a key revoked by any process before this request arrived has been evicted by then.
+   * Concurrent callers share one round trip.
+   */
+  private sync(): Promise<void> {
+    return new Promise((resolve) => {
+      this.syncWaiters.push(resolve);
+      if (!this.syncing) void this.flushSync();
+    });
+  }
+
+  private async flushSync(): Promise<void> {
+    this.syncing = true;
+    while (this.syncWaiters.length) {
+      const batch = this.syncWaiters;
+      this.syncWaiters = [];
+      try {
+        await this.listener?.query("select 1");
+      } catch {
+        this.keys.clear(); // notifications may have been lost: re-read everything
+        this.members.clear();
+      }
+      for (const resolve of batch) resolve();
+    }
+    this.syncing = false;
   }
 
   /** The member's role in an organization, or null when not a member. */
