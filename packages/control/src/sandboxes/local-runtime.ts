@@ -5,7 +5,7 @@ import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { InitCommand, SandboxSpec } from "@sandbar/runner";
-import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
+import { ensureDefaultSnapshot, LinuxProvider, reachablePath, type Snapshot } from "@sandbar/runner/linux";
 import type { RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 
 // Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
@@ -24,7 +24,11 @@ const AGENT_ENTRY = "agent.mjs";
 export async function agentInit(bundle = DEFAULT_AGENT_BUNDLE): Promise<Omit<InitCommand, "secret">> {
   const resolved = path.resolve(bundle);
   const isDir = await stat(resolved).then((s) => s.isDirectory(), () => resolved === DEFAULT_AGENT_BUNDLE);
-  return isDir ? { node: process.execPath, bundle: resolved, main: AGENT_ENTRY } : { node: process.execPath, bundle: resolved };
+  // Staged where sandbox users can read them when this node or checkout lives in a private directory.
+  const exists = await stat(resolved).then(() => true, () => false);
+  const node = await reachablePath(process.execPath);
+  const staged = exists ? await reachablePath(resolved) : resolved;
+  return isDir ? { node, bundle: staged, main: AGENT_ENTRY } : { node, bundle: staged };
 }
 
 export interface LocalRuntimeOptions {
@@ -77,7 +81,10 @@ export class LocalRuntime implements SandboxRuntime {
     const slot = createHash("sha256").update(dataDir).digest().readUInt32BE(0) % UID_SLOTS;
     const uidBase = o.uidBase ?? UID_FIRST + slot * UID_SLOT;
     const provider = await LinuxProvider.open({ dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log });
-    return new LocalRuntime(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
+    const runtime = new LocalRuntime(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
+    // Built (once per host, a minute or two) while the server starts serving, not on the first create.
+    runtime.#snapshot().catch((err: unknown) => runtime.#log(`default snapshot: ${(err as Error).message}`));
+    return runtime;
   }
 
   async assertReady(): Promise<void> {

@@ -3,3 +3,4 @@ export { LinuxProvider } from "./provider.ts";
 export type { DefaultSnapshotOptions, Snapshot } from "./rootfs.ts";
 export { buildHostUsrRootfs, DEFAULT_PACKAGES, ensureDefaultSnapshot } from "./rootfs.ts";
 export type { CgroupBackend, CgroupStats } from "./cgroups/types.ts";
+export { DEFAULT_STAGING_DIR, reachableByOthers, reachablePath } from "./stage.ts";

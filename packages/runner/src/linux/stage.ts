@@ -1,0 +1,75 @@
+import { createHash, randomBytes } from "node:crypto";
+import { chmod, cp, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
+import path from "node:path";
+
+// bwrap binds the agent's node binary and bundle as the sandbox's unprivileged host uid, so they
+// must be reachable by others. A host whose node lives in a private directory (nvm under /root,
+// a checkout under /root) would get sandboxes that cannot start; such paths are copied once into
+// a world-readable staging directory, named by their contents' identity so that hosts running
+// several servers share one copy and a rebuilt bundle gets a new one.
+
+/** Where unreachable runtime files are copied; root-owned, world-readable. */
+export const DEFAULT_STAGING_DIR = "/usr/local/lib/sandbar/stage";
+
+/** True when every directory above `p` is searchable by others and `p` itself is readable by them. */
+export async function reachableByOthers(p: string): Promise<boolean> {
+  try {
+    if (((await stat(p)).mode & 0o004) === 0) return false;
+    for (let dir = path.dirname(p); ; dir = path.dirname(dir)) {
+      if (((await stat(dir)).mode & 0o001) === 0) return false;
+      if (dir === "/") return true;
+    }
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * `p` itself when sandbox users can reach it, otherwise a copy of it (file or directory) under
+ * `stagingDir`, made readable (and, where the source is, executable) by others.
+ */
+export async function reachablePath(p: string, stagingDir = DEFAULT_STAGING_DIR): Promise<string> {
+  const source = path.resolve(p);
+  if (await reachableByOthers(source)) return source;
+  const target = path.join(stagingDir, `${path.basename(source)}-${await identity(source)}`);
+  if (await stat(target).then(() => true, () => false)) return target;
+  await mkdir(stagingDir, { recursive: true, mode: 0o755 });
+  for (let dir = stagingDir; dir !== "/"; dir = path.dirname(dir)) await chmod(dir, (await stat(dir)).mode | 0o005);
+  // Copy beside, then rename: concurrent servers never see a half-written copy.
+  const tmp = `${target}.tmp-${randomBytes(4).toString("hex")}`;
+  try {
+    await cp(source, tmp, { recursive: true, preserveTimestamps: true });
+    await openUp(tmp);
+    await rename(tmp, target);
+  } catch (err) {
+    await rm(tmp, { recursive: true, force: true });
+    if (!(await stat(target).then(() => true, () => false))) throw err;
+  }
+  return target;
+}
+
+/** Size and mtime of every file below `p`: cheap, and changes whenever a build rewrites it. */
+async function identity(p: string): Promise<string> {
+  const h = createHash("sha256");
+  const visit = async (file: string, rel: string): Promise<void> => {
+    const st = await stat(file);
+    if (st.isDirectory()) {
+      for (const name of (await readdir(file)).sort()) await visit(path.join(file, name), path.join(rel, name));
+    } else {
+      h.update(`${rel}\0${st.size}\0${st.mtimeMs}\n`);
+    }
+  };
+  await visit(p, ".");
+  return h.digest("hex").slice(0, 12);
+}
+
+/** Others may read everything, traverse directories and run what the owner can run. */
+async function openUp(p: string): Promise<void> {
+  const st = await stat(p);
+  if (st.isDirectory()) {
+    await chmod(p, 0o755);
+    for (const name of await readdir(p)) await openUp(path.join(p, name));
+  } else {
+    await chmod(p, st.mode & 0o100 ? 0o755 : 0o644);
+  }
+}
