@@ -99,7 +99,7 @@ export class LocalRuntime implements SandboxRuntime {
   }
 
   #snapshot(): Promise<Snapshot> {
-    return ensureDefaultSnapshot({ dataDir: this.#snapshotDir, onProgress: (l) => this.#log(`snapshot: ${l}`), log: this.#log });
+    return ensureDefaultSnapshot({ dataDir: this.#snapshotDir, onProgress: compactProgress((l) => this.#log(`snapshot: ${l}`)), log: this.#log });
   }
 
   async #spec(s: RuntimeSandboxSpec): Promise<SandboxSpec> {
@@ -171,6 +171,24 @@ export class LocalRuntime implements SandboxRuntime {
   close(): Promise<void> {
     return this.provider.close();
   }
+}
+
+/** debootstrap prints a line per package and step; the log gets each step and a count every 25 packages. */
+export function compactProgress(log: (line: string) => void): (line: string) => void {
+  const steps: Record<string, string> = { Retrieving: "downloading", Validating: "downloading", Extracting: "extracting", Unpacking: "unpacking", Configuring: "configuring" };
+  let step = "";
+  let count = 0;
+  return (line) => {
+    const m = /^I: (\w+) \S/.exec(line);
+    const now = m ? steps[m[1]!] : undefined;
+    if (!now) return log(line);
+    if (now !== step) {
+      step = now;
+      count = 0;
+      log(`${step} packages`);
+    }
+    if (m![1] !== "Validating" && ++count % 25 === 0) log(`${step}: ${count} packages`);
+  };
 }
 
 /** 32 random bytes, kept 0600 in the data dir; created once, race-free (O_EXCL). */
