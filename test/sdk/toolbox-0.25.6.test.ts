@@ -3,7 +3,7 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { load, originScript, PY_MODULE, runLabel, startRealServer, todo, type RealServer } from "./support.ts";
+import { load, originScript, PY_MODULE, runLabel, startRealServer, type RealServer } from "./support.ts";
 
 // SDK 0.25.6 on a real sandbox created through its own API: pure HTTP on
 // {apiUrl}/toolbox/{id}/toolbox (no WebSocket), relative paths prefixed client-side with
@@ -20,10 +20,6 @@ let sandbox: Sandbox;
 let root: string;
 let local: string;
 const label = runLabel();
-
-// Server defects found by these cases: each stays written out, reported as a todo until fixed.
-const DELETE_THEN_GET =
-  "0.25.6 awaits GET /sandbox/{id} right after DELETE /sandbox/{id}?force=true; the server finishes the destroy inside the DELETE, so that GET is already 404 \"Sandbox with ID or name <id> not found\" and delete() throws though the sandbox is gone (the reference answers `destroying` and GET still shows it until the runner is done)";
 
 beforeAll(async () => {
   s = await startRealServer();
@@ -101,10 +97,12 @@ describe("SDK 0.25.6 on a real sandbox", () => {
     expect((await fs.getFileDetails(`${base}/moved.txt`)).permissions).toBe("0640");
     await fs.deleteFile(`${base}/moved.txt`);
     await expect(fs.getFileDetails(`${base}/moved.txt`)).rejects.toThrow();
-    // 0.25.6 sends no `recursive`, and the daemon (like the reference's current one) keeps
-    // directories without it: this client can delete files only.
-    await expect(fs.deleteFile(`${base}/sub`)).rejects.toThrow(/is a directory: set recursive/);
-    expect((await fs.getFileDetails(`${base}/sub`)).isDir).toBe(true);
+    // 0.25.6 sends no `recursive`: the daemon of its time deleted a directory whole, and so does the server for it.
+    await fs.createFolder(`${base}/sub/deeper`, "755");
+    await fs.uploadFile(Buffer.from("in a tree\n"), `${base}/sub/deeper/leaf.txt`);
+    await fs.deleteFile(`${base}/sub`);
+    await expect(fs.getFileDetails(`${base}/sub`)).rejects.toThrow();
+    expect((await fs.listFiles(base)).map((f) => f.name).sort()).toEqual(["bin.dat", "empty.txt"]);
   });
 
   it("process: executeCommand with cwd (default: the root dir), tricky env values, timeout; codeRun (python)", async () => {
@@ -153,12 +151,16 @@ describe("SDK 0.25.6 on a real sandbox", () => {
     expect((await sandbox.git.branches("repo025")).branches).toEqual(["main"]);
   });
 
-  it("LSP (python): document symbols", async () => {
+  it("LSP (python): document symbols, workspace symbols", async () => {
     await sandbox.fs.uploadFile(Buffer.from(PY_MODULE), "py025/mod.py");
     const lsp = await sandbox.createLspServer("python", "py025");
     await lsp.start();
     await lsp.didOpen("mod.py");
     expect((await lsp.documentSymbols("mod.py")).map((x) => x.name)).toEqual(expect.arrayContaining(["WidgetFactory", "make_widget"]));
+    // pylsp has no workspace/symbol: the agent's index of the project answers.
+    const ws = await lsp.workspaceSymbols("widget");
+    expect(ws.map((x) => x.name).sort()).toEqual(["WidgetFactory", "make_widget"]);
+    expect(ws.find((x) => x.name === "WidgetFactory")).toMatchObject({ kind: 5, location: { uri: `file://${root}/py025/mod.py`, range: { start: { line: 0 } } } });
     await lsp.stop();
   });
 
@@ -191,16 +193,18 @@ describe("SDK 0.25.6 on a real sandbox", () => {
     expect((await sandbox.fs.downloadFile(`${root}/kept.txt`)).toString()).toBe("kept\n");
   }, 300_000);
 
-  todo(DELETE_THEN_GET, "sandbox.delete() resolves", async () => {
+  it("sandbox.delete() resolves: its read right after the delete sees the sandbox destroyed, and lists no longer show it", async () => {
     const other = await daytona.create({ language: "python", labels: { suite: `${label}-del` } }, { timeout: 120 });
     await other.delete();
+    expect(other.state).toBe("destroyed");
     expect(await daytona.list({ suite: `${label}-del` })).toEqual([]);
-  });
+  }, 180_000);
 
   it("delete: DELETE /sandbox/{id}?force=true (what sandbox.delete() sends, through the SDK's API client) removes it", async () => {
     const api = (daytona as unknown as { sandboxApi: { deleteSandbox(id: string, force: boolean): Promise<unknown> } }).sandboxApi;
     await api.deleteSandbox(sandbox.id, true);
-    await expect(daytona.get(sandbox.id)).rejects.toThrow(/not found/);
+    // Read by id during the grace period: destroyed (the reference's answer), then 404.
+    expect((await daytona.get(sandbox.id)).state).toBe("destroyed");
     expect(await daytona.list({ suite: label })).toEqual([]);
   });
 });

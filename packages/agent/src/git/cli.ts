@@ -79,9 +79,13 @@ export function git(args: string[], opts: GitRunOptions): Promise<GitResult> {
   });
 }
 
+const MAX_ERROR_TEXT = 2000;
+
 /** Classifies a failed git call by its message, as the reference does. */
 export function gitError(message: string, args: string[]): ConnectError {
-  const text = message.trim().replace(/^(fatal|error): /gm, "") || `git ${args[0]} failed`;
+  const full = message.trim().replace(/^(fatal|error): /gm, "") || `git ${args[0]} failed`;
+  // Errors travel as HTTP/2 headers: git's text (which echoes paths and URLs) is kept short.
+  const text = full.length > MAX_ERROR_TEXT ? `${full.slice(0, MAX_ERROR_TEXT)}…` : full;
   const m = message.toLowerCase();
   if (/authentication failed|could not read username|could not read password|terminal prompts disabled|http 401|401 unauthorized|invalid username or password/.test(m)) {
     return new ConnectError(`authentication failed: ${text}`, Code.Unauthenticated);
@@ -94,5 +98,8 @@ export function gitError(message: string, args: string[]): ConnectError {
   if (/not a git repository|repository .* not found|does not exist|not found|did not match any|unknown revision|invalid reference|couldn't find remote ref|no such file|bad revision|ambiguous argument|pathspec/.test(m)) {
     return errors.notFound(text);
   }
-  return errors.internal(text);
+  // What is left is git refusing the request (an unreachable or malformed remote, a bad
+  // argument): the caller's to fix, with git's own words. A git that could not run at all is
+  // reported where it is spawned.
+  return errors.invalidArgument(text);
 }

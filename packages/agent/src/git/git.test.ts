@@ -185,6 +185,13 @@ describe("git with a local bare remote", () => {
     expect((await errOf(g.clone({ url: path.join(remotes, "missing.git"), path: "x" })))?.code).toBe(Code.NotFound);
     expect((await errOf(g.clone({ url: bare, path: repo })))?.code).toBe(Code.FailedPrecondition);
     expect((await errOf(g.clone({ url: "", path: "y" })))?.code).toBe(Code.InvalidArgument);
+    const relative = await errOf(g.clone({ url: "../some/repo", path: "y" }));
+    expect(relative?.code).toBe(Code.InvalidArgument);
+    expect(relative?.rawMessage).toMatch(/url must be a URL/);
+    // A remote git cannot use (here: a scheme it has no helper for) is the caller's problem, in git's words.
+    const unusable = await errOf(g.clone({ url: "nosuchscheme://host/repo", path: "y" }));
+    expect(unusable?.code).toBe(Code.InvalidArgument);
+    expect(unusable?.rawMessage).toMatch(/nosuchscheme/);
     expect((await errOf(g.add({ path: repo, files: ["does-not-exist.txt"] })))?.code).toBe(Code.NotFound);
     expect((await errOf(g.commit({ path: repo, message: "", author: "A", email: "a@x" })))?.code).toBe(Code.InvalidArgument);
     expect((await g.getHistory({ path: await emptyRepo() })).commits).toEqual([]);

@@ -4,6 +4,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import type { GitService } from "@sandbar/protocol/gen/sandbar/agent/v1/git_pb.js";
 import type { AgentContext } from "../context.ts";
+import { fsError } from "../util/fs-errors.ts";
 import { resolvePath } from "../util/paths.ts";
 import { git } from "./cli.ts";
 import type { Credentials } from "./cli.ts";
@@ -25,7 +26,7 @@ export function createGitService(ctx: AgentContext): ServiceImpl<typeof GitServi
       if (!(await stat(dir)).isDirectory()) throw errors.invalidArgument(`not a directory: ${dir}`);
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === "ENOENT") throw errors.notFound(`repository not found: ${dir}`);
-      throw err;
+      throw fsError(err, dir); // a path too long, a loop, no permission: the caller's to fix
     }
     return dir;
   };
@@ -44,6 +45,10 @@ export function createGitService(ctx: AgentContext): ServiceImpl<typeof GitServi
       if (req.url.trim() === "") throw errors.invalidArgument("url is required");
       const dest = resolvePath(ctx.workDir, req.path);
       let url = req.url.trim();
+      // A relative path is no URL (it would become https://./x): say what is accepted.
+      if (/^\.\.?(\/|$)/.test(url) || url.startsWith("~")) {
+        throw errors.invalidArgument(`url must be a URL (https://, ssh://, git@host:path, file://) or an absolute path, not ${JSON.stringify(url.slice(0, 200))}`);
+      }
       if (!/^[a-z][a-z0-9+.-]*:\/\//i.test(url) && !url.startsWith("/") && !/^[\w.-]+@[\w.-]+:/.test(url) && !url.startsWith("file:")) url = `https://${url}`;
       const args = ["clone", "--single-branch"];
       if (req.insecureSkipTls) args.unshift("-c", "http.sslVerify=false");

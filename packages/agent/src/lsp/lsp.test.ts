@@ -104,6 +104,22 @@ describe("pylsp", () => {
     expect(line("compute_total")).toBe(0);
     expect(line("Basket")).toBe(4);
     expect(line("add")).toBe(5);
+
+    // pylsp has no workspace/symbol: the project's index answers, across files, by substring.
+    await mkdir(path.join(agent.root, project, "pkg"));
+    await writeFile(path.join(agent.root, project, "pkg", "more.py"), "class BasketItem:\n    def weigh(self):\n        pass\n\nMAX_BASKETS = 3\n");
+    await writeFile(path.join(agent.root, project, "pkg", "broken.py"), "def (:\n");
+    const ws = await lsp.workspaceSymbols({ languageId: LanguageId.PYTHON, pathToProject: project, query: "basket" });
+    const found = ws.symbols.map((s) => ({ name: s.name, kind: s.kind, file: s.location?.uri.split("/").at(-1), line: s.location?.range?.start?.line }));
+    expect(found).toEqual(
+      expect.arrayContaining([
+        { name: "Basket", kind: 5, file: "app.py", line: 4 },
+        { name: "BasketItem", kind: 5, file: "more.py", line: 0 },
+        { name: "MAX_BASKETS", kind: 14, file: "more.py", line: 4 },
+      ]),
+    );
+    expect(found.map((s) => s.name)).not.toContain("compute_total");
+    expect((await lsp.workspaceSymbols({ languageId: LanguageId.PYTHON, pathToProject: project, query: "weigh" })).symbols).toMatchObject([{ name: "weigh", kind: 6 }]);
     await lsp.stop({ languageId: LanguageId.PYTHON, pathToProject: project });
   });
 });

@@ -78,6 +78,8 @@ export class LanguageServer {
   private rpc: JsonRpcConnection | undefined;
   private readonly open = new Map<string, number>();
   private stderrTail = "";
+  /** What the server said it can do, from its initialize answer. */
+  private capabilities: Record<string, unknown> = {};
   private exited = false;
   private readonly ctx: AgentContext;
   private readonly onExit: () => void;
@@ -110,7 +112,7 @@ export class LanguageServer {
     child.once("error", (err) => gone(`could not start (${(err as NodeJS.ErrnoException).code === "ENOENT" ? `${cmd} is not installed` : err.message})`));
     child.once("exit", (code, signal) => gone(`exited (${signal ?? `code ${code}`})`));
     rpc.onRequest = (method, params) => this.answerServer(method, params);
-    await this.request("initialize", {
+    const init = await this.request<{ capabilities?: Record<string, unknown> } | null>("initialize", {
       processId: process.pid,
       clientInfo: { name: "sandbar-agent" },
       rootUri: this.rootUri,
@@ -119,7 +121,14 @@ export class LanguageServer {
       capabilities: clientCapabilities(),
       initializationOptions: {},
     });
+    this.capabilities = init?.capabilities ?? {};
     rpc.notify("initialized", {});
+  }
+
+  /** Whether the server answers workspace/symbol (pylsp does not). */
+  get hasWorkspaceSymbols(): boolean {
+    const p = this.capabilities.workspaceSymbolProvider;
+    return p !== undefined && p !== null && p !== false;
   }
 
   /** Requests servers make of their client, answered with "nothing configured". */

@@ -8,6 +8,7 @@ import type { LspService } from "@sandbar/protocol/gen/sandbar/agent/v1/lsp_pb.j
 import type { AgentContext } from "../context.ts";
 import { uriToPath } from "../util/paths.ts";
 import type { LspManager } from "./manager.ts";
+import { pythonWorkspaceSymbols } from "./python-index.ts";
 import { pathToFileURL } from "node:url";
 
 interface LspRange {
@@ -112,6 +113,10 @@ export function createLspService(ctx: AgentContext, lsps: LspManager): ServiceIm
     },
     async workspaceSymbols(req) {
       const server = await lsps.get(req.languageId, req.pathToProject);
+      if (!server.hasWorkspaceSymbols) {
+        // pylsp has no workspace/symbol: the project's index answers; other servers without it find nothing.
+        return { symbols: server.kind === "python" ? await pythonWorkspaceSymbols(ctx, server.projectPath, req.query) : [] };
+      }
       const raw = await server.request<RawSymbol[] | null>("workspace/symbol", { query: req.query });
       return { symbols: flattenSymbols(raw, undefined) };
     },

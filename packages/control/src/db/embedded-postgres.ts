@@ -97,7 +97,7 @@ const PRIVATE_TMP = "pg-init-";
  * runs initdb when we are root) nobody else can read it, killed or not; leftovers of such a
  * kill are removed on the next start.
  */
-async function withPrivateTmpdir<T>(dataDir: string, fn: () => Promise<T>): Promise<T> {
+export async function withPrivateTmpdir<T>(dataDir: string, fn: () => Promise<T>): Promise<T> {
   for (const name of await readdir(dataDir).catch(() => [] as string[])) {
     if (name.startsWith(PRIVATE_TMP)) await rm(join(dataDir, name), { recursive: true, force: true });
   }

@@ -5,13 +5,14 @@ import { createContextValues, createHandlerContext, type HandlerContext } from "
 import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
-import { inputProblemsKey } from "../rpc/secure.ts";
-import { readJsonBody, requestSignal, sendJson } from "./http-io.ts";
+import { inputProblemsKey, precheck, type Precheck } from "../rpc/secure.ts";
+import { readJsonBody, requestSignal, sendJson, statusOverride } from "./http-io.ts";
 import { SANDBOX_ID_HEADER } from "../toolbox/forward.ts";
+import { textProblems } from "../services/validate.ts";
 
 type Impl = (input: unknown, ctx: HandlerContext) => unknown;
-/** Secured implementations by service type name and method local name. */
-export type ImplIndex = Map<string, Record<string, Impl | undefined>>;
+/** Secured implementations by service type name and method local name (and their precheck, see secure()). */
+export type ImplIndex = Map<string, Record<string, Impl | undefined> & { [precheck]?: Precheck }>;
 
 
 /**
@@ -50,10 +51,17 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       const { route, params } = match;
       const impl = impls.get(route.service.typeName)?.[route.method.localName];
       if (!impl) throw errors.unimplemented(`${verb} ${basePath}${route.template} is not implemented yet`);
+      // A body is read only for a caller that may make the call (401/403 before 413 or 400).
+      if (route.body) await impls.get(route.service.typeName)?.[precheck]?.(route.method, headersOf(req), partialInput(route, params, searchParams));
       const errs = new DecodeErrors();
       const input = await readInput(req, route, params, searchParams, errs);
-      // A sandbox in the path that the message has no field for routes the call (the toolbox).
-      if (params.sandbox_id !== undefined && !fieldNamed(route.method, "sandbox_id")) req.headers[SANDBOX_ID_HEADER] = params.sandbox_id;
+      // A sandbox in the path that the message has no field for routes the call (the toolbox);
+      // one that cannot be a header value is an input problem.
+      if (params.sandbox_id !== undefined && !fieldNamed(route.method, "sandbox_id")) {
+        const problems = textProblems("sandbox_id", "sandboxId", params.sandbox_id);
+        if (problems.length) problems.forEach((p) => errs.add(p));
+        else req.headers[SANDBOX_ID_HEADER] = params.sandbox_id;
+      }
       const ctx = handlerContext(req, res, route, url, errs.messages);
       if (route.method.methodKind === "server_streaming") return await stream(res, route, impl(input, ctx) as AsyncIterable<unknown>, ctx);
       if (route.method.methodKind !== "unary") throw errors.unimplemented(`${route.method.name} is not available over REST`);
@@ -90,6 +98,31 @@ async function readInput(req: IncomingMessage, route: RestRoute, params: Record<
     if (field) setField(msg, field, value, "text", errs);
   }
   return msg as unknown as Message;
+}
+
+/** The request as far as the path and the query give it (what the guard reads: the organization). */
+function partialInput(route: RestRoute, params: Record<string, string>, query: URLSearchParams): Message {
+  const msg = create(route.method.input) as unknown as Record<string, unknown>;
+  const ignored = new DecodeErrors();
+  for (const [name, value] of [...query.entries(), ...Object.entries(params)]) {
+    const field = fieldNamed(route.method, name);
+    if (field && field.fieldKind === "scalar") setField(msg, field, value, "text", ignored);
+  }
+  return msg as unknown as Message;
+}
+
+/** Node's request headers as fetch Headers (repeated ones joined, as Connect does). */
+export function headersOf(req: { headers: IncomingMessage["headers"] }): Headers {
+  const h = new Headers();
+  for (const [k, v] of Object.entries(req.headers)) {
+    if (v === undefined || k.startsWith(":")) continue;
+    try {
+      h.set(k, Array.isArray(v) ? v.join(", ") : v);
+    } catch {
+      // A value fetch's Headers refuses is not one the guard reads.
+    }
+  }
+  return h;
 }
 
 function fieldNamed(method: DescMethod, name: string): DescField | undefined {
@@ -158,7 +191,7 @@ async function stream(res: ServerResponse, route: RestRoute, messages: AsyncIter
 
 export function sendError(res: ServerResponse, path: string, err: unknown) {
   const e = asConnectError(err);
-  const statusCode = httpStatusOf(e.code);
+  const statusCode = statusOverride(e) ?? httpStatusOf(e.code);
   if (res.headersSent) return void res.destroy();
   sendJson(res, statusCode, {
     path,

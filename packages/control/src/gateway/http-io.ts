@@ -1,13 +1,32 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { errors } from "@sandbar/protocol";
+import { Code, ConnectError } from "@sandbar/protocol";
 import type { DecodeErrors } from "./json.ts";
 
-/** JSON request bodies are small; uploads stream through their own routes. */
-const MAX_JSON_BODY = 10 * 1024 * 1024;
+/** JSON request bodies are small; uploads stream through their own routes and are not limited by this. */
+export const MAX_JSON_BODY = 10 * 1024 * 1024;
+/** How much of a too-large body is read and dropped so the client can read its 413; past that the connection closes. */
+const MAX_DRAIN = 64 * 1024 * 1024;
 
-/** The request's JSON body (undefined when empty); malformed JSON is a problem in `errs`, raised after the guard. */
-export async function readJsonBody(req: IncomingMessage, errs: DecodeErrors): Promise<unknown> {
-  const text = await readBody(req);
+/** The header that carries an HTTP status no Connect code has (413), on the one error that needs it. */
+const HTTP_STATUS_META = "x-sandbar-http-status";
+
+/** 413 over REST (RESOURCE_EXHAUSTED over RPC, as Connect itself answers a message over its limit). */
+export function payloadTooLarge(limit: number): ConnectError {
+  return new ConnectError(`Request body is larger than the limit of ${limit} bytes`, Code.ResourceExhausted, { [HTTP_STATUS_META]: "413" });
+}
+
+/** The HTTP status an error asks for instead of its code's, if any. */
+export function statusOverride(err: ConnectError): number | undefined {
+  const v = Number(err.metadata.get(HTTP_STATUS_META));
+  return Number.isInteger(v) && v >= 400 && v < 600 ? v : undefined;
+}
+
+/**
+ * The request's JSON body (undefined when empty); malformed JSON is a problem in `errs`, raised
+ * after the guard. Call it only once the caller is known: it reads up to `limit` bytes.
+ */
+export async function readJsonBody(req: IncomingMessage, errs: DecodeErrors, limit = MAX_JSON_BODY): Promise<unknown> {
+  const text = await readBody(req, limit);
   if (text.trim() === "") return undefined;
   try {
     return JSON.parse(text);
@@ -17,22 +36,45 @@ export async function readJsonBody(req: IncomingMessage, errs: DecodeErrors): Pr
   }
 }
 
-function readBody(req: IncomingMessage): Promise<string> {
+/**
+ * Reads the body up to `limit` bytes. A larger one is refused with 413 once it has been read
+ * (and dropped), so that the client, still sending, gets the answer rather than a reset; a body
+ * beyond MAX_DRAIN is refused at once and the connection closed after the answer.
+ */
+function readBody(req: IncomingMessage, limit: number): Promise<string> {
+  const declared = Number(req.headers["content-length"]);
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
+    const tooLarge = () => {
+      req.removeAllListeners("data");
+      req.resume(); // what is still in flight is read and dropped
+      reject(payloadTooLarge(limit));
+    };
+    if (Number.isFinite(declared) && declared > MAX_DRAIN) {
+      closeAfterResponse(req);
+      return tooLarge();
+    }
     req.on("data", (c: Buffer) => {
       size += c.length;
-      if (size > MAX_JSON_BODY) {
-        reject(errors.invalidArgument("Request body is too large"));
-        req.destroy();
+      if (size > MAX_DRAIN) {
+        closeAfterResponse(req);
+        return tooLarge();
+      }
+      if (size > limit) {
+        chunks.length = 0;
         return;
       }
       chunks.push(c);
     });
-    req.on("end", () => resolve(Buffer.concat(chunks).toString("utf8")));
+    req.on("end", () => (size > limit ? reject(payloadTooLarge(limit)) : resolve(Buffer.concat(chunks).toString("utf8"))));
     req.on("error", reject);
   });
+}
+
+/** Marks the request so that its connection is closed once the answer is written (HTTP/1.1). */
+function closeAfterResponse(req: IncomingMessage): void {
+  (req as IncomingMessage & { closeAfterResponse?: boolean }).closeAfterResponse = true;
 }
 
 /** Aborted when the client goes away before the response is finished (a finished one needs no abort: it is not free). */
@@ -47,6 +89,9 @@ export function requestSignal(res: ServerResponse): AbortSignal {
 /** A JSON response with its length. */
 export function sendJson(res: ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
-  res.writeHead(status, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) });
+  const headers: Record<string, string | number> = { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) };
+  const req = (res as ServerResponse & { req?: IncomingMessage & { closeAfterResponse?: boolean } }).req;
+  if (req?.closeAfterResponse && req.httpVersionMajor === 1) headers.connection = "close";
+  res.writeHead(status, headers);
   res.end(text);
 }

@@ -3,8 +3,17 @@ import { createContextKey, type HandlerContext, type ServiceImpl } from "@connec
 import { asConnectError, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
 import type { Guard } from "../auth/guard.ts";
 import { authContextKey } from "../auth/principal.ts";
+import { stringProblems } from "../services/validate.ts";
 
 type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
+
+/**
+ * On a secured implementation: checks a call's credentials and scope before its body is read
+ * (the REST gateway reads bodies only for callers that may make the call). `partial` is the
+ * request as far as the path and query give it.
+ */
+export const precheck = Symbol("sandbar.precheck");
+export type Precheck = (method: DescMethod, header: Headers, partial: unknown) => Promise<void>;
 
 /**
  * Problems the REST gateway found decoding a request. They are raised after the guard, so
@@ -24,11 +33,12 @@ export function secure<S extends DescService>(
   guard: Guard,
   routeFor: (method: DescMethod) => Route = routeOf,
 ): Partial<ServiceImpl<S>> {
-  const wrapped: Record<string, AnyImpl> = {};
+  const wrapped: Record<string, AnyImpl> & { [precheck]?: Precheck } = {};
   for (const method of service.methods) {
     const fn = (impl as Record<string, AnyImpl | undefined>)[method.localName]?.bind(impl) ?? notYet(method);
     wrapped[method.localName] = wrap(method, fn, guard, routeFor(method));
   }
+  wrapped[precheck] = async (method, header, partial) => void (await guard.check(method, header, partial, routeFor(method)));
   return wrapped as Partial<ServiceImpl<S>>;
 }
 
@@ -37,14 +47,38 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route): AnyI
     // Streaming requests are authorized on their headers alone.
     const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
     ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route));
-    const problems = ctx.values.get(inputProblemsKey);
+    // Decoding problems (REST), then every string of the request: the one check both protocols pass.
+    const problems = [...ctx.values.get(inputProblemsKey), ...(message === undefined ? [] : stringProblems(method.input, message))];
     if (problems.length) throw errors.invalidArgument(problems.join(", "));
   };
+  // Client streams: each message is checked as it is pulled (a plain iterator, not a generator:
+  // uploads pass through it chunk by chunk and must not be held any longer than before).
+  const checked = (input: unknown): AsyncIterable<unknown> => ({
+    [Symbol.asyncIterator]() {
+      const source = (input as AsyncIterable<unknown>)[Symbol.asyncIterator]();
+      return {
+        async next() {
+          const r = await source.next();
+          const problems = r.done ? [] : stringProblems(method.input, r.value);
+          if (problems.length) {
+            await source.return?.();
+            throw errors.invalidArgument(problems.join(", "));
+          }
+          return r;
+        },
+        return: async (value?: unknown) => (await source.return?.(value)) ?? { done: true, value: undefined },
+        throw: async (err?: unknown) => {
+          if (source.throw) return source.throw(err);
+          throw err;
+        },
+      };
+    },
+  });
   if (method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming") {
     return async function* (input: unknown, ctx: HandlerContext) {
       try {
         await enter(input, ctx);
-        yield* fn(input, ctx) as AsyncIterable<unknown>;
+        yield* fn(method.methodKind === "bidi_streaming" ? checked(input) : input, ctx) as AsyncIterable<unknown>;
       } catch (err) {
         throw failure(method, err);
       }
@@ -53,7 +87,7 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route): AnyI
   return async (input: unknown, ctx: HandlerContext) => {
     try {
       await enter(input, ctx);
-      return await fn(input, ctx);
+      return await fn(method.methodKind === "client_streaming" ? checked(input) : input, ctx);
     } catch (err) {
       throw failure(method, err);
     }

@@ -17,6 +17,26 @@ export const RESOURCES = {
   disk: { default: 3, max: 10 },
 } as const;
 
+/**
+ * Labels are returned with every sandbox in every list, and env goes into every process: both
+ * are bounded (the reference sets no bound; a 1 MB label made every list 2 MB).
+ */
+export const LABEL_LIMITS = { count: 64, key: 255, value: 1024, total: 16 * 1024 };
+export const ENV_LIMITS = { count: 256, key: 255, value: 64 * 1024, total: 256 * 1024 };
+
+/** Count, key, value and total size limits of a string map, as field problems. */
+export function mapLimits(checks: Checks, field: string, map: Record<string, string>, limits: typeof LABEL_LIMITS): Checks {
+  const entries = Object.entries(map);
+  checks.that(entries.length <= limits.count, `${field} must contain no more than ${limits.count} elements`);
+  let total = 0;
+  for (const [k, v] of entries) {
+    total += k.length + v.length;
+    checks.that(k.length > 0 && k.length <= limits.key, `each key in ${field} must be between 1 and ${limits.key} characters long`);
+    checks.that(v.length <= limits.value, `${field}.${k.slice(0, 64)} must be shorter than or equal to ${limits.value} characters`);
+  }
+  return checks.that(total <= limits.total, `${field} must be smaller than ${limits.total} characters in all (keys and values)`);
+}
+
 const USER = /^[a-z_][a-z0-9_-]{0,31}$/;
 const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
@@ -27,7 +47,9 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest): N
   if (req.name !== undefined) checks.displayName("name", req.name);
   const user = req.user ?? DEFAULT_USER;
   checks.that(USER.test(user), "user must be 1-32 lower-case letters, digits, '_' or '-', starting with a letter or '_'");
-  for (const key of Object.keys(req.env)) checks.that(ENV_KEY.test(key), `env name ${JSON.stringify(key)} is invalid: use letters, digits and '_', not starting with a digit`);
+  for (const key of Object.keys(req.env)) checks.that(ENV_KEY.test(key), `env name ${JSON.stringify(key.slice(0, 64))} is invalid: use letters, digits and '_', not starting with a digit`);
+  mapLimits(checks, "labels", req.labels, LABEL_LIMITS);
+  mapLimits(checks, "env", req.env, ENV_LIMITS);
   for (const field of ["cpu", "gpu", "memory", "disk"] as const) {
     const v = req[field];
     checks.that(v === undefined || v >= 0, `${field} must not be less than 0`);

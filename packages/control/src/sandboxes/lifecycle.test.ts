@@ -190,7 +190,7 @@ describe("stop and start", () => {
     expect(res.status).toBe(200);
     expect(res.body).toMatchObject({ state: "destroyed", desiredState: "destroyed" });
     expect(res.body.name).toMatch(new RegExp(`^DESTROYED_${s.id}_\\d+$`));
-    await expectError(await f.call("GET", `/sandbox/${s.id}`), 404, notFound(s.id));
+    expect((await f.call("GET", `/sandbox/${s.id}`)).body.state).toBe("destroyed"); // read by id during the grace period
     expect(await leftovers(f.runtime, s.id, hostUid)).toEqual([]);
   });
 });
@@ -248,6 +248,42 @@ describe("backup", () => {
     const started = await f.call("POST", `/sandbox/${s.id}/start`);
     expect(started.body.state).toBe("started");
     expect((await f.exec(s.id, "cat ~/a; test -e ~/b || echo no-b")).result).toBe("before\nno-b\n");
+  });
+
+  it("a sandbox whose first process died is in error with what happened, and start (or stop) recovers it with its files", async () => {
+    // The sandbox's pid 1 (its agent's supervisor) killed from the host: nothing is left to run it.
+    const killInit = async (id: string) => {
+      const p = f.runtime.provider;
+      for (const pid of await p.cgroups.agentPids(id)) {
+        const ns = /^NSpid:\s+(.*)$/m.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1].trim().split(/\s+/) ?? [];
+        if (ns.length > 1 && ns[ns.length - 1] === "1") process.kill(pid, "SIGKILL");
+      }
+      await eventually("the sandbox's first process is gone", async () => (await p.inspect(id)).state === "error");
+    };
+    const s = await f.create();
+    await f.exec(s.id, "echo kept > ~/kept");
+    await killInit(s.id);
+    // A start before the timers noticed recovers it at once.
+    expect((await f.call("POST", `/sandbox/${s.id}/start`)).body.state).toBe("started");
+    expect((await f.exec(s.id, "cat ~/kept")).result).toBe("kept\n");
+
+    await killInit(s.id);
+    await f.manager.markLost(s.id, "the sandbox is gone from its host"); // what the timers do
+    const lost = (await f.call("GET", `/sandbox/${s.id}`)).body;
+    expect(lost.state).toBe("error");
+    expect(lost.errorReason).toMatch(/first process (was killed|exited).*start it again to recover it/);
+    const again = await f.call("POST", `/sandbox/${s.id}/start`);
+    expect(again.status, JSON.stringify(again.body)).toBe(200);
+    expect(again.body).toMatchObject({ state: "started", errorReason: null });
+    expect((await f.exec(s.id, "cat ~/kept")).result).toBe("kept\n");
+
+    await killInit(s.id);
+    await f.manager.markLost(s.id, "the sandbox is gone from its host");
+    const stopped = await f.call("POST", `/sandbox/${s.id}/stop`);
+    expect(stopped.status, JSON.stringify(stopped.body)).toBe(200);
+    await eventually("stopped", async () => (await f.call("GET", `/sandbox/${s.id}`)).body.state === "stopped");
+    expect((await f.call("POST", `/sandbox/${s.id}/start`)).body.state).toBe("started");
+    expect((await f.exec(s.id, "cat ~/kept")).result).toBe("kept\n");
   });
 
   it("without a backup, a sandbox the host lost goes to error with the reason", async () => {

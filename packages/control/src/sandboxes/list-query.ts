@@ -1,5 +1,5 @@
 import { errors } from "@sandbar/protocol";
-import { Checks } from "../services/validate.ts";
+import { Checks, isWellFormed } from "../services/validate.ts";
 import { REPORTED_STATE_SQL } from "./states.ts";
 
 // The two sandbox lists as SQL: the cursor list (GET /sandbox) and the page-numbered one
@@ -65,6 +65,8 @@ export function whereOf(c: ListCriteria, checks: Checks, allStates: string[]): {
       labels = undefined;
     }
     if (typeof labels !== "object" || labels === null || Array.isArray(labels)) throw errors.invalidArgument("Invalid labels JSON format");
+    // PostgreSQL's jsonb refuses \u0000 and lone surrogates: the filter's problem, not the server's.
+    if (badText(labels)) throw errors.invalidArgument("labels must not contain NUL characters or invalid Unicode");
     add(`"labels" @> cast(? as jsonb)`, JSON.stringify(labels));
   }
   if (c.states.length) {
@@ -93,6 +95,14 @@ export function whereOf(c: ListCriteria, checks: Checks, allStates: string[]): {
   if (c.lastEventAfter) add(`"last_activity_at" >= ?`, c.lastEventAfter);
   if (c.lastEventBefore) add(`"last_activity_at" <= ?`, c.lastEventBefore);
   return { where: where.join(" and "), params };
+}
+
+/** Whether any key or string in a JSON value holds NUL or a lone surrogate. */
+function badText(v: unknown): boolean {
+  if (typeof v === "string") return v.includes("\u0000") || !isWellFormed(v);
+  if (Array.isArray(v)) return v.some(badText);
+  if (typeof v === "object" && v !== null) return Object.entries(v).some(([k, x]) => badText(k) || badText(x));
+  return false;
 }
 
 export function checkLimit(checks: Checks, limit: number | undefined): number {

@@ -1,7 +1,7 @@
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { MikroORM } from "@mikro-orm/postgresql";
-import { errors } from "@sandbar/protocol";
+import { Code, ConnectError, errors } from "@sandbar/protocol";
 import {
   type SandboxService,
   SandboxListSortField,
@@ -17,7 +17,7 @@ import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteri
 import { SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import { normalizeAutoArchive } from "./states.ts";
-import { newSandbox } from "./create-request.ts";
+import { LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -88,7 +88,15 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     },
 
     async getSandbox(req, ctx) {
-      return dto(await manager.get(organizationOf(ctx), req.sandboxId));
+      const organizationId = organizationOf(ctx);
+      try {
+        return dto(await manager.get(organizationId, req.sandboxId));
+      } catch (err) {
+        // A sandbox deleted within the last minute (of the timers' clock) still reads as destroyed.
+        const gone = err instanceof ConnectError && err.code === Code.NotFound ? await manager.store.recentlyDeleted(organizationId, req.sandboxId, deps.settings.timerMinuteMs) : null;
+        if (gone) return dto(gone);
+        throw err;
+      }
     },
 
     async deleteSandbox(req, ctx) {
@@ -104,6 +112,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     },
 
     async replaceLabels(req, ctx) {
+      mapLimits(new Checks(), "labels", req.labels, LABEL_LIMITS).done();
       return dto(await manager.update(organizationOf(ctx), req.sandboxId, { labels: req.labels }));
     },
 

@@ -56,6 +56,16 @@ export class SandboxStore {
     return row;
   }
 
+  /**
+   * A sandbox of the organization deleted (by id) less than `graceMs` ago, or null: reads by id
+   * still show it as destroyed for a while, as the reference's do (its 0.25 client reads the
+   * sandbox right after deleting it). Lists and every other operation no longer see it.
+   */
+  async recentlyDeleted(organizationId: string, id: string, graceMs: number): Promise<SandboxRecord | null> {
+    if (!isUuid(id)) return null;
+    return this.#em().findOne(SandboxRecord, { id, organizationId, desiredState: "destroyed", updatedAt: { $gte: new Date(Date.now() - graceMs) } });
+  }
+
   async update(id: string, patch: SandboxPatch): Promise<void> {
     await this.#em().nativeUpdate(SandboxRecord, { id }, { ...patch, updatedAt: new Date() });
   }

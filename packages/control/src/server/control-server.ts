@@ -14,6 +14,7 @@ import { bootstrap } from "../bootstrap.ts";
 import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
 import { openDatabase } from "../db/orm.ts";
 import { createGateway, type ImplIndex } from "../gateway/handler.ts";
+import { MAX_JSON_BODY } from "../gateway/http-io.ts";
 import { RouteTable } from "../gateway/route-table.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
@@ -80,6 +81,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
 
   const serviceNames = [...services, ...toolbox.services].map((s) => s.typeName).concat(Health.typeName, ServerReflection.typeName);
   const rpc = connectNodeAdapter({
+    readMaxBytes: MAX_JSON_BODY, // per message, as REST bodies (uploads stream in small chunks)
     routes(router) {
       for (const service of [...services, ...toolbox.services]) router.service(service, impls.get(service.typeName) as Impl);
       router.service(Health, healthService(new Set(serviceNames), async () => orm.isConnected()));

@@ -45,9 +45,12 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
     async createApiKey(req, ctx) {
       const caller = callerOf(ctx);
       const organizationId = organizationOf(ctx);
+      const expires = req.expiresAt === undefined ? undefined : timestampDate(req.expiresAt).getTime();
       new Checks()
         .displayName("name", req.name)
-        .that(req.expiresAt === undefined || !Number.isNaN(timestampDate(req.expiresAt).getTime()), "expiresAt must be a Date instance")
+        .that(expires === undefined || !Number.isNaN(expires), "expiresAt must be a Date instance")
+        // A key born expired could never be used: refused rather than created.
+        .that(expires === undefined || Number.isNaN(expires) || expires > Date.now(), "expiresAt must be in the future")
         .done();
       const scopes = [...new Set(req.permissions.map(scopeOf))];
       await assertManager(caller, organizationId);

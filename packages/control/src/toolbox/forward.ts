@@ -35,7 +35,7 @@ function forwarder(service: DescService, method: DescMethod, locator: AgentLocat
       timeoutMs: ctx.timeoutMs(),
       onHeader: (h) => h.forEach((v, k) => (k.startsWith("x-sandbar-") ? ctx.responseHeader.set(k, v) : undefined)),
     };
-    return (input: unknown) => call(input, options);
+    return (input: unknown) => call(boundTimeouts(method, input), options);
   };
   if (method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming") {
     return async function* (input: unknown, ctx: HandlerContext) {
@@ -43,4 +43,19 @@ function forwarder(service: DescService, method: DescMethod, locator: AgentLocat
     };
   }
   return async (input: unknown, ctx: HandlerContext) => (await target(ctx))(input);
+}
+
+/**
+ * The longest timeout, in seconds, an agent timer can hold (setTimeout's 2^31-1 ms); a larger one
+ * would fire at once. The reference daemon (Go durations) has no such bound, so a larger value is
+ * clamped to it (24.8 days: "no limit" in practice) rather than refused.
+ */
+export const MAX_TIMEOUT_SECONDS = Math.floor((2 ** 31 - 1) / 1000);
+
+function boundTimeouts(method: DescMethod, input: unknown): unknown {
+  const msg = input as Record<string, unknown> | undefined;
+  if (!msg || typeof msg !== "object" || !method.input.fields.some((f) => f.name === "timeout")) return input;
+  const t = msg.timeout;
+  if (typeof t === "number" && t > MAX_TIMEOUT_SECONDS) msg.timeout = MAX_TIMEOUT_SECONDS;
+  return input;
 }

@@ -11,10 +11,11 @@ import {
 } from "@bufbuild/protobuf";
 import { createContextValues, createHandlerContext, type CallOptions } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
-import type { ImplIndex } from "../../gateway/handler.ts";
-import { inputProblemsKey } from "../../rpc/secure.ts";
+import { inputProblemsKey, precheck } from "../../rpc/secure.ts";
 import type { AgentClients } from "../agent-clients.ts";
 import type { AgentEndpoint, AgentLocator } from "../agent-locator.ts";
+import { headersOf, type ImplIndex } from "../../gateway/handler.ts";
+import { stringProblems, textProblems } from "../../services/validate.ts";
 import { SANDBOX_ID_HEADER } from "../forward.ts";
 
 /**
@@ -22,6 +23,8 @@ import { SANDBOX_ID_HEADER } from "../forward.ts";
  * decoding problems: they are raised after the caller is checked (401 before 400).
  */
 export interface ToolboxCaller {
+  /** Checks the caller for `method` before a body is read (401/403 before 413). */
+  authorize(method: DescMethod): Promise<void>;
   unary<I extends DescMessage, O extends DescMessage>(method: DescMethodUnary<I, O>, input: MessageInitShape<I>, problems?: string[]): Promise<MessageShape<O>>;
   serverStream<I extends DescMessage, O extends DescMessage>(method: DescMethodServerStreaming<I, O>, input: MessageInitShape<I>, problems?: string[]): AsyncIterable<MessageShape<O>>;
   clientStream<I extends DescMessage, O extends DescMessage>(method: DescMethodClientStreaming<I, O>, input: AsyncIterable<MessageInitShape<I>>): Promise<MessageShape<O>>;
@@ -40,8 +43,11 @@ export function guardedCaller(
   signal: AbortSignal,
 ): ToolboxCaller {
   // The sandbox named by the path routes the call, whatever a client put in this header.
-  const requestHeader = { ...(request.headers as Record<string, string>), [SANDBOX_ID_HEADER]: sandboxId };
+  // A sandbox id that cannot be a header value is reported after the guard, like any input problem.
+  const idProblems = textProblems("sandbox_id", "sandboxId", sandboxId);
+  const requestHeader = { ...(request.headers as Record<string, string>), ...(idProblems.length ? {} : { [SANDBOX_ID_HEADER]: sandboxId }) };
   const call = (method: DescMethod, input: unknown, problems: string[] = []): unknown => {
+    problems = [...idProblems, ...problems];
     const impl = impls.get(method.parent.typeName)?.[method.localName] as Impl | undefined;
     if (!impl) throw errors.unimplemented(`${method.parent.name}.${method.name} is not available`);
     const ctx = createHandlerContext({
@@ -57,6 +63,9 @@ export function guardedCaller(
     return impl(input, ctx);
   };
   return {
+    async authorize(method) {
+      await impls.get(method.parent.typeName)?.[precheck]?.(method, headersOf({ headers: requestHeader }), {});
+    },
     async unary(method, input, problems) {
       return create(method.output, (await call(method, create(method.input, input), problems)) as never);
     },
@@ -76,12 +85,16 @@ export function guardedCaller(
 export function agentCaller(clients: AgentClients, locator: AgentLocator, agent: AgentEndpoint, signal: AbortSignal): ToolboxCaller {
   const options: CallOptions = { headers: { authorization: `Bearer ${agent.secret}` }, signal };
   const call = (method: DescMethod, input: unknown, problems: string[] = []): unknown => {
+    problems = [...problems, ...stringProblems(method.input, input)];
     if (problems.length) throw errors.invalidArgument(problems.join(", "));
     locator.touch(agent.sandboxId);
     const client = clients.client(method.parent, agent.socket) as unknown as Record<string, (input: unknown, options: CallOptions) => unknown>;
     return client[method.localName](input, options);
   };
   return {
+    async authorize() {
+      // The preview token was checked when the agent was located.
+    },
     async unary(method, input, problems) {
       return (await call(method, input, problems)) as never;
     },

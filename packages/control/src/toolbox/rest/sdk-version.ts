@@ -50,3 +50,14 @@ function parseVersion(text: string): Version | undefined {
 function compare(a: Version, b: Version): number {
   return a[0] - b[0] || a[1] - b[1] || a[2] - b[2];
 }
+
+/**
+ * SDKs before 0.27 delete with no `recursive` parameter: the reference daemon of their time
+ * removed a directory with everything in it (os.RemoveAll). Later clients say `recursive=true`,
+ * and a directory without it is refused. Clients that send no version are treated as current.
+ */
+export function deletesDirectories(headers: IncomingHttpHeaders): boolean {
+  const raw = sdkVersionOf(headers);
+  const v = raw === undefined ? undefined : parseVersion(raw);
+  return v !== undefined && compare(v, [0, 27, 0]) < 0;
+}

@@ -1,0 +1,183 @@
+/**
+ * The bad inputs a sweep measured as 5xx, each as its own case, and the limits that came with
+ * them: ids and strings (NUL, length) checked before PostgreSQL or the agent, over REST and over
+ * Connect; timeouts bounded; body size limits enforced after authentication with a JSON 413;
+ * label and env limits; past expiry refused; a deleted sandbox readable as destroyed for a grace
+ * period. One real server with one real sandbox. Run as root (real sandboxes).
+ */
+import { rm } from "node:fs/promises";
+import { createClient } from "@connectrpc/connect";
+import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
+import { Code, ConnectError } from "@sandbar/protocol";
+import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+import { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { api, buildAgentBundle, startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
+
+const root = process.getuid?.() === 0;
+/** The timers' minute in this suite: also the destroyed grace period. */
+const MINUTE_MS = 4000;
+
+let t: TestServer;
+let bundle: string;
+let id: string;
+const call = (method: string, path: string, body?: unknown, headers?: Record<string, string>) => api(t.url, t.adminKey, method, path, body, headers);
+const toolbox = (path: string) => `/toolbox/${id}/toolbox${path}`;
+
+beforeAll(async () => {
+  if (!root) return;
+  bundle = await buildAgentBundle("sandbar-limits-agent-");
+  t = await startTestServer({ settings: { agentBundle: bundle, timerMinuteMs: MINUTE_MS } });
+  const created = await call("POST", "/sandbox", { autoStopInterval: 0, labels: { suite: "limits" } });
+  expect(created.status, JSON.stringify(created.body)).toBe(200);
+  id = created.body.id;
+}, 600_000);
+
+afterAll(async () => {
+  await t?.stop();
+  if (bundle) await rm(bundle, { recursive: true, force: true });
+});
+
+/** A 4xx with the reference's JSON error body whose message matches. */
+function expectError(res: { status: number; body: any }, status: number, message: RegExp) {
+  expect({ status: res.status, message: res.body?.message }).toMatchObject({ status, message: expect.stringMatching(message) });
+  expect(res.body).toMatchObject({ statusCode: status, path: expect.any(String), timestamp: expect.any(String) });
+}
+
+describe.skipIf(!root)("ids and strings are checked before PostgreSQL and the agent", () => {
+  it("NUL in an id, a name or a label filter is a 400 (PostgreSQL refused it: 500)", async () => {
+    expectError(await call("GET", "/sandbox/a%00b"), 400, /sandboxId must not contain NUL characters/);
+    expectError(await call("DELETE", "/api-keys/%00"), 400, /name must not contain NUL characters/);
+    expectError(await call("GET", `/sandbox?labels=${encodeURIComponent('{"a":"\\u0000"}')}`), 400, /labels must not contain NUL/);
+    expectError(await call("GET", `/sandbox?labels=${encodeURIComponent('{"a":"\\ud800"}')}`), 400, /invalid Unicode/);
+    expectError(await call("POST", "/sandbox", { labels: { k: "a\u0000b" } }), 400, /labels\.k must be Unicode text without NUL/);
+    expectError(await call("GET", `/sandbox/${"x".repeat(2000)}`), 400, /sandboxId must be shorter than or equal to 1024 characters/);
+  });
+
+  it("the same checks answer gRPC and Connect callers", async () => {
+    const headers = { authorization: `Bearer ${t.adminKey}` };
+    for (const transport of [createConnectTransport({ baseUrl: t.url, httpVersion: "1.1" }), createGrpcTransport({ baseUrl: t.url })]) {
+      const sandboxes = createClient(SandboxService, transport);
+      const err = await sandboxes.getSandbox({ sandboxId: "a\u0000b" }, { headers }).catch((e: unknown) => ConnectError.from(e));
+      expect(err).toMatchObject({ code: Code.InvalidArgument, rawMessage: "sandboxId must not contain NUL characters" });
+      const process = createClient(ProcessService, transport);
+      const long = await process.execute({ command: "true", cwd: "/".repeat(5000) }, { headers: { ...headers, "x-sandbar-sandbox-id": id } }).catch((e: unknown) => ConnectError.from(e));
+      expect(long).toMatchObject({ code: Code.InvalidArgument, rawMessage: "cwd must be shorter than or equal to 4096 characters" });
+      // Without credentials the input rules stay hidden.
+      expect(await sandboxes.getSandbox({ sandboxId: "a\u0000b" }).catch((e: unknown) => ConnectError.from(e))).toMatchObject({ code: Code.Unauthenticated });
+    }
+  });
+
+  it("toolbox: a 1 MB path, url, cwd or pty id is a 400, not an HTTP/2 frame error between control and agent", async () => {
+    const mb = "a".repeat(1024 * 1024);
+    expectError(await call("POST", toolbox("/git/clone"), { url: "https://example.com/x.git", path: mb }), 400, /path must be shorter than or equal to 4096/);
+    expectError(await call("POST", toolbox("/git/clone"), { url: mb, path: "x" }), 400, /url must be shorter than or equal to 4096/);
+    expectError(await call("GET", toolbox(`/git/status?path=${"p".repeat(6 * 1024)}`)), 400, /path must be shorter/);
+    expectError(await call("POST", toolbox("/process/execute"), { command: "true", cwd: mb }), 400, /cwd must be shorter/);
+    expectError(await call("POST", toolbox("/process/pty"), { id: mb }), 400, /id must be shorter than or equal to 1024/);
+    expectError(await call("GET", `/toolbox/a%00b/toolbox/files?path=/`), 400, /sandboxId must not contain NUL/);
+  });
+
+  it("toolbox: a path at the limit still gets the agent's answer (its error echoes the path)", async () => {
+    // One over-long name (ENAMETOOLONG), and a deep path of short multi-byte names (ENOENT,
+    // echoed back in an error of about 24 KB once percent-encoded).
+    const deep = "/" + "d".repeat(4095);
+    const wide = ("/" + "é".repeat(99)).repeat(42).slice(0, 4096);
+    for (const p of [deep, wide]) {
+      const answers = [
+        await call("GET", toolbox(`/git/status?path=${encodeURIComponent(p.slice(0, 2000))}`)),
+        await call("POST", toolbox("/git/add"), { path: p, files: ["x"] }),
+        await call("POST", toolbox("/process/execute"), { command: "true", cwd: p }),
+        await call("POST", toolbox("/lsp/start"), { languageId: "python", pathToProject: p }),
+      ];
+      for (const res of answers) {
+        expect(res.status).toBeGreaterThanOrEqual(400);
+        expect(res.status).toBeLessThan(500);
+        expect(res.body.message).toEqual(expect.any(String));
+      }
+    }
+  });
+
+  it("a clone of a relative path as its url is a 400 that says what a url is", async () => {
+    expectError(await call("POST", toolbox("/git/clone"), { url: "../elsewhere", path: "cloned" }), 400, /url must be a URL/);
+  });
+});
+
+describe.skipIf(!root)("timeouts", () => {
+  it("an execute timeout past what a timer holds is clamped (no limit in practice), not fired at once", async () => {
+    for (const timeout of [2 ** 31, 2 ** 32 - 1]) {
+      const res = await call("POST", toolbox("/process/execute"), { command: "sleep 0.2; echo done", timeout });
+      expect(res).toMatchObject({ status: 200, body: { exitCode: 0, result: "done\n" } });
+    }
+    expectError(await call("POST", toolbox("/process/execute"), { command: "true", timeout: 2 ** 32 }), 400, /timeout is out of range/);
+    expect((await call("POST", toolbox("/process/execute"), { command: "sleep 5", timeout: 1 })).status).toBe(408);
+  });
+});
+
+describe.skipIf(!root)("request body size", () => {
+  const big = () => JSON.stringify({ command: "true", pad: "z".repeat(11 * 1024 * 1024) });
+
+  it("a JSON body over 10 MB is a 413 with the JSON error body, after the key is checked", async () => {
+    expectError(await call("POST", "/api-keys", big()), 413, /Request body is larger than the limit of 10485760 bytes/);
+    expectError(await call("POST", toolbox("/process/execute"), big()), 413, /larger than the limit/);
+    expectError(await call("POST", toolbox("/git/clone"), big()), 413, /larger than the limit/);
+    // No key, a wrong key, a key without the scope: refused first, the body never read.
+    expectError(await api(t.url, undefined, "POST", "/api-keys", big()), 401, /Invalid credentials/);
+    expectError(await api(t.url, "sbr_wrong", "POST", toolbox("/process/execute"), big()), 401, /Invalid credentials/);
+    const narrow = await call("POST", "/api-keys", { name: "narrow", permissions: [] });
+    expectError(await api(t.url, narrow.body.value, "POST", toolbox("/process/execute"), big()), 403, /Access denied/);
+    // Connect and gRPC callers: one message over the limit is RESOURCE_EXHAUSTED.
+    const process = createClient(ProcessService, createConnectTransport({ baseUrl: t.url, httpVersion: "1.1" }));
+    const huge = await process.execute({ command: "#".repeat(11 * 1024 * 1024) }, { headers: { authorization: `Bearer ${t.adminKey}`, "x-sandbar-sandbox-id": id } }).catch((e: unknown) => ConnectError.from(e));
+    expect(huge).toMatchObject({ code: Code.ResourceExhausted });
+    // The connection stays usable after a 413.
+    expect((await call("GET", "/api-keys/current")).status).toBe(200);
+  });
+
+  it("uploads stream: they are not held to the JSON limit", async () => {
+    const form = new FormData();
+    form.append("file", new Blob([Buffer.alloc(12 * 1024 * 1024, 7)]), "big.bin");
+    const res = await fetch(`${t.url}/api${toolbox("/files/upload?path=big.bin")}`, { method: "POST", headers: { authorization: `Bearer ${t.adminKey}` }, body: form });
+    expect(res.status).toBe(200);
+    const info = await call("GET", toolbox("/files/info?path=big.bin"));
+    expect(info.body.size).toBe(12 * 1024 * 1024);
+  });
+});
+
+describe.skipIf(!root)("labels, env and keys", () => {
+  it("labels and env are bounded, on create and on replace", async () => {
+    const many = Object.fromEntries(Array.from({ length: 65 }, (_, i) => [`k${i}`, "v"]));
+    expectError(await call("POST", "/sandbox", { labels: many }), 400, /labels must contain no more than 64 elements/);
+    expectError(await call("POST", "/sandbox", { labels: { big: "v".repeat(1025) } }), 400, /labels\.big must be shorter than or equal to 1024 characters/);
+    expectError(await call("POST", "/sandbox", { labels: { ["k".repeat(256)]: "v" } }), 400, /each key in labels must be between 1 and 255 characters long/);
+    expectError(await call("POST", "/sandbox", { env: { BIG: "v".repeat(65 * 1024) } }), 400, /env\.BIG must be shorter than or equal to 65536 characters/);
+    expectError(await call("PUT", `/sandbox/${id}/labels`, { labels: { big: "v".repeat(1024 * 1024) } }), 400, /labels\.big must be shorter/);
+    const half = Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`k${i}`, "v".repeat(1000)]));
+    expectError(await call("PUT", `/sandbox/${id}/labels`, { labels: half }), 400, /labels must be smaller than 16384 characters in all/);
+    expect((await call("PUT", `/sandbox/${id}/labels`, { labels: { suite: "limits", ok: "v".repeat(1024) } })).status).toBe(200);
+  });
+
+  it("an API key that expired before it was made is refused", async () => {
+    expectError(await call("POST", "/api-keys", { name: "stale", permissions: [], expiresAt: new Date(Date.now() - 60_000).toISOString() }), 400, /expiresAt must be in the future/);
+    expect((await call("GET", "/api-keys/stale")).status).toBe(404);
+    expect((await call("POST", "/api-keys", { name: "fresh", permissions: [], expiresAt: new Date(Date.now() + 3_600_000).toISOString() })).status).toBe(201);
+  });
+});
+
+describe.skipIf(!root)("a deleted sandbox", () => {
+  it("reads as destroyed by id for a grace period (one timer minute), outside every list, then 404", async () => {
+    const other = (await call("POST", "/sandbox", { name: "short-lived", labels: { suite: "grace" } })).body;
+    const deleted = await call("DELETE", `/sandbox/${other.id}`);
+    expect(deleted.body.state).toBe("destroyed");
+    const read = await call("GET", `/sandbox/${other.id}`);
+    expect(read).toMatchObject({ status: 200, body: { id: other.id, state: "destroyed", desiredState: "destroyed" } });
+    expect((await call("GET", `/sandbox?labels=${encodeURIComponent('{"suite":"grace"}')}`)).body).toEqual([]);
+    // By name, and for every other operation, it is gone already.
+    expect((await call("GET", "/sandbox/short-lived")).status).toBe(404);
+    expect((await call("POST", `/sandbox/${other.id}/start`)).status).toBe(404);
+    expect((await call("DELETE", `/sandbox/${other.id}`)).status).toBe(404);
+    expect((await call("POST", toolbox("/process/execute").replace(id, other.id), { command: "true" })).status).toBe(404);
+    await new Promise((r) => setTimeout(r, MINUTE_MS + 500));
+    expectError(await call("GET", `/sandbox/${other.id}`), 404, /not found/);
+  }, 120_000);
+});
