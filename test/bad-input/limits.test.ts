@@ -103,6 +103,14 @@ describe.skipIf(!root)("ids and strings are checked before PostgreSQL and the ag
   });
 });
 
+describe.skipIf(!root)("requests Node refuses before routing", () => {
+  it("a URL past the 16 KB header limit is a 431 with the JSON error body", async () => {
+    const res = await fetch(`${t?.url ?? ""}/api/sandbox/${"x".repeat(20_000)}`);
+    expect(res.status).toBe(431);
+    expect(await res.json()).toMatchObject({ statusCode: 431, error: "Request Header Fields Too Large", message: expect.stringMatching(/16 KB/) });
+  });
+});
+
 describe.skipIf(!root)("timeouts", () => {
   it("an execute timeout past what a timer holds is clamped (no limit in practice), not fired at once", async () => {
     for (const timeout of [2 ** 31, 2 ** 32 - 1]) {

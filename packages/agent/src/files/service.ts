@@ -67,7 +67,7 @@ export function createFileService(ctx: AgentContext): ServiceImpl<typeof FileSer
       const p = resolve(req.path);
       const st = await fsCall(p, () => lstat(p));
       if (st.isDirectory() && !req.recursive) {
-        throw errors.failedPrecondition(`${p} is a directory: set recursive to delete it`);
+        throw errors.invalidArgument(`${p} is a directory: set recursive to delete it`); // the reference: 400
       }
       await fsCall(p, () => rm(p, { recursive: req.recursive, force: false }));
       return {};

@@ -36,6 +36,15 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
   h1.on("upgrade", (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
     if (!onUpgrade?.(req, socket, head)) socket.end("HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
   });
+  // Requests Node refuses before any handler sees them (oversized headers, malformed HTTP) get
+  // the API's JSON error body instead of Node's bare status line.
+  h1.on("clientError", (err: NodeJS.ErrnoException, socket: Duplex) => {
+    if (!socket.writable) return socket.destroy();
+    const [status, error] = err.code === "HPE_HEADER_OVERFLOW" ? [431, "Request Header Fields Too Large"] : [400, "Bad Request"];
+    const message = status === 431 ? "The request's URL and headers exceed 16 KB" : "Malformed HTTP request";
+    const body = JSON.stringify({ statusCode: status, message, error, timestamp: new Date().toISOString() });
+    socket.end(`HTTP/1.1 ${status} ${error}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+  });
   const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
   const sockets = new Set<net.Socket>();
   const h1Sockets = new WeakSet<net.Socket>();
