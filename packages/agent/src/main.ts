@@ -3,12 +3,18 @@
  * The agent's entry point: the sandbox's first process.
  *   node main.ts --socket <path> (--secret-file <path> | env SANDBAR_AGENT_SECRET)
  *                [--port 2280] [--host 0.0.0.0] [--root <dir>] [--state-dir <dir>] [--shell <path>] [--preload]
+ *                [--user-cgroup <procs file>]...
  * Prints one JSON line {"event":"ready",...} on stdout once it serves.
+ * --user-cgroup: where the processes it starts for the user go (see process/user-spawn.ts).
+ * SANDBAR_AGENT_RESTARTS (set by the sandbox's supervising init): how many times this agent was
+ * restarted; 0 or unset is a fresh start, which clears what an earlier run left in --state-dir.
  */
-import { readFile } from "node:fs/promises";
+import { readFile, rm } from "node:fs/promises";
+import * as path from "node:path";
 import { parseArgs } from "node:util";
 import { becomeInitIfPid1, INIT_MARKER } from "./init.ts";
 import { startAgent } from "./agent.ts";
+import { setUserCgroup } from "./process/user-spawn.ts";
 import { isBrokenPipe, writeErr, writeOut } from "./util/stdio.ts";
 
 function fail(message: string): never {
@@ -28,6 +34,7 @@ const { values } = (() => {
         "state-dir": { type: "string" },
         shell: { type: "string" },
         preload: { type: "boolean" },
+        "user-cgroup": { type: "string", multiple: true },
       },
       strict: true,
     });
@@ -58,6 +65,11 @@ if (becomeInitIfPid1(process.argv.slice(1), process.execArgv)) {
   // Children must never see the secret.
   delete process.env.SANDBAR_AGENT_SECRET;
   delete process.env[INIT_MARKER];
+  const restarts = Number(process.env.SANDBAR_AGENT_RESTARTS ?? "0") || 0;
+  delete process.env.SANDBAR_AGENT_RESTARTS;
+  setUserCgroup(values["user-cgroup"] ?? []);
+  // A fresh start owes nothing to an earlier run's sessions; a restart keeps their logs on disk.
+  if (restarts === 0 && values["state-dir"]) await rm(path.join(values["state-dir"], "sessions"), { recursive: true, force: true }).catch(() => undefined);
 
   const agent = await startAgent({
     socketPath: values.socket,
@@ -79,6 +91,7 @@ if (becomeInitIfPid1(process.argv.slice(1), process.execArgv)) {
   const stop = (signal: NodeJS.Signals) => {
     if (stopping) return;
     stopping = true;
+    writeErr(`sandbar-agent: stopping on ${signal}\n`);
     agent.close().then(
       () => process.exit(0),
       (err: unknown) => {
@@ -94,5 +107,5 @@ if (becomeInitIfPid1(process.argv.slice(1), process.execArgv)) {
   const readyMs = Math.round(process.uptime() * 10000) / 10;
   const cpu = process.cpuUsage();
   const cpuMs = Math.round((cpu.user + cpu.system) / 100) / 10;
-  writeOut(JSON.stringify({ event: "ready", socket: agent.socketPath, port: agent.port, pid: process.pid, readyMs, cpuMs }) + "\n");
+  writeOut(JSON.stringify({ event: "ready", socket: agent.socketPath, port: agent.port, pid: process.pid, readyMs, cpuMs, restarts }) + "\n");
 }

@@ -97,6 +97,16 @@ export interface SandboxInfo {
   spec: SandboxSpec;
   /** Present while started. */
   usage?: SandboxUsage;
+  /** The agent, while started: user code can kill it (same uid); the sandbox's init restarts it. */
+  agent?: AgentHealth;
+}
+
+export interface AgentHealth {
+  /** Whether an agent process runs now (false while its supervisor waits to restart it). */
+  running: boolean;
+  /** Restarts by the supervisor since the sandbox started. */
+  restarts: number;
+  lastRestartAt?: Date;
 }
 
 export interface StartOptions {
@@ -141,7 +151,13 @@ export const SANDBOX_PATHS = {
   agentSocket: "/run/sandbar/agent.sock",
   secretFile: "/run/sandbar/secret",
   node: "/opt/sandbar/bin/node",
-  /** The host's sh, run as the namespace's pid 1: it reaps orphans and exits with the agent. */
+  /** The host's sh, run as the namespace's pid 1: it reaps orphans and restarts the agent. */
   init: "/opt/sandbar/bin/init-sh",
   agent: "/opt/sandbar/agent",
+  /** How many times the init restarted the agent since the start (written by the init). */
+  agentRestarts: "/run/sandbar/agent-restarts",
+  /** The agent's state (session logs), on the sandbox's disk: it outlives an agent restart. */
+  agentState: "/tmp/.sandbar-agent",
+  /** Binds of the user cgroup leaf's procs files (`0`, `1`, ...): the agent's `--user-cgroup`. */
+  userCgroupDir: "/opt/sandbar/cgroup",
 } as const;

@@ -1,6 +1,7 @@
 import { spawn } from "node:child_process";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
+import { asUserProcess } from "../process/user-spawn.ts";
 
 /** HTTP basic credentials for one call. */
 export interface Credentials {
@@ -56,7 +57,7 @@ export function git(args: string[], opts: GitRunOptions): Promise<GitResult> {
     pre.push("-c", "credential.helper=", "-c", `credential.helper=${HELPER}`);
   }
   return new Promise((resolve, reject) => {
-    const child = spawn("git", [...pre, ...args], { cwd: opts.cwd, env, stdio: ["ignore", "pipe", "pipe"], signal: opts.signal });
+    const child = spawn(...asUserProcess("git", [...pre, ...args], env), { cwd: opts.cwd, env, stdio: ["ignore", "pipe", "pipe"], signal: opts.signal });
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     let outBytes = 0;

@@ -7,6 +7,7 @@ import { pathToFileURL } from "node:url";
 import { errors } from "@sandbar/protocol";
 import type { AgentContext } from "../context.ts";
 import { signalTree } from "../util/kill.ts";
+import { asUserProcess } from "../process/user-spawn.ts";
 import { JsonRpcConnection, RpcError } from "./jsonrpc.ts";
 
 /** The two servers the agent runs: typescript-language-server (TS and JS) and pylsp. */
@@ -97,7 +98,7 @@ export class LanguageServer {
 
   async start(): Promise<void> {
     const [cmd, ...args] = commandFor(this.kind, this.ctx.env);
-    const child = spawn(cmd, args, { cwd: this.projectPath, env: this.ctx.env, stdio: ["pipe", "pipe", "pipe"], detached: true });
+    const child = spawn(...asUserProcess(cmd, args, this.ctx.env), { cwd: this.projectPath, env: this.ctx.env, stdio: ["pipe", "pipe", "pipe"], detached: true });
     this.child = child;
     const rpc = new JsonRpcConnection(child.stdout!, child.stdin!);
     this.rpc = rpc;

@@ -4,6 +4,7 @@ import * as path from "node:path";
 import type { Writable } from "node:stream";
 import type { AgentContext } from "../context.ts";
 import { shellQuote } from "../util/shell.ts";
+import { asUserProcess } from "./user-spawn.ts";
 
 /** Longest script handed to a warm shell; bash reads it byte by byte. */
 const WARM_SCRIPT_LIMIT = 16 * 1024;
@@ -47,7 +48,8 @@ export class ShellLauncher {
 
   private cold(script: string, cwd: string, envs: Record<string, string>): ChildProcess {
     const env = Object.keys(envs).length ? { ...this.ctx.env, ...envs } : this.ctx.env;
-    return spawn(this.ctx.shell, ["-c", script], { cwd, env, detached: true, stdio: ["ignore", "pipe", "pipe"] });
+    const [file, args] = asUserProcess(this.ctx.shell, ["-c", script], env);
+    return spawn(file, args, { cwd, env, detached: true, stdio: ["ignore", "pipe", "pipe"] });
   }
 
   private take(): ChildProcess | undefined {
@@ -69,7 +71,8 @@ export class ShellLauncher {
 
   private refill(): void {
     if (this.spare || this.ctx.shutdown.aborted) return;
-    const s = spawn(this.ctx.shell, ["-c", WARM_BOOT], { cwd: this.ctx.workDir, env: this.ctx.env, detached: true, stdio: ["ignore", "pipe", "pipe", "pipe"] });
+    const [file, args] = asUserProcess(this.ctx.shell, ["-c", WARM_BOOT], this.ctx.env);
+    const s = spawn(file, args, { cwd: this.ctx.workDir, env: this.ctx.env, detached: true, stdio: ["ignore", "pipe", "pipe", "pipe"] });
     s.once("error", () => {
       if (this.spare === s) this.spare = undefined;
     });

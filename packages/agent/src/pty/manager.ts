@@ -4,6 +4,7 @@ import { constants } from "node:os";
 import { errors } from "@sandbar/protocol";
 import type { AgentContext } from "../context.ts";
 import { signalTree } from "../util/kill.ts";
+import { asUserProcess } from "../process/user-spawn.ts";
 import { resolvePath } from "../util/paths.ts";
 import { invalidEnvName } from "../util/shell.ts";
 
@@ -99,7 +100,8 @@ export class PtySession {
       // The terminal type is this terminal's, not the agent's: xterm-256color unless the caller says.
       env.TERM = "xterm-256color";
       Object.assign(env, this.envs);
-      const pty = spawn(this.ctx.shell, ["-i", "-l"], { name: env.TERM, cols: this.cols, rows: this.rows, cwd: this.cwd, env, encoding: null });
+      const [file, args] = asUserProcess(this.ctx.shell, ["-i", "-l"], env);
+      const pty = spawn(file, args, { name: env.TERM, cols: this.cols, rows: this.rows, cwd: this.cwd, env, encoding: null });
       this.pty = pty;
       pty.onData((data: string | Buffer) => {
         const bytes = typeof data === "string" ? Buffer.from(data) : data;

@@ -1,8 +1,9 @@
-import { mkdir } from "node:fs/promises";
+import { readdirSync, readFileSync } from "node:fs";
+import { mkdir, writeFile } from "node:fs/promises";
 import * as path from "node:path";
 import { errors } from "@sandbar/protocol";
 import type { AgentContext } from "../context.ts";
-import { Session } from "./session.ts";
+import { Session, SESSION_FILE } from "./session.ts";
 import type { SessionCommand } from "./session.ts";
 
 /** How long a deleted session's processes get between SIGTERM and SIGKILL. */
@@ -16,6 +17,40 @@ export class SessionManager {
 
   constructor(ctx: AgentContext) {
     this.ctx = ctx;
+    this.restore();
+  }
+
+  /**
+   * Sessions an earlier agent of this sandbox left in the state dir (the sandbox's init restarted
+   * it; a fresh start clears the dir): each comes back with its commands' logs and exit codes and a
+   * new shell. Synchronous: it runs once, before the first session call is served.
+   */
+  private restore(): void {
+    const root = path.join(this.ctx.stateDir, "sessions");
+    let names: string[];
+    try {
+      names = readdirSync(root);
+    } catch {
+      return;
+    }
+    for (const name of names.filter((n) => /^\d+$/.test(n)).sort((a, b) => Number(a) - Number(b))) {
+      this.counter = Math.max(this.counter, Number(name));
+      const dir = path.join(root, name);
+      let id: unknown;
+      try {
+        id = (JSON.parse(readFileSync(path.join(dir, SESSION_FILE), "utf8")) as { id?: unknown }).id;
+      } catch {
+        continue;
+      }
+      if (typeof id !== "string" || this.sessions.has(id)) continue;
+      const session = new Session({ id, dir, shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, log: this.ctx.log });
+      try {
+        session.restoreCommands();
+      } catch (err) {
+        this.ctx.log(`session ${id}: its earlier commands could not be read`, err);
+      }
+      this.sessions.set(id, session);
+    }
   }
 
   async create(id: string): Promise<Session> {
@@ -25,6 +60,8 @@ export class SessionManager {
     // Directory names are the agent's own: session ids may hold any character.
     const dir = path.join(this.ctx.stateDir, "sessions", String(++this.counter));
     await mkdir(dir, { recursive: true, mode: 0o700 });
+    // Best effort: without it the session is not brought back after an agent restart.
+    await writeFile(path.join(dir, SESSION_FILE), JSON.stringify({ id }), { mode: 0o600 }).catch(() => undefined);
     if (this.sessions.has(id)) throw errors.alreadyExists(`session already exists: ${id}`);
     const session = new Session({ id, dir, shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, log: this.ctx.log });
     this.sessions.set(id, session);

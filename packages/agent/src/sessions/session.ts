@@ -1,6 +1,7 @@
 import { spawn, execFile } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
+import { readdirSync, readFileSync, statSync } from "node:fs";
 import { open, rm, writeFile } from "node:fs/promises";
 import type { FileHandle } from "node:fs/promises";
 import * as path from "node:path";
@@ -10,10 +11,14 @@ import { constants } from "node:os";
 import { errors } from "@sandbar/protocol";
 import { shellQuote } from "../util/shell.ts";
 import { terminateTree } from "../util/kill.ts";
+import { asUserProcess } from "../process/user-spawn.ts";
 import { CommandLog, STDERR, STDOUT } from "./command-log.ts";
 import type { StreamId } from "./command-log.ts";
 
 const execFileP = promisify(execFile);
+
+/** In each session's directory: `{"id": <the caller's session id>}`, for an agent restart. */
+export const SESSION_FILE = "session.json";
 
 /** A command of a session: its log on disk, its exit code once it has one. */
 export class SessionCommand {
@@ -47,12 +52,46 @@ export class SessionCommand {
     return this.exitCode !== undefined;
   }
 
-  /** Records the exit code once the output is on disk. */
+  /** Records the exit code once the output is on disk (and on disk too, for an agent restart). */
   async finish(code: number): Promise<void> {
     if (this.exitCode !== undefined) return;
     await this.log.end();
     this.exitCode = code;
     this.resolveDone(code);
+    await writeFile(this.log.file.replace(/\.log$/, ".exit"), String(code), { mode: 0o600 }).catch(() => undefined);
+  }
+
+  /** A command an earlier agent ran: its log as written, its exit code (-1 when it never got one). */
+  static fromDisk(dir: string, id: string): SessionCommand | undefined {
+    let meta: { command?: unknown; async?: unknown; suppressInputEcho?: unknown };
+    try {
+      meta = JSON.parse(readFileSync(path.join(dir, `${id}.json`), "utf8")) as typeof meta;
+    } catch {
+      return undefined;
+    }
+    const cmd = new SessionCommand(id, String(meta.command ?? ""), meta.async === true, meta.suppressInputEcho === true, path.join(dir, `${id}.log`));
+    const code = Number.parseInt(readOr(path.join(dir, `${id}.exit`), "-1"), 10);
+    cmd.log.committed = sizeOr0(cmd.log.file);
+    cmd.log.ended = true;
+    cmd.exitCode = Number.isNaN(code) ? -1 : code;
+    cmd.resolveDone(cmd.exitCode);
+    return cmd;
+  }
+}
+
+function readOr(file: string, fallback: string): string {
+  try {
+    return readFileSync(file, "utf8").trim();
+  } catch {
+    return fallback;
+  }
+}
+
+function sizeOr0(file: string): number {
+  try {
+    return statSync(file).size;
+  } catch {
+    return 0;
   }
 }
 
@@ -132,7 +171,8 @@ export class Session {
     this.tokenText = randomBytes(16).toString("hex");
     this.token = Buffer.from(`\x1f${this.tokenText}\x1e`, "latin1");
     this.scanners = { [STDOUT]: new TokenScanner(this.token), [STDERR]: new TokenScanner(this.token) };
-    this.shell = spawn(opts.shell, [], {
+    const [file, args] = asUserProcess(opts.shell, [], opts.env);
+    this.shell = spawn(file, args, {
       cwd: opts.cwd,
       env: opts.env,
       detached: true,
@@ -163,6 +203,26 @@ export class Session {
     return this.exitInfo === undefined;
   }
 
+  /**
+   * After an agent restart: the commands the session ran before, from its directory, oldest
+   * first. Their processes ended with the old agent (their pipes ended in it); this session's
+   * shell is a new one (earlier cd, exports and variables are gone).
+   */
+  restoreCommands(): void {
+    const ids: { id: string; at: number }[] = [];
+    for (const f of readdirSync(this.dir)) {
+      if (!f.endsWith(".json") || f === SESSION_FILE) continue;
+      ids.push({ id: f.slice(0, -".json".length), at: statSync(path.join(this.dir, f)).mtimeMs });
+    }
+    for (const { id } of ids.sort((a, b) => a.at - b.at)) {
+      const cmd = SessionCommand.fromDisk(this.dir, id);
+      if (cmd) {
+        this.commands.set(id, cmd);
+        this.last = cmd;
+      }
+    }
+  }
+
   /** Starts a command (queued behind a running one). */
   async execute(command: string, async: boolean, suppressInputEcho: boolean): Promise<SessionCommand> {
     if (this.deleting) throw errors.failedPrecondition(`session ${this.id} is being deleted`);
@@ -170,6 +230,7 @@ export class Session {
     const id = randomUUID();
     const cmd = new SessionCommand(id, command, async, suppressInputEcho, path.join(this.dir, `${id}.log`));
     await writeFile(path.join(this.dir, `${id}.sh`), command + "\n", { mode: 0o600 });
+    await writeFile(path.join(this.dir, `${id}.json`), JSON.stringify({ command, async, suppressInputEcho }), { mode: 0o600 });
     if (async) {
       // A FIFO as stdin, held open by the agent so later input can be written to it.
       cmd.inputPath = path.join(this.dir, `${id}.in`);

@@ -193,11 +193,17 @@ export class SandboxManager {
 
   async start(organizationId: string, idOrName: string): Promise<SandboxRecord> {
     const row = await this.store.find(organizationId, idOrName);
-    if (isErrored(row.state)) throw bad("Sandbox is in an errored state");
-    if (row.state === "started" && row.desiredState === "started" && !this.locks.busy(row.id)) return row;
+    if (isErrored(row.state) && !(await this.#recoverable(row))) throw bad("Sandbox is in an errored state");
+    if (row.state === "started" && row.desiredState === "started" && !this.locks.busy(row.id) && !(await this.#lost(row))) return row;
     const op = this.#operate(row.id, async () => {
       const cur = await this.#current(row.id);
-      if (isErrored(cur.state)) throw bad("Sandbox is in an errored state");
+      const lost = await this.#lost(cur); // died since the timers last looked
+      if (isErrored(cur.state) || lost) {
+        if (!lost && !(await this.#recoverable(cur))) throw bad("Sandbox is in an errored state");
+        // Reported `starting` meanwhile; its leftovers are torn down by the runtime's start.
+        await this.store.update(cur.id, { state: "stopped", desiredState: "started", authToken: newAuthToken(), errorReason: null, lastActivityAt: new Date() });
+        return this.driveStart(cur);
+      }
       if (cur.state === "started" && cur.desiredState === "started") return {};
       if (cur.state !== cur.desiredState) throw stateChangeInProgress();
       if (cur.state !== "stopped" && cur.state !== "archived") throw bad("Sandbox is not in valid state");
@@ -264,7 +270,7 @@ export class SandboxManager {
 
   async stop(organizationId: string, idOrName: string, force = false): Promise<SandboxRecord> {
     const row = await this.store.find(organizationId, idOrName);
-    if (isErrored(row.state)) throw bad("Sandbox is in an errored state");
+    if (isErrored(row.state) && !(await this.#recoverable(row))) throw bad("Sandbox is in an errored state");
     const op = this.#operate(row.id, () => this.#stopChecked(row.id, force));
     return this.#answer(row.id, op, "Sandbox failed to stop");
   }
@@ -273,9 +279,10 @@ export class SandboxManager {
   async #stopChecked(id: string, force: boolean, when?: (row: SandboxRecord) => boolean): Promise<Outcome> {
     const cur = await this.#current(id);
     if (when && !when(cur)) return {};
-    if (isErrored(cur.state)) throw bad("Sandbox is in an errored state");
-    if (cur.state !== cur.desiredState) throw stateChangeInProgress();
-    if (cur.state !== "started") throw bad("Sandbox is not in a stoppable state");
+    const recovering = isErrored(cur.state) && (await this.#recoverable(cur));
+    if (isErrored(cur.state) && !recovering) throw bad("Sandbox is in an errored state");
+    if (!recovering && cur.state !== cur.desiredState) throw stateChangeInProgress();
+    if (!recovering && cur.state !== "started") throw bad("Sandbox is not in a stoppable state");
     this.#assertHere(cur);
     if (isEphemeral(cur.autoDeleteInterval)) {
       await this.#softDelete(cur);
@@ -446,6 +453,23 @@ export class SandboxManager {
       if (rt?.state === "started") return {};
       return this.#fail(id, new Error(rt?.error ?? reason));
     });
+  }
+
+  /**
+   * An `error` the user can leave with start (or stop): the sandbox was running here and its
+   * first process died (an OOM kill, its agent's supervisor giving up, a crash); its files are
+   * intact on this host. Other errors (a create or start that failed, files lost, a failed
+   * restore or delete) keep the reference's 400 "Sandbox is in an errored state".
+   */
+  async #recoverable(row: SandboxRecord): Promise<boolean> {
+    if (row.state !== "error" || row.desiredState !== "started" || row.runnerId !== this.runtime.runnerId) return false;
+    return (await this.runtime.inspect(row.id).catch(() => undefined))?.state === "error";
+  }
+
+  /** Started here, but its first process is gone (not yet marked `error` by the timers). */
+  async #lost(row: SandboxRecord): Promise<boolean> {
+    if (row.state !== "started" || row.desiredState !== "started" || row.runnerId !== this.runtime.runnerId) return false;
+    return (await this.runtime.inspect(row.id).catch(() => undefined))?.state === "error";
   }
 
   #timerOp(id: string, fn: () => Promise<Outcome>): Promise<Outcome> | undefined {

@@ -20,6 +20,8 @@ export interface BwrapPlan {
   cwd: string;
   /** Applied in order after the root, /proc and /dev. */
   mounts: BwrapMount[];
+  /** Size of /dev/shm (a tmpfs charged to the sandbox's memory); default the kernel's (half the host's RAM). */
+  shmBytes?: number;
 }
 
 /** bwrap's options (sent over `--args FD`: keeps env values out of `ps` on the host). */
@@ -45,7 +47,7 @@ export function bwrapOptions(plan: BwrapPlan): string[] {
     "--clearenv",
   ];
   for (const [k, v] of Object.entries(plan.env)) a.push("--setenv", k, v);
-  a.push("--bind", plan.root, "/", "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm");
+  a.push("--bind", plan.root, "/", "--proc", "/proc", "--dev", "/dev", "--perms", "1777", ...(plan.shmBytes ? ["--size", String(plan.shmBytes)] : []), "--tmpfs", "/dev/shm");
   for (const m of plan.mounts) a.push(m.readonly ? "--ro-bind" : "--bind", m.source, m.target);
   a.push("--chdir", plan.cwd);
   return a;

@@ -1,7 +1,8 @@
 import type { ChildProcess } from "node:child_process";
 import { spawn } from "node:child_process";
-import { closeSync, openSync, watch } from "node:fs";
-import { open, stat } from "node:fs/promises";
+import { closeSync, constants as fsConstants, openSync, watch } from "node:fs";
+import type { FileHandle } from "node:fs/promises";
+import { open, stat, writeFile } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 import type { Writable } from "node:stream";
@@ -54,11 +55,13 @@ export function launch(o: LaunchOptions): ChildProcess {
 }
 
 /**
- * Resolves once `socket` accepts a connection; rejects if the child exits first or time runs out.
+ * Resolves once `socket` accepts a connection; rejects if the child exits first, if the agent
+ * died once already (its supervisor wrote `restartsFile`, in the socket's directory), or time
+ * runs out.
  * Waits on inotify for the socket to appear (no busy polling while node boots, which matters when
  * several sandboxes start at once), then retries the connect briefly for the bind-to-listen gap.
  */
-export async function waitForSocket(socket: string, child: ChildProcess, timeoutMs: number, logFile: string): Promise<void> {
+export async function waitForSocket(socket: string, child: ChildProcess, timeoutMs: number, logFile: string, restartsFile?: string): Promise<void> {
   let exited: string | undefined;
   let wake = () => undefined as void;
   let pending = false;
@@ -78,6 +81,10 @@ export async function waitForSocket(socket: string, child: ChildProcess, timeout
   try {
     for (;;) {
       if (exited) throw new Error(`the sandbox's first process ${exited} before listening on its socket${await logTail(logFile)}`);
+      const died = restartsFile ? await readRestarts(restartsFile) : undefined;
+      if (died && died.count > 0) {
+        throw new Error(`the agent exited with ${died.lastStatus ?? "?"} before listening on its socket${await logTail(logFile)}`);
+      }
       pending = false;
       const state = await accepts(socket);
       if (state === "accepting") return;
@@ -103,7 +110,8 @@ export async function waitForSocket(socket: string, child: ChildProcess, timeout
   }
 }
 
-async function accepts(socket: string): Promise<"absent" | "refused" | "accepting"> {
+/** Whether `socket` accepts a connection now (a connect that hangs past `timeoutMs` is "refused"). */
+export async function accepts(socket: string, timeoutMs = 5000): Promise<"absent" | "refused" | "accepting"> {
   try {
     if (!(await stat(socket)).isSocket()) return "absent";
   } catch {
@@ -111,12 +119,70 @@ async function accepts(socket: string): Promise<"absent" | "refused" | "acceptin
   }
   return new Promise((resolve) => {
     const s = net.connect(socket);
+    const timer = setTimeout(() => {
+      s.destroy();
+      resolve("refused");
+    }, timeoutMs);
     s.once("connect", () => {
+      clearTimeout(timer);
       s.destroy();
       resolve("accepting");
     });
-    s.once("error", () => resolve("refused"));
+    s.once("error", () => {
+      clearTimeout(timer);
+      resolve("refused");
+    });
   });
+}
+
+/**
+ * oom_score_adj -1000 for the agent leaf's processes (the outer bwrap, the init, the agent):
+ * the kernel never picks them. Only the host can set it (lowering needs CAP_SYS_RESOURCE, which
+ * some hosts' root lacks: then false, and the agent keeps 0 while user processes raise theirs
+ * to +1000, which still makes any user process the OOM killer's choice before the agent).
+ * Children inherit it, which is why the agent raises its user processes' score again.
+ */
+export async function protectFromOom(pids: number[]): Promise<boolean> {
+  for (const pid of pids) {
+    try {
+      await writeFile(`/proc/${pid}/oom_score_adj`, "-1000");
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === "EACCES" || code === "EPERM") return false;
+      if (code !== "ENOENT" && code !== "ESRCH") throw err;
+    }
+  }
+  return true;
+}
+
+export interface AgentRestarts {
+  count: number;
+  /** When the last restart was counted. */
+  at?: Date;
+  /** The exit status of the agent that was restarted last (> 128: killed by signal - 128). */
+  lastStatus?: number;
+}
+
+/**
+ * The supervising init's count of agent restarts ("<count> <last status>"). The sandbox uid owns
+ * the directory: only a small regular file is read, never through a link (nor a FIFO's block).
+ */
+export async function readRestarts(file: string): Promise<AgentRestarts> {
+  let fh: FileHandle | undefined;
+  try {
+    fh = await open(file, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW | fsConstants.O_NONBLOCK);
+    const st = await fh.stat();
+    if (!st.isFile()) return { count: 0 };
+    const buf = Buffer.alloc(64);
+    const { bytesRead } = await fh.read(buf, 0, buf.length, 0);
+    const [count, status] = buf.subarray(0, bytesRead).toString().trim().split(/\s+/).map(Number);
+    if (!Number.isSafeInteger(count) || count <= 0) return { count: 0 };
+    return Number.isSafeInteger(status) ? { count, at: st.mtime, lastStatus: status } : { count, at: st.mtime };
+  } catch {
+    return { count: 0 };
+  } finally {
+    await fh?.close();
+  }
 }
 
 /** The end of the first process's output, for error messages (reads only the last `bytes`). */

@@ -7,7 +7,7 @@ import { Code, ConnectError } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LinuxProvider } from "./provider.ts";
 import type { Fixture } from "./testing/harness.ts";
-import { fixture, leftovers, processesOfUid, sh, uniqueId } from "./testing/harness.ts";
+import { fixture, leftovers, processesOfUid, retry, sandboxInit, sh, uniqueId } from "./testing/harness.ts";
 
 // create / start / stop / destroy, the writable layer's pack and restore, and picking sandboxes
 // up again from disk.
@@ -87,10 +87,17 @@ describe("linux sandbox lifecycle", () => {
     expect((await sh(f.provider, id, "cat ~/d.txt")).stdout).toBe("on-disk\n");
   });
 
-  it("reports a sandbox whose first process died as error, and start recovers it", async () => {
+  it("restarts an agent that died; reports a sandbox whose first process died as error, and start recovers it", async () => {
     const id = await make("crash");
-    // The agent dies while answering: the request itself fails.
+    await sh(f.provider, id, "echo kept > ~/kept");
+    // The agent dies while answering: the request itself fails, and its supervisor restarts it.
     await sh(f.provider, id, "kill -9 $PPID").catch(() => undefined);
+    expect((await retry(() => sh(f.provider, id, "echo again"))).stdout).toBe("again\n");
+    const restarted = await f.provider.inspect(id);
+    expect(restarted.state).toBe("started");
+    expect(restarted.agent).toMatchObject({ running: true, restarts: 1 });
+    // The sandbox's pid 1 itself killed (from the host): the sandbox is in error.
+    process.kill((await sandboxInit(f.provider, id))!, "SIGKILL");
     let info = await f.provider.inspect(id);
     for (let i = 0; i < 100 && info.state !== "error"; i++) {
       await new Promise((r) => setTimeout(r, 20));
@@ -100,7 +107,8 @@ describe("linux sandbox lifecycle", () => {
     expect(info.error).toMatch(/first process/);
     const again = await f.provider.start(id);
     expect(again.state).toBe("started");
-    expect((await sh(f.provider, id, "echo back")).stdout).toBe("back\n");
+    expect((await sh(f.provider, id, "cat ~/kept")).stdout).toBe("kept\n");
+    expect((await f.provider.inspect(id)).agent).toMatchObject({ running: true, restarts: 0 });
   });
 
   it("pack and restore round-trip the writable layer: contents, modes, links, whiteouts, opaque dirs, owners", async () => {

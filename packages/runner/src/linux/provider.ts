@@ -8,17 +8,20 @@ import { SANDBOX_PATHS } from "../provider.ts";
 import { diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { bwrapOptions, type BwrapMount } from "./bwrap.ts";
 import { detectCgroups } from "./cgroups/detect.ts";
-import type { CgroupBackend } from "./cgroups/types.ts";
+import type { CgroupBackend, UserLimits } from "./cgroups/types.ts";
 import { which } from "./command.ts";
 import { assertReachable, statOrFail } from "./host-paths.ts";
 import { KeyedLock } from "./keyed-lock.ts";
 import { packLayer, restoreLayer } from "./layer.ts";
-import { launch, waitForSocket } from "./launcher.ts";
+import { INIT_SCRIPT, initArgs } from "./init-script.ts";
+import type { AgentRestarts } from "./launcher.ts";
+import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser } from "./rootprep.ts";
+import { sandboxAgent } from "./sandbox-procs.ts";
 import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
 
@@ -53,11 +56,16 @@ interface Tools {
   initSh: string;
 }
 
-// pid 1 of the sandbox: waits for the agent (reaping orphans meanwhile, as dash's wait reaps any
-// child) and exits with its status, which ends the namespace. bwrap's own reaper is not used
-// (--as-pid-1): when the agent exits it reports and quits before reaping its init, orphaning it
-// to the host's pid 1, which on some hosts reaps only every few seconds.
-const INIT_SCRIPT = '"$@" & wait $!';
+/** Pids and memory the user leaf leaves to the agent (bounded to a share of small sandboxes). */
+const AGENT_PIDS_RESERVE = 64;
+const AGENT_MEMORY_RESERVE = 64 * 2 ** 20;
+
+/** The user leaf's budget: the totals minus the agent's reserve. */
+export function userLimitsOf(memoryBytes: number, pidsLimit: number): UserLimits {
+  const pidsReserve = Math.min(AGENT_PIDS_RESERVE, Math.floor(pidsLimit / 2));
+  const memoryReserve = Math.min(AGENT_MEMORY_RESERVE, Math.floor(memoryBytes / 4));
+  return { pidsMax: Math.max(1, pidsLimit - pidsReserve), memoryBytes: memoryBytes - memoryReserve };
+}
 
 export class LinuxProvider implements SandboxProvider {
   readonly name = "linux";
@@ -69,6 +77,7 @@ export class LinuxProvider implements SandboxProvider {
   readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
   readonly #log: (line: string) => void;
   readonly #trace: NonNullable<LinuxProviderOptions["trace"]>;
+  #oomWarned = false;
 
   private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, options: LinuxProviderOptions) {
     this.layout = layout;
@@ -167,8 +176,15 @@ export class LinuxProvider implements SandboxProvider {
       phase("cleanup");
       const child = await this.#prepareAndLaunch(rec, phase);
       try {
-        await waitForSocket(this.layout.socket(id), child, options.timeoutMs ?? 30_000, this.layout.initLog(id));
+        const restartsFile = path.join(this.layout.runDir(id), path.basename(SANDBOX_PATHS.agentRestarts));
+        await waitForSocket(this.layout.socket(id), child, options.timeoutMs ?? 30_000, this.layout.initLog(id), restartsFile);
         phase("socket");
+        // The init and the agent are never the OOM killer's choice (a restarted agent inherits it
+        // from the init); the sandbox cannot lower its own score, only the host can.
+        if (!(await protectFromOom(await this.cgroups.agentPids(id))) && !this.#oomWarned) {
+          this.#oomWarned = true;
+          this.#log("this host's root lacks CAP_SYS_RESOURCE: agents keep oom_score_adj 0 (user processes run at +1000)");
+        }
       } catch (err) {
         await this.#teardown(id).catch((e: unknown) => this.#log(`sandbox ${id}: cleanup after failed start: ${String(e)}`));
         throw errors.failedPrecondition(`sandbox ${id} failed to start: ${(err as Error).message}`);
@@ -224,8 +240,13 @@ export class LinuxProvider implements SandboxProvider {
       const agentTarget = bundleIsDir ? SANDBOX_PATHS.agent : path.join(SANDBOX_PATHS.agent, path.basename(spec.init.bundle));
       await addMount(spec.init.bundle, agentTarget, true);
       await addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
+      // The user leaf's procs files (one per v1 hierarchy), writable by the sandbox uid only: the
+      // agent moves what it starts for the user there. Created below, bound once they exist.
+      const userProcs = this.cgroups.userProcsFiles(id).map((source, i) => ({ source, target: path.join(SANDBOX_PATHS.userCgroupDir, String(i)) }));
+      for (const u of userProcs) await ensureMountPoint(root, u.target, false, { ownedBelow: user.home, owner });
 
-      const command = [SANDBOX_PATHS.init, "-c", INIT_SCRIPT, "sandbar-init", SANDBOX_PATHS.node, ...(spec.init.nodeArgs ?? []), bundleIsDir ? path.join(agentTarget, spec.init.main!) : agentTarget, "--socket", SANDBOX_PATHS.agentSocket];
+      const command = [SANDBOX_PATHS.init, "-c", INIT_SCRIPT, ...initArgs(SANDBOX_PATHS.agentRestarts), SANDBOX_PATHS.node, ...(spec.init.nodeArgs ?? []), bundleIsDir ? path.join(agentTarget, spec.init.main!) : agentTarget, "--socket", SANDBOX_PATHS.agentSocket, "--state-dir", SANDBOX_PATHS.agentState];
+      for (const u of userProcs) command.push("--user-cgroup", u.target);
       if (spec.init.secret !== undefined) {
         const secretFile = path.join(L.runDir(id), "secret");
         await writeFile(secretFile, spec.init.secret, { mode: 0o600 });
@@ -235,16 +256,16 @@ export class LinuxProvider implements SandboxProvider {
       command.push(...(spec.init.args ?? []));
       phase("root-prep");
 
-      await this.cgroups.create(id, {
-        memoryBytes: memoryBytesOf(spec),
-        pidsMax: spec.pidsLimit,
-        cpuPeriodUs: CPU_PERIOD_US,
-        cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)),
-      });
+      const memoryBytes = memoryBytesOf(spec);
+      const userLimits = userLimitsOf(memoryBytes, spec.pidsLimit);
+      await this.cgroups.create(id, { memoryBytes, pidsMax: spec.pidsLimit, cpuPeriodUs: CPU_PERIOD_US, cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)) }, userLimits, hostUid);
+      for (const u of userProcs) mounts.push({ source: u.source, target: u.target, readonly: false });
 
       phase("cgroup");
       const env = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, ...spec.env };
-      const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: user.home, mounts });
+      // /dev/shm is memory charged to the user leaf that no OOM kill gives back: half its budget.
+      const shmBytes = Math.floor(userLimits.memoryBytes / 2);
+      const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: user.home, mounts, shmBytes });
       this.#exits.delete(id);
       const child = launch({ bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command, logFile: L.initLog(id) });
       child.on("exit", (code, signal) => this.#exits.set(id, { code, signal }));
@@ -345,13 +366,26 @@ export class LinuxProvider implements SandboxProvider {
     if (rec.startedAt && running) info.startedAt = new Date(rec.startedAt);
     const stats = await this.cgroups.stats(id);
     if (running && stats) info.usage = stats;
+    const restarts = await this.#agentRestarts(id);
+    if (running) {
+      // No connection to it: a probe would load the agent's HTTP/2 stack in every idle sandbox.
+      info.agent = { running: (await sandboxAgent(this.cgroups, id, SANDBOX_PATHS.node)) !== undefined, restarts: restarts.count };
+      if (restarts.at) info.agent.lastRestartAt = restarts.at;
+    }
     if (info.state === "error") {
       const exit = this.#exits.get(id);
       const how = exit ? (exit.signal ? `was killed by ${exit.signal}` : `exited with code ${exit.code}`) : "is gone";
-      const oom = stats && stats.oomKills > 0 ? ` (the sandbox ran out of memory: ${stats.oomKills} OOM kill(s))` : "";
-      info.error = `the sandbox's first process ${how}${oom}`;
+      const seen: string[] = [];
+      if (stats && stats.oomKills > 0) seen.push(`the sandbox ran out of memory: ${stats.oomKills} OOM kill(s)`);
+      if (stats && stats.pidsLimitHits > 0) seen.push(`${stats.pidsLimitHits} fork(s) refused at the pids limit`);
+      if (restarts.count > 0) seen.push(`its agent had been restarted ${restarts.count} time(s), last after exiting with ${restarts.lastStatus ?? "?"}`);
+      info.error = `the sandbox's first process ${how}${seen.length > 0 ? ` (${seen.join("; ")})` : ""}; start it again to recover it with its files`;
     }
     return info;
+  }
+
+  async #agentRestarts(id: string): Promise<AgentRestarts> {
+    return readRestarts(path.join(this.layout.runDir(id), path.basename(SANDBOX_PATHS.agentRestarts)));
   }
 
   // ---- writable layer -----------------------------------------------------------------------

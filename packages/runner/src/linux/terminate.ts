@@ -1,26 +1,21 @@
-import { access, readFile } from "node:fs/promises";
+import { access } from "node:fs/promises";
 import type { CgroupBackend } from "./cgroups/types.ts";
 import { signalAll, sleep } from "./cgroups/types.ts";
+import { nsPids, sandboxInit } from "./sandbox-procs.ts";
 
 // Ends every process of a sandbox, in an order that leaves no zombie behind.
 //
 // A sandbox's group holds the outer bwrap (host pid namespace) and everything in the sandbox's
-// own pid namespace, whose init is a shell waiting for the agent. The namespace goes first
-// (SIGTERM when graceful, which the init ignores while the agent exits and takes it along; then
+// own pid namespace, whose init is a shell supervising the agent. The namespace goes first
+// (SIGTERM to the init when graceful, which it forwards to the agent and exits after it; then
 // SIGKILL, and killing the init takes the whole namespace down). The outer bwrap then reaps the
 // init and exits, and its parent (the runner, or pid 1 for a sandbox adopted after a runner
 // restart) reaps it. Killing the outer bwrap first would orphan the init to the host's pid 1.
 
-async function nsDepth(pid: number): Promise<number> {
-  const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
-  const m = /^NSpid:\s+(.*)$/m.exec(status);
-  return m ? m[1].trim().split(/\s+/).length : 0;
-}
-
 /** Pids of the group inside the sandbox's own pid namespace. */
 async function innerPids(cgroups: CgroupBackend, id: string): Promise<number[]> {
   const out: number[] = [];
-  for (const pid of await cgroups.pids(id)) if ((await nsDepth(pid)) > 1) out.push(pid);
+  for (const pid of await cgroups.pids(id)) if ((await nsPids(pid)).length > 1) out.push(pid);
   return out;
 }
 
@@ -40,7 +35,10 @@ export async function endSandboxProcesses(cgroups: CgroupBackend, id: string, gr
   if (seen.size === 0) return;
   const empty = async () => (await cgroups.pids(id)).length === 0;
   if (graceMs > 0) {
-    signalAll(await innerPids(cgroups, id), "SIGTERM");
+    // SIGTERM to the init only: it forwards it to the agent, which ends its sessions and
+    // terminals politely and exits; the init follows and the namespace goes with it.
+    const init = await sandboxInit(cgroups, id);
+    signalAll(init === undefined ? await innerPids(cgroups, id) : [init], "SIGTERM");
     await until(empty, graceMs);
   }
   await until(async () => {

@@ -1,8 +1,14 @@
 import { readFile } from "node:fs/promises";
+import path from "node:path";
 
 // One interface over cgroup v1 and v2: the provider creates one group per sandbox, the launcher
 // writes its own pid into `procsFiles` before exec'ing the sandbox, and OOM / pids / throttling
 // are read back from the group's counters (never inferred from exit codes).
+//
+// A sandbox group holds the sandbox's total limits and two leaves: `agent` (the launcher, the
+// init and the agent) and `user` (everything the agent starts for the user), whose own memory
+// and pids limits stop short of the total by a reserve. User code can exhaust its leaf, never
+// the agent's share; the counters are read from the sandbox group (totals over both leaves).
 
 export interface CgroupLimits {
   memoryBytes: number;
@@ -11,6 +17,16 @@ export interface CgroupLimits {
   cpuQuotaUs: number;
   cpuPeriodUs: number;
 }
+
+/** The user leaf's own limits (below the sandbox's totals). */
+export interface UserLimits {
+  memoryBytes: number;
+  pidsMax: number;
+}
+
+/** Names of a sandbox group's two leaves. */
+export const AGENT_LEAF = "agent";
+export const USER_LEAF = "user";
 
 export interface CgroupStats {
   memoryBytes: number;
@@ -28,18 +44,26 @@ export interface CgroupStats {
 
 export interface CgroupBackend {
   readonly version: "v1" | "v2";
-  /** Creates (or resets the limits of) the group `name`. */
-  create(name: string, limits: CgroupLimits): Promise<void>;
-  /** Files a process writes its pid into to join the group (one per v1 hierarchy). */
+  /**
+   * Creates (or resets the limits of) the sandbox group `name` with its `agent` and `user`
+   * leaves. The user leaf's procs file(s) are handed to `userOwner` (the sandbox's host uid), so
+   * the agent can move the processes it starts there; nothing else of the tree is theirs.
+   */
+  create(name: string, limits: CgroupLimits, user?: UserLimits, userOwner?: number): Promise<void>;
+  /** Files a process writes its pid into to join the agent leaf (one per v1 hierarchy). */
   procsFiles(name: string): string[];
+  /** Files a process writes its pid into to join the user leaf (one per v1 hierarchy). */
+  userProcsFiles(name: string): string[];
   exists(name: string): Promise<boolean>;
-  /** Pids in the group (empty when the group does not exist). */
+  /** Pids in the group and its leaves (empty when the group does not exist). */
   pids(name: string): Promise<number[]>;
   stats(name: string): Promise<CgroupStats | undefined>;
   /** SIGKILLs every process in the group and waits until it is empty. */
   kill(name: string): Promise<void>;
   /** Removes the (empty) group; a missing group is fine. */
   remove(name: string): Promise<void>;
+  /** Pids in the agent leaf. */
+  agentPids(name: string): Promise<number[]>;
   /** Directories of the group, for leak checks. */
   paths(name: string): string[];
   /** Removes the provider's parent group when no sandbox group is left in it. */
@@ -72,6 +96,17 @@ export async function readNumber(file: string): Promise<number | undefined> {
   if (t === "max") return Infinity;
   const n = Number(t);
   return Number.isFinite(n) ? n : undefined;
+}
+
+/**
+ * A counter of a sandbox group over its leaves. Kernels count some events in the group where
+ * they happened only (v1 OOM kills, older pids.events) and others up the tree too: the larger
+ * of the group's own value and the sum of its leaves' is the total either way.
+ */
+export async function treeCounter(dir: string, file: string, key: string): Promise<number> {
+  const read = async (d: string) => parseKeyed((await readText(path.join(d, file))) ?? "").get(key) ?? 0;
+  const [own, agent, user] = await Promise.all([read(dir), read(path.join(dir, AGENT_LEAF)), read(path.join(dir, USER_LEAF))]);
+  return Math.max(own, agent + user);
 }
 
 export async function readPids(file: string): Promise<number[]> {

@@ -29,6 +29,31 @@ describe("cgroup v1 back end (this host)", () => {
     expect(cg.paths(name).some((p) => p.startsWith(`/sys/fs/cgroup/memory${memPath === "/" ? "" : memPath}/${group}/`))).toBe(true);
   });
 
+  it("splits the group: the sandbox uid moves its own processes into the user leaf, never into the agent's", async () => {
+    const uid = 1_599_000_000 + (process.pid % 1000);
+    await cg.create(name, { memoryBytes: 256 * 2 ** 20, pidsMax: 100, cpuQuotaUs: 50_000, cpuPeriodUs: 100_000 }, { memoryBytes: 192 * 2 ** 20, pidsMax: 36 }, uid);
+    const mem = cg.paths(name).find((p) => p.includes("/memory/"))!;
+    const pids = cg.paths(name).find((p) => p.includes("/pids/"))!;
+    expect((await readFile(`${mem}/user/memory.limit_in_bytes`, "utf8")).trim()).toBe(String(192 * 2 ** 20));
+    expect((await readFile(`${pids}/user/pids.max`, "utf8")).trim()).toBe("36");
+    expect((await readFile(`${pids}/pids.max`, "utf8")).trim()).toBe("100");
+    // Joined to the agent leaf as root (the launcher), then as the sandbox uid (the agent's wrapper).
+    const join = 'for f in $AGENT; do echo $$ > "$f"; done; exec setpriv --reuid=$ID --regid=$ID --clear-groups sh -c \'for f in $USERF; do echo 0 > "$f" || exit 9; done; for f in $AGENT; do echo 0 > "$f" 2>/dev/null && exit 8; done; exec sleep 60\'';
+    const child = spawn("/bin/sh", ["-c", join], { stdio: "ignore", env: { PATH: process.env.PATH, ID: String(uid), AGENT: cg.procsFiles(name).join(" "), USERF: cg.userProcsFiles(name).join(" ") } });
+    const exited = new Promise<number | null>((r) => child.once("exit", r));
+    let inUser: number[] = [];
+    for (let i = 0; i < 200 && !inUser.includes(child.pid!); i++) {
+      await new Promise((r) => setTimeout(r, 10));
+      inUser = (await readFile(`${pids}/user/cgroup.procs`, "utf8")).split("\n").filter(Boolean).map(Number);
+    }
+    expect(inUser).toContain(child.pid);
+    expect(await cg.agentPids(name)).toEqual([]);
+    expect(await cg.pids(name)).toEqual([child.pid]);
+    await cg.kill(name);
+    expect(await exited).toBe(null); // killed, not exit 8 (moved back) or 9 (could not join)
+    await cg.remove(name);
+  });
+
   it("creates a group with its limits, lets a process join, kills it and removes the group", async () => {
     await cg.create(name, { memoryBytes: 64 * 2 ** 20, pidsMax: 20, cpuQuotaUs: 25_000, cpuPeriodUs: 100_000 });
     const mem = cg.paths(name).find((p) => p.includes("/memory/"))!;

@@ -1,7 +1,7 @@
-import { access, mkdir, rmdir, writeFile } from "node:fs/promises";
+import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { CgroupBackend, CgroupLimits, CgroupStats } from "./types.ts";
-import { isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep } from "./types.ts";
+import type { CgroupBackend, CgroupLimits, CgroupStats, UserLimits } from "./types.ts";
+import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep, treeCounter, USER_LEAF } from "./types.ts";
 
 // cgroup v1: one hierarchy per controller (memory, pids, cpu required; cpuacct and freezer used
 // when mounted). A sandbox gets `<hierarchy>/<our own cgroup>/<group>/<name>` in each of them.
@@ -37,7 +37,7 @@ export class CgroupV1 implements CgroupBackend {
   }
 
   procsFiles(name: string): string[] {
-    return this.paths(name).map((d) => path.join(d, "cgroup.procs"));
+    return this.paths(name).map((d) => path.join(d, AGENT_LEAF, "cgroup.procs"));
   }
 
   async exists(name: string): Promise<boolean> {
@@ -49,27 +49,40 @@ export class CgroupV1 implements CgroupBackend {
     }
   }
 
-  async create(name: string, limits: CgroupLimits): Promise<void> {
-    for (const d of this.paths(name)) await mkdir(d, { recursive: true });
-    const mem = this.#dir("memory", name)!;
-    const memsw = path.join(mem, "memory.memsw.limit_in_bytes");
-    const hasMemsw = (await readText(memsw)) !== undefined;
-    const current = (await readNumber(path.join(mem, "memory.limit_in_bytes"))) ?? 0;
-    // memory.limit <= memsw.limit must hold after every write: raise memsw first, lower it last.
-    const writes: [string, number][] = [[path.join(mem, "memory.limit_in_bytes"), limits.memoryBytes]];
-    if (hasMemsw) {
-      if (limits.memoryBytes > current) writes.unshift([memsw, limits.memoryBytes]);
-      else writes.push([memsw, limits.memoryBytes]);
+  userProcsFiles(name: string): string[] {
+    return this.paths(name).map((d) => path.join(d, USER_LEAF, "cgroup.procs"));
+  }
+
+  async create(name: string, limits: CgroupLimits, user?: UserLimits, userOwner?: number): Promise<void> {
+    for (const d of this.paths(name)) {
+      await mkdir(d, { recursive: true });
+      for (const leaf of [AGENT_LEAF, USER_LEAF]) await mkdir(path.join(d, leaf), { recursive: true });
     }
-    for (const [file, value] of writes) await writeFile(file, String(value));
-    await writeFile(path.join(this.#dir("pids", name)!, "pids.max"), String(limits.pidsMax));
+    const mem = this.#dir("memory", name)!;
+    const pids = this.#dir("pids", name)!;
+    await setMemoryLimit(mem, limits.memoryBytes);
+    await writeFile(path.join(pids, "pids.max"), String(limits.pidsMax));
     const cpu = this.#dir("cpu", name)!;
     await writeFile(path.join(cpu, "cpu.cfs_period_us"), String(limits.cpuPeriodUs));
     await writeFile(path.join(cpu, "cpu.cfs_quota_us"), String(limits.cpuQuotaUs));
+    // The user leaf: its own budget below the totals (the cpu quota is shared, the agent's leaf
+    // having equal shares keeps it responsive under a busy loop).
+    await setMemoryLimit(path.join(mem, USER_LEAF), user?.memoryBytes ?? limits.memoryBytes);
+    await writeFile(path.join(pids, USER_LEAF, "pids.max"), String(user?.pidsMax ?? limits.pidsMax));
+    // v1 lets a writer move a process when it may write the destination's procs file and owns
+    // the process: the sandbox uid gets the user leaf's files, no other.
+    if (userOwner !== undefined) for (const f of this.userProcsFiles(name)) await chown(f, userOwner, userOwner);
   }
 
   async pids(name: string): Promise<number[]> {
-    return readPids(path.join(this.#dir("pids", name)!, "cgroup.procs"));
+    // v1 lists a group's own tasks only: the leaves are read too.
+    const dir = this.#dir("pids", name)!;
+    const all = await Promise.all([dir, path.join(dir, AGENT_LEAF), path.join(dir, USER_LEAF)].map((d) => readPids(path.join(d, "cgroup.procs"))));
+    return all.flat();
+  }
+
+  async agentPids(name: string): Promise<number[]> {
+    return readPids(path.join(this.#dir("pids", name)!, AGENT_LEAF, "cgroup.procs"));
   }
 
   async stats(name: string): Promise<CgroupStats | undefined> {
@@ -78,18 +91,18 @@ export class CgroupV1 implements CgroupBackend {
     const pids = this.#dir("pids", name)!;
     const cpu = this.#dir("cpu", name)!;
     const acct = this.#dir("cpuacct", name);
-    const oom = parseKeyed((await readText(path.join(mem, "memory.oom_control"))) ?? "");
-    const pidsEvents = parseKeyed((await readText(path.join(pids, "pids.events"))) ?? "");
+    const oomKills = await treeCounter(mem, "memory.oom_control", "oom_kill");
+    const pidsLimitHits = await treeCounter(pids, "pids.events", "max");
     const cpuStat = parseKeyed((await readText(path.join(cpu, "cpu.stat"))) ?? "");
     const usageNs = acct ? await readNumber(path.join(acct, "cpuacct.usage")) : undefined;
     return {
       memoryBytes: (await readNumber(path.join(mem, "memory.usage_in_bytes"))) ?? 0,
       memoryPeakBytes: await readNumber(path.join(mem, "memory.max_usage_in_bytes")),
       memoryLimitBytes: (await readNumber(path.join(mem, "memory.limit_in_bytes"))) ?? Infinity,
-      oomKills: oom.get("oom_kill") ?? 0,
+      oomKills,
       pids: (await readNumber(path.join(pids, "pids.current"))) ?? 0,
       pidsLimit: (await readNumber(path.join(pids, "pids.max"))) ?? Infinity,
-      pidsLimitHits: pidsEvents.get("max") ?? 0,
+      pidsLimitHits,
       cpuUsageUsec: usageNs === undefined ? undefined : Math.round(usageNs / 1000),
       cpuPeriods: cpuStat.get("nr_periods") ?? 0,
       cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,
@@ -130,7 +143,10 @@ export class CgroupV1 implements CgroupBackend {
   }
 
   async remove(name: string): Promise<void> {
-    for (const d of this.paths(name)) await rmdirRetry(d);
+    for (const d of this.paths(name)) {
+      for (const leaf of [AGENT_LEAF, USER_LEAF]) await rmdirRetry(path.join(d, leaf));
+      await rmdirRetry(d);
+    }
   }
 
   async removeParentIfEmpty(): Promise<void> {
@@ -143,6 +159,20 @@ export class CgroupV1 implements CgroupBackend {
       }
     }
   }
+}
+
+/** memory.limit (and memsw, when swap is accounted) of a v1 memory group. */
+async function setMemoryLimit(mem: string, bytes: number): Promise<void> {
+  const memsw = path.join(mem, "memory.memsw.limit_in_bytes");
+  const hasMemsw = (await readText(memsw)) !== undefined;
+  const current = (await readNumber(path.join(mem, "memory.limit_in_bytes"))) ?? 0;
+  // memory.limit <= memsw.limit must hold after every write: raise memsw first, lower it last.
+  const writes: [string, number][] = [[path.join(mem, "memory.limit_in_bytes"), bytes]];
+  if (hasMemsw) {
+    if (bytes > current) writes.unshift([memsw, bytes]);
+    else writes.push([memsw, bytes]);
+  }
+  for (const [file, value] of writes) await writeFile(file, String(value));
 }
 
 /** rmdir of a cgroup: EBUSY while the last exiting task is still being reaped. */

@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, readFile, rm, unlink, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, rmdir, unlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
@@ -48,8 +48,39 @@ describe("cgroup v2 back end", () => {
     expect(await read(dir, "memory.swap.max")).toBe("0");
     expect(await read(dir, "pids.max")).toBe("64");
     expect(await read(dir, "cpu.max")).toBe("50000 100000");
-    expect(cg.procsFiles("sbx1")).toEqual([path.join(dir, "cgroup.procs")]);
+    expect(cg.procsFiles("sbx1")).toEqual([path.join(dir, "agent", "cgroup.procs")]);
+    expect(cg.userProcsFiles("sbx1")).toEqual([path.join(dir, "user", "cgroup.procs")]);
     expect(cg.paths("sbx1")).toEqual([dir]);
+  });
+
+  it("splits a sandbox group into an agent leaf and a user leaf with the user's own budget", async () => {
+    const cg = new CgroupV2({ base, group: "g" });
+    const dir = path.join(base, "g", "split");
+    await mkdir(path.join(dir, "user"), { recursive: true });
+    await writeFile(path.join(dir, "user", "cgroup.procs"), "");
+    await writeFile(path.join(dir, "cgroup.procs"), "");
+    await cg.create("split", { memoryBytes: 256 * 2 ** 20, pidsMax: 128, cpuQuotaUs: 50_000, cpuPeriodUs: 100_000 }, { memoryBytes: 192 * 2 ** 20, pidsMax: 64 }, 4242);
+    expect(await read(dir, "cgroup.subtree_control")).toBe("+memory +pids +cpu");
+    expect(await read(dir, "memory.max")).toBe(String(256 * 2 ** 20));
+    expect(await read(dir, "user", "memory.max")).toBe(String(192 * 2 ** 20));
+    expect(await read(dir, "user", "pids.max")).toBe("64");
+    // The sandbox uid may move processes into the user leaf (v2 checks the common ancestor too).
+    const { stat } = await import("node:fs/promises");
+    expect((await stat(path.join(dir, "user", "cgroup.procs"))).uid).toBe(4242);
+    expect((await stat(path.join(dir, "cgroup.procs"))).uid).toBe(4242);
+    expect((await stat(path.join(dir, "user", "memory.max"))).uid).toBe(0);
+    // Counters over the leaves: the larger of the group's own and the sum of its leaves'.
+    await mkdir(path.join(dir, "agent"), { recursive: true });
+    await writeFile(path.join(dir, "memory.events"), "oom_kill 0\n");
+    await writeFile(path.join(dir, "user", "memory.events"), "oom_kill 3\n");
+    await writeFile(path.join(dir, "agent", "memory.events"), "oom_kill 1\n");
+    await writeFile(path.join(dir, "pids.events"), "max 9\n");
+    await writeFile(path.join(dir, "user", "pids.events"), "max 9\n");
+    expect(await cg.stats("split")).toMatchObject({ oomKills: 4, pidsLimitHits: 9 });
+    await writeFile(path.join(dir, "user", "cgroup.procs"), "7\n8\n");
+    await writeFile(path.join(dir, "agent", "cgroup.procs"), "5\n");
+    expect((await cg.pids("split")).sort()).toEqual([5, 7, 8]);
+    expect(await cg.agentPids("split")).toEqual([5]);
   });
 
   it("reads OOM kills, pids-limit hits and CPU throttling from the kernel's counters", async () => {
@@ -91,7 +122,15 @@ describe("cgroup v2 back end", () => {
     expect(await read(dir, "cgroup.kill")).toBe("1");
     // A real cgroupfs removes its interface files with the directory; the fake needs help.
     const { readdir } = await import("node:fs/promises");
-    for (const f of await readdir(dir)) await unlink(path.join(dir, f));
+    const clear = async (d: string) => {
+      for (const e of await readdir(d, { withFileTypes: true })) {
+        if (e.isDirectory()) {
+          await clear(path.join(d, e.name));
+          await rmdir(path.join(d, e.name));
+        } else await unlink(path.join(d, e.name));
+      }
+    };
+    await clear(dir);
     await cg.remove("k");
     expect(await cg.exists("k")).toBe(false);
     await cg.remove("k"); // already gone is fine

@@ -1,7 +1,7 @@
-import { access, mkdir, rmdir, writeFile } from "node:fs/promises";
+import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { CgroupBackend, CgroupLimits, CgroupStats } from "./types.ts";
-import { isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep } from "./types.ts";
+import type { CgroupBackend, CgroupLimits, CgroupStats, UserLimits } from "./types.ts";
+import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep, treeCounter, USER_LEAF } from "./types.ts";
 import { rmdirRetry } from "./v1.ts";
 
 // cgroup v2 (unified): one tree; `<our own cgroup>/<group>/<name>` per sandbox, with memory, pids
@@ -70,7 +70,11 @@ export class CgroupV2 implements CgroupBackend {
   }
 
   procsFiles(name: string): string[] {
-    return [path.join(this.#dir(name), "cgroup.procs")];
+    return [path.join(this.#dir(name), AGENT_LEAF, "cgroup.procs")];
+  }
+
+  userProcsFiles(name: string): string[] {
+    return [path.join(this.#dir(name), USER_LEAF, "cgroup.procs")];
   }
 
   async exists(name: string): Promise<boolean> {
@@ -82,34 +86,47 @@ export class CgroupV2 implements CgroupBackend {
     }
   }
 
-  async create(name: string, limits: CgroupLimits): Promise<void> {
+  async create(name: string, limits: CgroupLimits, user?: UserLimits, userOwner?: number): Promise<void> {
     const d = this.#dir(name);
     await mkdir(d, { recursive: true });
-    await writeFile(path.join(d, "memory.max"), String(limits.memoryBytes));
-    // No swap on top of the memory limit (the file is absent when the kernel has no swap support).
-    if ((await readText(path.join(d, "memory.swap.max"))) !== undefined) await writeFile(path.join(d, "memory.swap.max"), "0");
-    await writeFile(path.join(d, "pids.max"), String(limits.pidsMax));
+    await writeLimits(d, limits.memoryBytes, limits.pidsMax);
     await writeFile(path.join(d, "cpu.max"), `${limits.cpuQuotaUs} ${limits.cpuPeriodUs}`);
+    // Processes live in the leaves only (v2's no-internal-process rule).
+    await writeFile(path.join(d, "cgroup.subtree_control"), CONTROLLERS.map((c) => `+${c}`).join(" "));
+    for (const leaf of [AGENT_LEAF, USER_LEAF]) await mkdir(path.join(d, leaf), { recursive: true });
+    await writeLimits(path.join(d, USER_LEAF), user?.memoryBytes ?? limits.memoryBytes, user?.pidsMax ?? limits.pidsMax);
+    if (userOwner !== undefined) {
+      // v2 checks the destination's procs file and the one of the common ancestor of source and
+      // destination (the sandbox group): both go to the sandbox uid. The ancestor is no way out:
+      // it holds children with controllers, so the kernel refuses processes there (EBUSY).
+      for (const f of [path.join(d, USER_LEAF, "cgroup.procs"), path.join(d, "cgroup.procs")]) await chown(f, userOwner, userOwner);
+    }
   }
 
   async pids(name: string): Promise<number[]> {
-    return readPids(path.join(this.#dir(name), "cgroup.procs"));
+    const d = this.#dir(name);
+    const all = await Promise.all([d, path.join(d, AGENT_LEAF), path.join(d, USER_LEAF)].map((x) => readPids(path.join(x, "cgroup.procs"))));
+    return all.flat();
+  }
+
+  async agentPids(name: string): Promise<number[]> {
+    return readPids(path.join(this.#dir(name), AGENT_LEAF, "cgroup.procs"));
   }
 
   async stats(name: string): Promise<CgroupStats | undefined> {
     if (!(await this.exists(name))) return undefined;
     const d = this.#dir(name);
-    const events = parseKeyed((await readText(path.join(d, "memory.events"))) ?? "");
-    const pidsEvents = parseKeyed((await readText(path.join(d, "pids.events"))) ?? "");
+    const oomKills = await treeCounter(d, "memory.events", "oom_kill");
+    const pidsLimitHits = await treeCounter(d, "pids.events", "max");
     const cpuStat = parseKeyed((await readText(path.join(d, "cpu.stat"))) ?? "");
     return {
       memoryBytes: (await readNumber(path.join(d, "memory.current"))) ?? 0,
       memoryPeakBytes: await readNumber(path.join(d, "memory.peak")),
       memoryLimitBytes: (await readNumber(path.join(d, "memory.max"))) ?? Infinity,
-      oomKills: events.get("oom_kill") ?? 0,
+      oomKills,
       pids: (await readNumber(path.join(d, "pids.current"))) ?? 0,
       pidsLimit: (await readNumber(path.join(d, "pids.max"))) ?? Infinity,
-      pidsLimitHits: pidsEvents.get("max") ?? 0,
+      pidsLimitHits,
       cpuUsageUsec: cpuStat.get("usage_usec"),
       cpuPeriods: cpuStat.get("nr_periods") ?? 0,
       cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,
@@ -146,6 +163,7 @@ export class CgroupV2 implements CgroupBackend {
   }
 
   async remove(name: string): Promise<void> {
+    for (const leaf of [AGENT_LEAF, USER_LEAF]) await rmdirRetry(path.join(this.#dir(name), leaf));
     await rmdirRetry(this.#dir(name));
   }
 
@@ -156,4 +174,12 @@ export class CgroupV2 implements CgroupBackend {
       // still has sandboxes, or already gone
     }
   }
+}
+
+/** memory.max (no swap on top) and pids.max of a v2 group. */
+async function writeLimits(dir: string, memoryBytes: number, pidsMax: number): Promise<void> {
+  await writeFile(path.join(dir, "memory.max"), String(memoryBytes));
+  // The file is absent when the kernel has no swap support.
+  if ((await readText(path.join(dir, "memory.swap.max"))) !== undefined) await writeFile(path.join(dir, "memory.swap.max"), "0");
+  await writeFile(path.join(dir, "pids.max"), String(pidsMax));
 }

@@ -3,7 +3,7 @@
 // {argv: string[], stdin?: string}. Reply: one JSON line {code, signal, stdout, stderr}.
 // Only node built-ins, erasable types: it runs inside sandboxes on the bind-mounted node.
 import { spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { readFileSync, rmSync } from "node:fs";
 import net from "node:net";
 
 interface Request {
@@ -13,6 +13,8 @@ interface Request {
 }
 
 const argv = process.argv.slice(2);
+// Set by the sandbox's supervising init; an agent keeps it from its children (as the real one does).
+delete process.env.SANDBAR_AGENT_RESTARTS;
 const flag = (name: string) => {
   const i = argv.indexOf(name);
   return i >= 0 ? argv[i + 1] : undefined;
@@ -76,6 +78,8 @@ const server = net.createServer((conn) => {
 });
 // --exit-when-listening: the bench's floor, which times node up to a listening socket.
 const exitWhenListening = argv.includes("--exit-when-listening");
+// A restarted agent (the sandbox's init supervises it) finds its predecessor's socket file.
+rmSync(socketPath, { force: true });
 server.listen(socketPath, () => {
   if (exitWhenListening) process.exit(0);
 });

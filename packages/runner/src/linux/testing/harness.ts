@@ -6,9 +6,11 @@ import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import type { SandboxSpec } from "../../provider.ts";
+import { SANDBOX_PATHS } from "../../provider.ts";
 import type { LinuxProviderOptions } from "../provider.ts";
 import { LinuxProvider } from "../provider.ts";
 import { mountsUnder } from "../mounts.ts";
+import { sandboxAgent as agentOf, sandboxInit as initOf } from "../sandbox-procs.ts";
 import { buildHostUsrRootfs } from "../rootfs.ts";
 import { reachablePath } from "../stage.ts";
 
@@ -168,4 +170,27 @@ export async function leftovers(provider: LinuxProvider, id: string, hostUid: nu
     if (backing.startsWith(L.sandboxDir(id) + "/")) found.push(`loop device ${dev} -> ${backing.trim()}`);
   }
   return found;
+}
+
+/** Host pid of the sandbox's init (pid 1 of its namespace). */
+export function sandboxInit(provider: LinuxProvider, id: string): Promise<number | undefined> {
+  return initOf(provider.cgroups, id);
+}
+
+/** Host pid of the sandbox's agent (the init's child running node). */
+export function sandboxAgent(provider: LinuxProvider, id: string): Promise<number | undefined> {
+  return agentOf(provider.cgroups, id, SANDBOX_PATHS.node);
+}
+
+/** Calls `fn` until it succeeds or `ms` pass (then throws its last error). */
+export async function retry<T>(fn: () => Promise<T>, ms = 5000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      await new Promise((r) => setTimeout(r, 25));
+    }
+  }
 }
