@@ -6,11 +6,14 @@ import {
   type Sandbox,
   SandboxClassSchema,
   SandboxDesiredStateSchema,
+  type SandboxHealth,
+  SandboxHealthSchema,
   SandboxSchema,
   SandboxStateSchema,
 } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import type { SandboxRecord } from "../db/entities.ts";
 import { REGION, SANDBOX_CLASS } from "./list-query.ts";
+import type { RuntimeHealth } from "./runtime.ts";
 import { reportedState } from "./states.ts";
 
 // A sandbox row as the reference's Sandbox DTO.
@@ -34,6 +37,19 @@ const classes = enumCodec(SandboxClassSchema);
 export interface DtoContext {
   /** `<publicUrl>/api/toolbox-proxy`: clients call `<it>/<sandboxId>/<agent path>`. */
   toolboxProxyUrl: string;
+}
+
+/** A running sandbox's live counters, as the contract's SandboxHealth. */
+export function toHealth(h: RuntimeHealth): SandboxHealth {
+  const { lastAgentRestartAt, oomKills, pidsLimitHits, memoryBytes, memoryLimitBytes, ...rest } = h;
+  return create(SandboxHealthSchema, {
+    ...rest,
+    lastAgentRestartAt: lastAgentRestartAt ? timestampFromDate(lastAgentRestartAt) : undefined,
+    oomKills: BigInt(oomKills),
+    pidsLimitHits: BigInt(pidsLimitHits),
+    memoryBytes: BigInt(memoryBytes),
+    memoryLimitBytes: BigInt(memoryLimitBytes),
+  });
 }
 
 export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {

@@ -131,6 +131,24 @@ describe("create", () => {
   });
 });
 
+describe("health", () => {
+  it("reports on a read what its workload did: OOM kills, memory and processes, agent restarts", async () => {
+    const s = await f.create({ memory: 1 });
+    const before = await f.call("GET", `/sandbox/${s.id}`);
+    expect(before.body.health).toMatchObject({ agentRunning: true, agentRestarts: 0, oomKills: 0, pidsLimitHits: 0, memoryLimitBytes: 1 << 30 });
+    // Allocates and touches twice its memory: the OOM killer ends it, not the sandbox.
+    const hog = await f.exec(s.id, `python3 -c 'b = bytearray(2 << 30)'`);
+    expect(hog.exitCode).not.toBe(0);
+    const after = await f.call("GET", `/sandbox/${s.id}`);
+    expect(after.body.state).toBe("started");
+    expect(after.body.health.oomKills).toBeGreaterThan(0);
+    expect(after.body.health.pids).toBeGreaterThan(0);
+    // Lists stay cheap: no live counters there.
+    const list = await f.call("GET", "/sandbox");
+    expect(list.body.find((x: { id: string }) => x.id === s.id).health).toBeNull();
+  });
+});
+
 describe("stop and start", () => {
   it("keeps files across stop and start, leaves no process while stopped, and rotates the preview token", async () => {
     const s = await f.create();

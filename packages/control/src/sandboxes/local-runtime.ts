@@ -4,9 +4,9 @@ import path from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
-import type { InitCommand, SandboxSpec } from "@sandbar/runner";
+import type { InitCommand, SandboxInfo, SandboxSpec } from "@sandbar/runner";
 import { ensureDefaultSnapshot, LinuxProvider, reachablePath, type Snapshot } from "@sandbar/runner/linux";
-import type { RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
+import type { RuntimeHealth, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 
 // Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
 // from the default snapshot, with the agent as its first process. Each agent gets its own secret,
@@ -153,7 +153,7 @@ export class LocalRuntime implements SandboxRuntime {
   async inspect(id: string): Promise<RuntimeSandbox | undefined> {
     try {
       const i = await this.provider.inspect(id);
-      return { id: i.id, state: i.state, error: i.error };
+      return { id: i.id, state: i.state, error: i.error, health: healthOf(i) };
     } catch (err) {
       if (err instanceof ConnectError && err.code === Code.NotFound) return undefined;
       throw err;
@@ -171,6 +171,12 @@ export class LocalRuntime implements SandboxRuntime {
   close(): Promise<void> {
     return this.provider.close();
   }
+}
+
+function healthOf({ usage, agent }: SandboxInfo): RuntimeHealth | undefined {
+  if (!usage || !agent) return undefined;
+  const { oomKills, pidsLimitHits, memoryBytes, memoryLimitBytes, pids, pidsLimit } = usage;
+  return { agentRunning: agent.running, agentRestarts: agent.restarts, lastAgentRestartAt: agent.lastRestartAt, oomKills, pidsLimitHits, memoryBytes, memoryLimitBytes, pids, pidsLimit };
 }
 
 /** debootstrap prints a line per package and step; the log gets each step and a count every 25 packages. */

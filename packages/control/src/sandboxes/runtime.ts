@@ -27,6 +27,20 @@ export interface RuntimeSandbox {
   /** "error": meant to run, but its first process is gone (see `error`). */
   state: RuntimeState;
   error?: string;
+  /** While started: what its workload did to it (see SandboxHealth in the contract). */
+  health?: RuntimeHealth;
+}
+
+export interface RuntimeHealth {
+  agentRunning: boolean;
+  agentRestarts: number;
+  lastAgentRestartAt?: Date;
+  oomKills: number;
+  pidsLimitHits: number;
+  memoryBytes: number;
+  memoryLimitBytes: number;
+  pids: number;
+  pidsLimit: number;
 }
 
 export interface SandboxRuntime {

@@ -12,7 +12,7 @@ import {
 import { organizationOf } from "../auth/principal.ts";
 import { Checks } from "../services/validate.ts";
 import type { Settings } from "../settings.ts";
-import { enumCodec, sandboxStates, toSandbox, type DtoContext } from "./dto.ts";
+import { enumCodec, sandboxStates, toHealth, toSandbox, type DtoContext } from "./dto.ts";
 import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteria, pagePage, type PageSort, sortValueOf, whereOf } from "./list-query.ts";
 import { SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
@@ -90,7 +90,13 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     async getSandbox(req, ctx) {
       const organizationId = organizationOf(ctx);
       try {
-        return dto(await manager.get(organizationId, req.sandboxId));
+        const row = await manager.get(organizationId, req.sandboxId);
+        const sandbox = dto(row);
+        if (row.state === "started") {
+          const health = (await manager.runtime.inspect(row.id).catch(() => undefined))?.health;
+          if (health) sandbox.health = toHealth(health);
+        }
+        return sandbox;
       } catch (err) {
         // A sandbox deleted within the last minute (of the timers' clock) still reads as destroyed.
         const gone = err instanceof ConnectError && err.code === Code.NotFound ? await manager.store.recentlyDeleted(organizationId, req.sandboxId, deps.settings.timerMinuteMs) : null;

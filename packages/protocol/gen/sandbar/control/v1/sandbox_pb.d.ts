@@ -238,6 +238,14 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
    * @generated from field: optional string runner_domain = 37;
    */
   runnerDomain?: string | undefined;
+
+  /**
+   * Sandbar: what the sandbox's own workload did to it since it started (OOM kills, refused forks,
+   * agent restarts). Present on a read of one sandbox while it runs; absent in lists.
+   *
+   * @generated from field: sandbar.control.v1.SandboxHealth health = 38;
+   */
+  health?: SandboxHealth | undefined;
 };
 
 /**
@@ -245,6 +253,72 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
  * Use `create(SandboxSchema)` to create a new message.
  */
 export declare const SandboxSchema: GenMessage<Sandbox>;
+
+/**
+ * Live counters of a running sandbox, from its cgroup and its agent's supervisor.
+ *
+ * @generated from message sandbar.control.v1.SandboxHealth
+ */
+export declare type SandboxHealth = Message<"sandbar.control.v1.SandboxHealth"> & {
+  /**
+   * Whether the agent runs now (false while its supervisor waits to restart it).
+   *
+   * @generated from field: bool agent_running = 1;
+   */
+  agentRunning: boolean;
+
+  /**
+   * Agent restarts since the sandbox started (user code killed it).
+   *
+   * @generated from field: int32 agent_restarts = 2;
+   */
+  agentRestarts: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp last_agent_restart_at = 3;
+   */
+  lastAgentRestartAt?: Timestamp | undefined;
+
+  /**
+   * Processes the OOM killer ended inside the sandbox.
+   *
+   * @generated from field: int64 oom_kills = 4;
+   */
+  oomKills: bigint;
+
+  /**
+   * Forks refused at the process limit.
+   *
+   * @generated from field: int64 pids_limit_hits = 5;
+   */
+  pidsLimitHits: bigint;
+
+  /**
+   * @generated from field: int64 memory_bytes = 6;
+   */
+  memoryBytes: bigint;
+
+  /**
+   * @generated from field: int64 memory_limit_bytes = 7;
+   */
+  memoryLimitBytes: bigint;
+
+  /**
+   * @generated from field: int32 pids = 8;
+   */
+  pids: number;
+
+  /**
+   * @generated from field: int32 pids_limit = 9;
+   */
+  pidsLimit: number;
+};
+
+/**
+ * Describes the message sandbar.control.v1.SandboxHealth.
+ * Use `create(SandboxHealthSchema)` to create a new message.
+ */
+export declare const SandboxHealthSchema: GenMessage<SandboxHealth>;
 
 /**
  * A volume mounted into a sandbox.
