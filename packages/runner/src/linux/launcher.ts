@@ -30,10 +30,14 @@ export interface LaunchOptions {
   command: string[];
   /** stdout and stderr of the sandbox's first process. */
   logFile: string;
+  /** A compiled seccomp program (see syscall-filter.ts), installed by bwrap for every sandbox process. */
+  seccompFile?: string;
 }
 
 export function launch(o: LaunchOptions): ChildProcess {
   const log = openSync(o.logFile, "w", 0o600);
+  // fd 4 of bwrap: it reads the filter from there (an inherited descriptor survives sh and setpriv).
+  const filter = o.seccompFile ? openSync(o.seccompFile, "r") : undefined;
   try {
     const child = spawn(
       "/bin/sh",
@@ -42,15 +46,16 @@ export function launch(o: LaunchOptions): ChildProcess {
         o.setpriv, `--reuid=${o.hostUid}`, `--regid=${o.hostGid}`, "--clear-groups", "--no-new-privs",
         o.bwrap, "--args", "3", "--", ...o.command,
       ],
-      { stdio: ["ignore", log, log, "pipe"], detached: true, env: {} },
+      { stdio: ["ignore", log, log, "pipe", filter ?? "ignore"], detached: true, env: {} },
     );
     const argsPipe = child.stdio[3] as Writable;
     argsPipe.on("error", () => undefined); // bwrap died before reading: reported via exit
-    argsPipe.end(encodeArgs(o.bwrapOptions));
+    argsPipe.end(encodeArgs(filter === undefined ? o.bwrapOptions : [...o.bwrapOptions, "--seccomp", "4"]));
     child.unref();
     return child;
   } finally {
     closeSync(log);
+    if (filter !== undefined) closeSync(filter);
   }
 }
 

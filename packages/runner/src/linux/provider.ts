@@ -10,6 +10,7 @@ import { bwrapOptions, type BwrapMount } from "./bwrap.ts";
 import { detectCgroups } from "./cgroups/detect.ts";
 import type { CgroupBackend, UserLimits } from "./cgroups/types.ts";
 import { which } from "./command.ts";
+import { syscallFilter } from "./syscall-filter.ts";
 import { assertReachable, statOrFail } from "./host-paths.ts";
 import { KeyedLock } from "./keyed-lock.ts";
 import { packLayer, restoreLayer } from "./layer.ts";
@@ -54,6 +55,8 @@ interface Tools {
   setpriv: string;
   /** Host path of the shell used as the sandbox's pid 1. */
   initSh: string;
+  /** The compiled seccomp program every sandbox process runs under. */
+  seccompFile: string;
 }
 
 /** Pids and memory the user leaf leaves to the agent (bounded to a share of small sandboxes). */
@@ -106,11 +109,12 @@ export class LinuxProvider implements SandboxProvider {
     const setpriv = which("setpriv");
     if (!setpriv) throw errors.failedPrecondition("setpriv is not installed: apt-get install util-linux");
     const initSh = await realpath(which("sh") ?? "/bin/sh");
+    const seccompFile = await syscallFilter(options.dataDir);
     const layout = new Layout(options.dataDir, options.runtimeDir);
     const cgroups = await detectCgroups({ group: `sandbar-${layout.key}`, version: options.cgroupVersion });
     await mkdir(layout.sandboxesDir, { recursive: true, mode: 0o700 });
     const uids = new UidAllocator(options.uidBase, options.uidCount);
-    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh }, uids, options);
+    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile }, uids, options);
     for (const id of await listRecordIds(layout)) {
       const rec = await readRecord(layout, id).catch(() => undefined);
       if (rec) uids.markUsed(rec.hostUid);
@@ -267,7 +271,7 @@ export class LinuxProvider implements SandboxProvider {
       const shmBytes = Math.floor(userLimits.memoryBytes / 2);
       const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: user.home, mounts, shmBytes });
       this.#exits.delete(id);
-      const child = launch({ bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command, logFile: L.initLog(id) });
+      const child = launch({ bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command, logFile: L.initLog(id), seccompFile: this.#tools.seccompFile });
       child.on("exit", (code, signal) => this.#exits.set(id, { code, signal }));
       phase("spawn");
       return child;
