@@ -22,9 +22,9 @@ export interface RunResult {
 }
 
 /** Runs a command to completion; rejects with CommandError when it fails. Output is kept small. */
-export function run(cmd: string, args: readonly string[], options: { env?: NodeJS.ProcessEnv } = {}): Promise<RunResult> {
+export function run(cmd: string, args: readonly string[], options: { env?: NodeJS.ProcessEnv; cwd?: string } = {}): Promise<RunResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], env: options.env ?? process.env });
+    const child = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], env: options.env ?? process.env, cwd: options.cwd });
     let stdout = "";
     let stderr = "";
     const cap = (acc: string, chunk: Buffer) => (acc.length > 65536 ? acc : acc + chunk.toString());

@@ -46,6 +46,17 @@ describe("linux sandbox isolation", () => {
     expect(Math.max(...procs.map((p) => Number(p[0])))).toBeLessThan(100);
   });
 
+  it("shows no host path in its mount table: not the data dir, the snapshot, the agent or node", async () => {
+    const res = await sh(f.provider, a, "cat /proc/self/mountinfo; findmnt -n -o SOURCE,OPTIONS / 2>/dev/null || true");
+    expect(res.code).toBe(0);
+    const spec = f.spec(a);
+    for (const hostPath of [f.dataDir, f.rootfs, spec.init.node, spec.init.bundle, process.cwd()]) expect(res.stdout).not.toContain(hostPath);
+    expect(res.stdout).toMatch(/ \/ \/ .* overlay overlay .*lowerdir=l0:l1,upperdir=upper,workdir=work/);
+    // The agent still runs from the runner's files, now a read-only layer of the root.
+    const ls = await sh(f.provider, a, "test -x /opt/sandbar/bin/node && ! touch /opt/sandbar/bin/node 2>/dev/null && echo ok");
+    expect(ls.stdout.trim()).toBe("ok");
+  });
+
   it("has only the loopback interface, and it is up", async () => {
     const res = await sh(f.provider, a, "ip -o link show; echo ---; cat /proc/net/dev");
     expect(res.code).toBe(0);

@@ -1,4 +1,5 @@
-import { readFile, open } from "node:fs/promises";
+import { mkdir, open, readFile, rm, symlink } from "node:fs/promises";
+import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { CommandError, run } from "./command.ts";
 
@@ -14,16 +15,33 @@ function checkMountPath(p: string): string {
 }
 
 export interface OverlayDirs {
-  lower: string;
+  /** Lower layers, top first. */
+  lowers: string[];
   upper: string;
   work: string;
   target: string;
+  /**
+   * A private directory for short symlinks to the layers: the mount options (shown inside the
+   * sandbox by findmnt and /proc/self/mountinfo) then name only `l0`, `l1`, `upper`, `work`, never
+   * a host path.
+   */
+  linkDir: string;
 }
 
 export async function mountOverlay(d: OverlayDirs): Promise<void> {
+  await mkdir(d.linkDir, { recursive: true, mode: 0o700 });
+  const alias = async (name: string, target: string) => {
+    const at = path.join(d.linkDir, name);
+    await rm(at, { force: true });
+    await symlink(target, at);
+    return name;
+  };
+  const lowers: string[] = [];
+  for (const [i, l] of d.lowers.entries()) lowers.push(await alias(`l${i}`, checkMountPath(l)));
+  const opts = `lowerdir=${lowers.join(":")},upperdir=${await alias("upper", checkMountPath(d.upper))},workdir=${await alias("work", checkMountPath(d.work))}`;
   // nosuid + nodev: a restored archive may carry setuid files or device nodes; neither works here.
-  const opts = `lowerdir=${checkMountPath(d.lower)},upperdir=${checkMountPath(d.upper)},workdir=${checkMountPath(d.work)}`;
-  await run("mount", ["-t", "overlay", "overlay", "-o", `nosuid,nodev,${opts}`, d.target]);
+  // Relative names resolve against mount(8)'s working directory: the link dir.
+  await run("mount", ["-t", "overlay", "overlay", "-o", `nosuid,nodev,${opts}`, d.target], { cwd: d.linkDir });
 }
 
 /** Creates a sparse ext4 image of `bytes` size (no reserved blocks: the cap is what the sandbox gets). */

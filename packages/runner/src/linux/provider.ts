@@ -11,6 +11,7 @@ import { detectCgroups } from "./cgroups/detect.ts";
 import type { CgroupBackend, UserLimits } from "./cgroups/types.ts";
 import { which } from "./command.ts";
 import { syscallFilter } from "./syscall-filter.ts";
+import { buildToolsLayer } from "./tools-layer.ts";
 import { assertReachable, statOrFail } from "./host-paths.ts";
 import { KeyedLock } from "./keyed-lock.ts";
 import { packLayer, restoreLayer } from "./layer.ts";
@@ -223,7 +224,8 @@ export class LinuxProvider implements SandboxProvider {
         await mkdir(L.work(id, true), { recursive: true, mode: 0o700 });
       }
       phase("dirs");
-      await mountOverlay({ lower: spec.rootfs, upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id) });
+      const { agentEntry } = await buildToolsLayer(path.join(L.sandboxDir(id), "tools"), { initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
+      await mountOverlay({ lowers: [path.join(L.sandboxDir(id), "tools"), spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
 
       phase("overlay");
       const root = L.rootMount(id);
@@ -238,18 +240,13 @@ export class LinuxProvider implements SandboxProvider {
         mounts.push({ source, target, readonly });
       };
       for (const m of spec.mounts ?? []) await addMount(m.source, m.target, m.readonly !== false);
-      await addMount(this.#tools.initSh, SANDBOX_PATHS.init, true);
-      await addMount(spec.init.node, SANDBOX_PATHS.node, true);
-      const bundleIsDir = (await stat(spec.init.bundle)).isDirectory();
-      const agentTarget = bundleIsDir ? SANDBOX_PATHS.agent : path.join(SANDBOX_PATHS.agent, path.basename(spec.init.bundle));
-      await addMount(spec.init.bundle, agentTarget, true);
       await addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
       // The user leaf's procs files (one per v1 hierarchy), writable by the sandbox uid only: the
       // agent moves what it starts for the user there. Created below, bound once they exist.
       const userProcs = this.cgroups.userProcsFiles(id).map((source, i) => ({ source, target: path.join(SANDBOX_PATHS.userCgroupDir, String(i)) }));
       for (const u of userProcs) await ensureMountPoint(root, u.target, false, { ownedBelow: user.home, owner });
 
-      const command = [SANDBOX_PATHS.init, "-c", INIT_SCRIPT, ...initArgs(SANDBOX_PATHS.agentRestarts), SANDBOX_PATHS.node, ...(spec.init.nodeArgs ?? []), bundleIsDir ? path.join(agentTarget, spec.init.main!) : agentTarget, "--socket", SANDBOX_PATHS.agentSocket, "--state-dir", SANDBOX_PATHS.agentState];
+      const command = [SANDBOX_PATHS.init, "-c", INIT_SCRIPT, ...initArgs(SANDBOX_PATHS.agentRestarts), SANDBOX_PATHS.node, ...(spec.init.nodeArgs ?? []), agentEntry, "--socket", SANDBOX_PATHS.agentSocket, "--state-dir", SANDBOX_PATHS.agentState];
       for (const u of userProcs) command.push("--user-cgroup", u.target);
       if (spec.init.secret !== undefined) {
         const secretFile = path.join(L.runDir(id), "secret");
