@@ -1,7 +1,16 @@
 #!/usr/bin/env node
 import { loadSettings, startControlServer } from "@sandbar/control";
+import { checkHost, formatChecks } from "@sandbar/runner/linux";
 
-const usage = `usage: sandbar serve    run the control service (and, on one host, its runner)`;
+const usage = `usage: sandbar serve    run the control service (and, on one host, its runner)
+       sandbar doctor   say what this host offers sandboxes and what is missing`;
+
+/** Exit code 1 when something sandboxes need is missing. */
+async function doctor(): Promise<number> {
+  const checks = await checkHost();
+  for (const line of formatChecks(checks)) console.log(line);
+  return checks.some((c) => c.required && !c.ok) ? 1 : 0;
+}
 
 async function serve(): Promise<void> {
   const settings = loadSettings();
@@ -29,6 +38,8 @@ if (command === "serve" || command === undefined) {
     console.error(`[sandbar] failed to start: ${err instanceof Error ? err.message : String(err)}`);
     process.exit(1);
   });
+} else if (command === "doctor") {
+  doctor().then((code) => process.exit(code));
 } else {
   console.error(usage);
   process.exit(2);

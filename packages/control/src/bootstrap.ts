@@ -1,10 +1,11 @@
 import { randomUUID } from "node:crypto";
 import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { MikroORM } from "@mikro-orm/postgresql";
+import type { EntityManager, MikroORM } from "@mikro-orm/postgresql";
 import { generateApiKey, hashApiKey, keyEnds } from "./auth/key-material.ts";
 import { ApiKeyRecord, Organization, OrganizationMember, User } from "./db/entities.ts";
 import { ALL_SCOPES } from "./auth/scopes.ts";
+import { generatePassword, hashPassword, verifyPassword } from "./identity/passwords.ts";
 
 export const ADMIN_USER_ID = "sandbar-admin";
 const ADMIN_KEY_NAME = "sandbar-admin";
@@ -14,9 +15,46 @@ const ADMIN_KEY_NAME = "sandbar-admin";
  * The key is SANDBAR_BOOTSTRAP_API_KEY when set (and follows it when it changes later),
  * otherwise generated, written 0600 into the data dir and printed once.
  */
-export async function bootstrap(orm: MikroORM, dataDir: string, presetKey: string | undefined, log: (line: string) => void): Promise<void> {
+export async function bootstrap(
+  orm: MikroORM,
+  dataDir: string,
+  presetKey: string | undefined,
+  log: (line: string) => void,
+  /** The admin's sign-in password for the built-in issuer; `false` when an external issuer is used. */
+  password: { preset?: string } | false = false,
+): Promise<void> {
   const keyFile = join(dataDir, "admin-api-key");
   await orm.em.fork().transactional(async (em) => {
+    await bootstrapKey(em);
+    if (password) await bootstrapPassword(em, password.preset);
+  });
+
+  /**
+   * The admin signs in as "sandbar-admin" with SANDBAR_BOOTSTRAP_PASSWORD (followed when it
+   * changes), or a password generated once, written 0600 beside the key and printed once.
+   */
+  async function bootstrapPassword(em: EntityManager, preset: string | undefined): Promise<void> {
+    const run = (sql: string, params: unknown[]) => em.getConnection().execute(sql, params, "all", em.getTransactionContext());
+    const rows = (await run(`select password_hash from user_password where user_id = ?`, [ADMIN_USER_ID])) as Array<{ password_hash: string }>;
+    const current = rows[0]?.password_hash;
+    const file = join(dataDir, "admin-password");
+    if (current && (!preset || (await verifyPassword(preset, current)))) return;
+    const value = preset ?? generatePassword();
+    await run(
+      `insert into user_password (user_id, password_hash) values (?, ?)
+       on conflict (user_id) do update set password_hash = excluded.password_hash, updated_at = now()`,
+      [ADMIN_USER_ID, await hashPassword(value)],
+    );
+    if (preset) {
+      log(`admin password (user ${ADMIN_USER_ID}): the value of SANDBAR_BOOTSTRAP_PASSWORD`);
+    } else {
+      await writeFile(file, value + "\n", { mode: 0o600 });
+      log(`admin password for user ${ADMIN_USER_ID} (shown once): ${value}`);
+      log(`  saved to ${file} (mode 0600)`);
+    }
+  }
+
+  async function bootstrapKey(em: EntityManager): Promise<void> {
     // One bootstrap at a time, even with several control processes starting together.
     await em.getConnection().execute("select pg_advisory_xact_lock(7011)", [], "all", em.getTransactionContext());
     const existing = await em.findOne(ApiKeyRecord, { userId: ADMIN_USER_ID, name: ADMIN_KEY_NAME });
@@ -52,7 +90,7 @@ export async function bootstrap(orm: MikroORM, dataDir: string, presetKey: strin
       log(`admin API key (shown once): ${value}`);
       log(`  saved to ${keyFile} (mode 0600)`);
     }
-  });
+  }
 }
 
 function keyColumns(value: string) {

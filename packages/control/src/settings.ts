@@ -21,6 +21,13 @@ export interface Settings {
    * `<dataDir>/runner`. Tests share one cache so the debootstrap build happens once per machine.
    */
   snapshotCacheDir?: string;
+  /**
+   * An external OpenID issuer (SANDBAR_OIDC_ISSUER): JWTs are verified against it and the
+   * built-in issuer is off. With its client id (for clients signing in) and API audience.
+   */
+  oidc?: { issuer: string; clientId: string; audience: string };
+  /** The bootstrap admin's password for the built-in issuer; generated when unset. */
+  bootstrapPassword?: string;
   /** The agent run as each sandbox's first process: a bundle directory holding agent.mjs, or one script; default packages/agent/dist. */
   agentBundle?: string;
 }
@@ -50,6 +57,8 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     timerTickMs: positiveInt(env, "SANDBAR_TIMER_TICK_MS", 10_000),
     snapshotCacheDir: env.SANDBAR_SNAPSHOT_CACHE || undefined,
     agentBundle: env.SANDBAR_AGENT_BUNDLE || undefined,
+    oidc: oidcSettings(env),
+    bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
   };
 }
 
@@ -59,4 +68,13 @@ function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): nu
   const n = Number(raw);
   if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (milliseconds), got "${raw}"`);
   return n;
+}
+
+function oidcSettings(env: NodeJS.ProcessEnv): Settings["oidc"] {
+  const issuer = env.SANDBAR_OIDC_ISSUER;
+  if (!issuer) return undefined;
+  if (!URL.canParse(issuer) || !/^https?:$/.test(new URL(issuer).protocol)) throw new Error(`SANDBAR_OIDC_ISSUER must be an http(s) URL, got "${issuer}"`);
+  const audience = env.SANDBAR_OIDC_AUDIENCE;
+  if (!audience) throw new Error("SANDBAR_OIDC_AUDIENCE is required with SANDBAR_OIDC_ISSUER (the audience of the API's access tokens)");
+  return { issuer, clientId: env.SANDBAR_OIDC_CLIENT_ID || "", audience };
 }

@@ -1,5 +1,7 @@
 import pg from "pg";
 import { errors } from "@sandbar/protocol";
+import type { JwtVerifier } from "./jwt.ts";
+import { userForClaims } from "./jwt-users.ts";
 import { hashApiKey, looksLikeJwt } from "./key-material.ts";
 import type { KeyIdentity, Principal } from "./principal.ts";
 
@@ -30,11 +32,19 @@ export class Credentials {
   private syncing = false;
   private syncWaiters: Array<() => void> = [];
   private readonly pool: pg.Pool;
+  private jwt?: JwtVerifier;
+  /** Users behind verified JWTs, by `sub`: the user row is read at most every CACHE_TTL_MS. */
+  private readonly jwtUsers = new Map<string, { principal: Principal; loadedAt: number }>();
 
   constructor(databaseUrl: string) {
     this.pool = new pg.Pool({ connectionString: databaseUrl, max: 4 });
     // An idle connection dropped by the server (restart, failover) is replaced on next use.
     this.pool.on("error", () => {});
+  }
+
+  /** Accept JWTs from this issuer (without one, a JWT is 401). */
+  useJwtVerifier(verifier: JwtVerifier): void {
+    this.jwt = verifier;
   }
 
   async start(databaseUrl: string): Promise<void> {
@@ -66,8 +76,8 @@ export class Credentials {
 
   async authenticate(authorization: string | null): Promise<Principal> {
     const token = /^Bearer\s+(\S+)\s*$/i.exec(authorization ?? "")?.[1];
-    // JWTs need an OIDC issuer, which this server does not have configured.
-    if (!token || looksLikeJwt(token)) throw errors.unauthenticated();
+    if (!token) throw errors.unauthenticated();
+    if (looksLikeJwt(token)) return this.authenticateJwt(token);
     const hash = hashApiKey(token);
     // Trust the cache only once every revocation committed before this request has arrived.
     if (this.keys.has(hash)) await this.sync();
@@ -86,6 +96,23 @@ export class Credentials {
     if (key.expiresAt && key.expiresAt.getTime() <= now) throw errors.unauthenticated();
     this.touch(key, now);
     return cached.principal;
+  }
+
+  private async authenticateJwt(token: string): Promise<Principal> {
+    if (!this.jwt) throw errors.unauthenticated();
+    const claims = await this.jwt.verify(token);
+    const now = Date.now();
+    const hit = this.jwtUsers.get(claims.sub);
+    if (hit && now - hit.loadedAt <= CACHE_TTL_MS && (!claims.email || hit.principal.email === claims.email)) return hit.principal;
+    let principal: Principal;
+    try {
+      principal = await userForClaims(this.pool, claims);
+    } catch {
+      throw errors.unavailable("Temporary authentication service error");
+    }
+    if (this.jwtUsers.size > 10_000) this.jwtUsers.clear();
+    this.jwtUsers.set(claims.sub, { principal, loadedAt: now });
+    return principal;
   }
 
   /**

@@ -2,6 +2,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import path from "node:path";
+import { checkHost, formatChecks } from "@sandbar/runner/linux";
 import type { Settings } from "../settings.ts";
 import { agentInit, LocalRuntime } from "./local-runtime.ts";
 import type { SandboxManager } from "./manager.ts";
@@ -25,6 +26,7 @@ export interface Sandboxes {
 
 export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
+  for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
   try {
     runtime = await LocalRuntime.open({
       dataDir: path.join(settings.dataDir, "runner"),

@@ -16,6 +16,7 @@ import { openDatabase } from "../db/orm.ts";
 import { createGateway, type ImplIndex } from "../gateway/handler.ts";
 import { MAX_JSON_BODY } from "../gateway/http-io.ts";
 import { RouteTable } from "../gateway/route-table.ts";
+import { startIdentity, type Identity } from "../identity/index.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
@@ -35,6 +36,8 @@ export interface ControlServer {
   port: number;
   databaseUrl: string;
   orm: MikroORM;
+  /** Sign-in: the built-in issuer (when on) and what /config advertises. */
+  identity: Identity;
   /** The sandboxes of this host: manager, runtime, timers. */
   sandboxes: Sandboxes;
   stop(): Promise<void>;
@@ -58,7 +61,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const orm = await openDatabase(databaseUrl);
   const credentials = new Credentials(databaseUrl);
   await credentials.start(databaseUrl);
-  await bootstrap(orm, settings.dataDir, settings.bootstrapApiKey, log);
+  await bootstrap(orm, settings.dataDir, settings.bootstrapApiKey, log, settings.oidc ? false : { preset: settings.bootstrapPassword });
+  const identity = await startIdentity(settings, databaseUrl, credentials, log);
   const guard = new Guard(credentials);
   const sandboxes = await startSandboxes(settings, orm, log);
 
@@ -66,7 +70,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   // yet answer UNIMPLEMENTED (REST 501).
   const controlFiles = await filesIn("sandbar/control/v1");
   const implemented = new Map<string, Impl>([
-    [ConfigService.typeName, configService(settings) as Impl],
+    [ConfigService.typeName, configService(settings, identity.oidc) as Impl],
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
     [SandboxService.typeName, sandboxes.impl as Impl],
   ]);
@@ -98,6 +102,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     (req, res) => {
       const url = req.url ?? "";
       if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway(req as never, res as never);
+      else if (identity.owns(url)) identity.handle(req as never, res as never);
       else rpc(req as never, res as never);
     },
     settings.port,
@@ -111,6 +116,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     port,
     databaseUrl,
     orm,
+    identity,
     sandboxes,
     stop: () =>
       (stopped ??= (async () => {
@@ -118,6 +124,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
         await listener.close();
         await sandboxes.stop();
         toolbox.clients.close();
+        await identity.stop();
         await credentials.stop();
         await orm.close();
         await pg?.stop();

@@ -8,8 +8,8 @@ import type { ApiKey } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb
 import type { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { generateApiKey, hashApiKey, keyEnds, maskApiKey } from "../auth/key-material.ts";
-import { callerOf, organizationOf, type Principal } from "../auth/principal.ts";
-import { permissionOf, scopeOf } from "../auth/scopes.ts";
+import { authContextKey, callerOf, organizationOf, type Principal } from "../auth/principal.ts";
+import { ALL_SCOPES, permissionOf, scopeOf } from "../auth/scopes.ts";
 import { ApiKeyRecord, Organization } from "../db/entities.ts";
 import { Checks } from "./validate.ts";
 
@@ -26,12 +26,23 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
     if (!caller.apiKey!.permissions.has(MANAGE)) throw errors.permissionDenied("This API key is not authorized to manage API keys");
   }
 
-  /** Keys visible to the caller: a manager key sees the keys it created. */
+  /**
+   * Keys visible to the caller: a manager key sees the keys it created; with a JWT an owner
+   * lists every key of the organization, a member their own, and by name everyone reaches
+   * only their own (as the reference does).
+   */
   async function visibleKeys(ctx: HandlerContext, name?: string): Promise<ApiKeyRecord[]> {
     const caller = callerOf(ctx);
     const organizationId = organizationOf(ctx);
-    await assertManager(caller, organizationId);
-    const where = { organizationId, createdByKeyHash: caller.apiKey!.hash, ...(name === undefined ? {} : { name }) };
+    const byName = name === undefined ? {} : { name };
+    let where: Record<string, unknown>;
+    if (caller.apiKey) {
+      await assertManager(caller, organizationId);
+      where = { organizationId, createdByKeyHash: caller.apiKey.hash, ...byName };
+    } else {
+      const owner = ctx.values.get(authContextKey).memberRole === "owner";
+      where = { organizationId, ...(owner && name === undefined ? {} : { userId: caller.userId }), ...byName };
+    }
     return em().find(ApiKeyRecord, where, { orderBy: { lastUsedAt: "desc nulls last", createdAt: "desc" } });
   }
 
@@ -53,8 +64,10 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
         .that(expires === undefined || Number.isNaN(expires) || expires > Date.now(), "expiresAt must be in the future")
         .done();
       const scopes = [...new Set(req.permissions.map(scopeOf))];
-      await assertManager(caller, organizationId);
-      const missing = scopes.filter((s) => !caller.apiKey!.permissions.has(s));
+      if (caller.apiKey) await assertManager(caller, organizationId);
+      // A key gives at most its own scopes; a signed-in member at most their role's.
+      const held = caller.apiKey ? caller.apiKey.permissions : memberScopes(ctx.values.get(authContextKey).memberRole);
+      const missing = scopes.filter((s) => !held.has(s));
       if (missing.length) throw errors.permissionDenied(`Insufficient permissions for assigning: ${missing.join(", ")}`);
 
       const value = generateApiKey();
@@ -68,7 +81,7 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
         keyPrefix: prefix,
         keySuffix: suffix,
         permissions: scopes,
-        createdByKeyHash: caller.apiKey!.hash,
+        createdByKeyHash: caller.apiKey?.hash ?? null,
         createdAt: new Date(),
         lastUsedAt: null,
         expiresAt: req.expiresAt ? timestampDate(req.expiresAt) : null,
@@ -110,6 +123,18 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
       return {};
     },
 
+    // JWT only (route option): the key's owner, an organization owner or a system admin.
+    async deleteApiKeyForUser(req, ctx) {
+      const caller = callerOf(ctx);
+      const organizationId = organizationOf(ctx);
+      const owner = ctx.values.get(authContextKey).memberRole === "owner";
+      if (req.userId !== caller.userId && !owner && caller.systemRole !== "admin") throw errors.permissionDenied("Incorrect user ID provided");
+      const key = await em().findOne(ApiKeyRecord, { organizationId, userId: req.userId, name: req.name });
+      if (!key) throw errors.notFound("API key not found");
+      await revoke(orm, credentials, key);
+      return {};
+    },
+
     async setManagedApiKeys(req) {
       const org = await em().findOne(Organization, { id: isUuid(req.organizationId) ? req.organizationId : "00000000-0000-0000-0000-000000000000" });
       if (!org) throw errors.notFound(`Organization with ID ${req.organizationId} not found`);
@@ -128,6 +153,11 @@ export async function revoke(orm: MikroORM, credentials: Credentials, key: ApiKe
     await em.getConnection().execute(notify.sql.replace("$1", "?").replace("$2", "?"), notify.params, "all", em.getTransactionContext());
   });
   credentials.evict({ kind: "key", hash: key.keyHash });
+}
+
+/** Scopes a signed-in member may hand to a key: an owner all of them; a member none yet (assigned roles come with membership). */
+function memberScopes(role: string | undefined): ReadonlySet<string> {
+  return new Set(role === "owner" ? ALL_SCOPES : []);
 }
 
 type ListedKey = Pick<ApiKeyRecord, "name" | "keyPrefix" | "keySuffix" | "createdAt" | "permissions" | "lastUsedAt" | "expiresAt" | "userId">;

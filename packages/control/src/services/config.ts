@@ -3,14 +3,15 @@ import type { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/con
 import type { Settings } from "../settings.ts";
 
 /** GET /config: what clients need to know about this server; no credentials. */
-export function configService(settings: Settings): Partial<ServiceImpl<typeof ConfigService>> {
+export function configService(settings: Settings, oidc: { issuer: string; clientId: string; audience: string }): Partial<ServiceImpl<typeof ConfigService>> {
   const { publicUrl, version } = settings;
   const host = new URL(publicUrl).host;
   return {
     getConfig() {
       return {
         version,
-        oidc: { issuer: "", clientId: "", audience: "" },
+        // The issuer clients sign in with (built-in or external), as the reference's clients read it.
+        oidc: { issuer: oidc.issuer, clientId: oidc.clientId, audience: oidc.audience },
         linkedAccountsEnabled: false,
         announcements: {},
         proxyTemplateUrl: `http://{{PORT}}-{{sandboxId}}.preview.${host}`,

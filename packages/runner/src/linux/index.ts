@@ -4,3 +4,4 @@ export type { DefaultSnapshotOptions, Snapshot } from "./rootfs.ts";
 export { buildHostUsrRootfs, DEFAULT_PACKAGES, ensureDefaultSnapshot } from "./rootfs.ts";
 export type { CgroupBackend, CgroupStats } from "./cgroups/types.ts";
 export { DEFAULT_STAGING_DIR, reachableByOthers, reachablePath } from "./stage.ts";
+export { checkHost, formatChecks, type HostCheck } from "./host-check.ts";

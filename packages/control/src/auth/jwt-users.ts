@@ -1,0 +1,59 @@
+import { randomUUID } from "node:crypto";
+import type pg from "pg";
+import type { VerifiedClaims } from "./jwt.ts";
+import type { Principal } from "./principal.ts";
+
+/**
+ * The user a verified token names: found by `sub`, or created on first sign-in together with
+ * a personal organization it owns (one transaction: nothing half-created). Name and e-mail are
+ * refreshed from the token when it carries them, as the reference does.
+ */
+export async function userForClaims(pool: pg.Pool, claims: VerifiedClaims): Promise<Principal> {
+  const client = await pool.connect();
+  try {
+    const found = await client.query<{ id: string; email: string; name: string; role: string }>(
+      `select id, email, name, role from "user" where id = $1`,
+      [claims.sub],
+    );
+    let user = found.rows[0];
+    if (user) {
+      const email = claims.email || user.email;
+      const name = user.name === "Unknown" && claims.name !== "Unknown" ? claims.name : user.name;
+      if (email !== user.email || name !== user.name) {
+        await client.query(`update "user" set email = $2, name = $3 where id = $1`, [user.id, email, name]);
+        user = { ...user, email, name };
+      }
+    } else {
+      await client.query("begin");
+      try {
+        // Two first requests at once: the second waits here and finds the user.
+        await client.query("select pg_advisory_xact_lock(hashtext($1))", [claims.sub]);
+        const again = await client.query<{ id: string; email: string; name: string; role: string }>(
+          `select id, email, name, role from "user" where id = $1`,
+          [claims.sub],
+        );
+        user = again.rows[0];
+        if (!user) {
+          user = { id: claims.sub, email: claims.email, name: claims.name, role: "user" };
+          await client.query(`insert into "user" (id, name, email, role) values ($1, $2, $3, 'user')`, [user.id, user.name, user.email]);
+          await createPersonalOrganization(client, user.id);
+        }
+        await client.query("commit");
+      } catch (err) {
+        await client.query("rollback").catch(() => {});
+        throw err;
+      }
+    }
+    return { kind: "jwt", userId: user.id, email: user.email, systemRole: user.role };
+  } finally {
+    client.release();
+  }
+}
+
+/** A user's own organization, owned by them; to be called inside the transaction creating the user. */
+export async function createPersonalOrganization(client: pg.ClientBase, userId: string): Promise<string> {
+  const id = randomUUID();
+  await client.query(`insert into organization (id, name, personal, created_by) values ($1, 'Personal', true, $2)`, [id, userId]);
+  await client.query(`insert into organization_member (organization_id, user_id, role) values ($1, $2, 'owner')`, [id, userId]);
+  return id;
+}

@@ -1,0 +1,213 @@
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+import { exportJWK, generateKeyPair, SignJWT, type JWK } from "jose";
+import pg from "pg";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { api, startTestServer, type TestServer } from "../testing/server.ts";
+import { Credentials } from "./credentials.ts";
+import { JwtVerifier } from "./jwt.ts";
+
+const AUDIENCE = "https://api.sandbar.test";
+
+/** An independent OpenID issuer: a discovery document and a JWKS whose keys the test rotates. */
+class TestIssuer {
+  url = "";
+  published: JWK[] = [];
+  jwksReads = 0;
+  private server?: Server;
+  private keys = new Map<string, Awaited<ReturnType<typeof generateKeyPair>>["privateKey"]>();
+
+  async start(): Promise<void> {
+    this.server = createServer((req, res) => {
+      const body =
+        req.url === "/.well-known/openid-configuration"
+          ? { issuer: this.url, jwks_uri: `${this.url}/jwks`, authorization_endpoint: `${this.url}/authorize`, token_endpoint: `${this.url}/token` }
+          : req.url === "/jwks"
+            ? (this.jwksReads++, { keys: this.published })
+            : undefined;
+      res.writeHead(body ? 200 : 404, { "content-type": "application/json" }).end(JSON.stringify(body ?? {}));
+    });
+    await new Promise<void>((r) => this.server!.listen(0, "127.0.0.1", r));
+    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+
+  /** A new key pair; published unless told otherwise. */
+  async addKey(kid: string, publish = true): Promise<void> {
+    const { publicKey, privateKey } = await generateKeyPair("RS256");
+    this.keys.set(kid, privateKey);
+    if (publish) this.published.push({ ...(await exportJWK(publicKey)), kid, alg: "RS256", use: "sig" });
+  }
+
+  unpublish(kid: string): void {
+    this.published = this.published.filter((k) => k.kid !== kid);
+  }
+
+  sign(kid: string, claims: Record<string, unknown> = {}, opts: { issuer?: string; audience?: string; exp?: number | string } = {}): Promise<string> {
+    return new SignJWT({ email: "ada@example.test", name: "Ada", ...claims })
+      .setProtectedHeader({ alg: "RS256", kid, typ: "JWT" })
+      .setSubject(String(claims.sub ?? "ext|ada"))
+      .setIssuer(opts.issuer ?? this.url)
+      .setAudience(opts.audience ?? AUDIENCE)
+      .setIssuedAt()
+      .setExpirationTime(opts.exp ?? "5m")
+      .sign(this.keys.get(kid)!);
+  }
+
+  stop(): void {
+    this.server?.close();
+  }
+}
+
+const b64 = (v: unknown) => Buffer.from(JSON.stringify(v)).toString("base64url");
+
+describe("JWT verification against an independent issuer", () => {
+  const idp = new TestIssuer();
+  let verifier: JwtVerifier;
+
+  beforeAll(async () => {
+    await idp.start();
+    await idp.addKey("k1");
+    verifier = new JwtVerifier({ issuer: idp.url, audience: AUDIENCE, jwksCooldownMs: 0, jwksCacheMs: 200 });
+  });
+  afterAll(() => idp.stop());
+
+  it("accepts a valid token and reads its claims", async () => {
+    expect(await verifier.verify(await idp.sign("k1"))).toEqual({ sub: "ext|ada", email: "ada@example.test", emailVerified: false, name: "Ada" });
+  });
+
+  it("follows a key rotation: old-key tokens valid until the key is removed, new-key tokens accepted", async () => {
+    const old = await idp.sign("k1");
+    await idp.addKey("k2");
+    const fresh = await idp.sign("k2");
+    // The unknown kid makes the verifier read the JWKS again.
+    await expect(verifier.verify(fresh)).resolves.toMatchObject({ sub: "ext|ada" });
+    await expect(verifier.verify(old)).resolves.toMatchObject({ sub: "ext|ada" });
+    idp.unpublish("k1");
+    await new Promise((r) => setTimeout(r, 300)); // past the JWKS cache age
+    await expect(verifier.verify(old)).rejects.toMatchObject({ code: 16 });
+    await expect(verifier.verify(fresh)).resolves.toMatchObject({ sub: "ext|ada" });
+  });
+
+  it("refuses forged and wrong tokens", async () => {
+    await idp.addKey("k2-forged", false); // a key of the attacker's, claiming a published kid
+    const forgedKey = await idp.sign("k2-forged");
+    const [, payload, signature] = forgedKey.split(".");
+    const cases: Record<string, string> = {
+      "wrong key": [b64({ alg: "RS256", kid: "k2", typ: "JWT" }), payload, signature].join("."),
+      "wrong issuer": await idp.sign("k2", {}, { issuer: "https://evil.example" }),
+      "wrong audience": await idp.sign("k2", {}, { audience: "https://other.example" }),
+      expired: await idp.sign("k2", {}, { exp: Math.floor(Date.now() / 1000) - 120 }),
+      "alg none": [b64({ alg: "none", typ: "JWT" }), payload, ""].join("."),
+      "alg none with a signature": [b64({ alg: "none", kid: "k2" }), payload, signature].join("."),
+      "HS256 keyed with the public key": await new SignJWT({ sub: "ext|ada" })
+        .setProtectedHeader({ alg: "HS256", kid: "k2" })
+        .setIssuer(idp.url)
+        .setAudience(AUDIENCE)
+        .setExpirationTime("5m")
+        .sign(new TextEncoder().encode(JSON.stringify(idp.published[0]))),
+      "no subject": await idp.sign("k2", { sub: "" }),
+      garbage: "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.AAAA",
+    };
+    for (const [name, token] of Object.entries(cases)) {
+      await expect(verifier.verify(token), name).rejects.toMatchObject({ code: 16 });
+    }
+  });
+
+  it("is unavailable (not 'valid') when discovery names another issuer", async () => {
+    const other = new JwtVerifier({ issuer: idp.url + "/tenant", audience: AUDIENCE });
+    await expect(other.verify(await idp.sign("k2"))).rejects.toMatchObject({ code: 14 });
+  });
+});
+
+describe("a server configured with an external issuer", () => {
+  const idp = new TestIssuer();
+  let t: TestServer;
+  let db: pg.Client;
+
+  beforeAll(async () => {
+    await idp.start();
+    await idp.addKey("a");
+    t = await startTestServer({ settings: { oidc: { issuer: idp.url, clientId: "ext-cli", audience: AUDIENCE } } });
+    db = new pg.Client({ connectionString: t.server.databaseUrl });
+    await db.connect();
+  });
+  afterAll(async () => {
+    await db?.end();
+    await t?.stop();
+    idp.stop();
+  });
+
+  it("advertises the external issuer and runs no built-in one", async () => {
+    expect((await api(t.url, undefined, "GET", "/config")).body.oidc).toEqual({ issuer: idp.url, clientId: "ext-cli", audience: AUDIENCE });
+    expect(t.server.identity.issuer).toBeUndefined();
+    expect((await fetch(`${t.url}/oidc/.well-known/openid-configuration`)).status).not.toBe(200);
+  });
+
+  it("creates the user and a personal organization on first sign-in, then serves their calls", async () => {
+    const token = await idp.sign("a", { sub: "ext|grace", email: "grace@example.test", name: "Grace" });
+    // No organization header: authenticated, but no organization context.
+    expect((await api(t.url, token, "GET", "/api-keys")).status).toBe(403);
+    const user = (await db.query(`select id, email, name, role from "user" where id = 'ext|grace'`)).rows[0];
+    expect(user).toEqual({ id: "ext|grace", email: "grace@example.test", name: "Grace", role: "user" });
+    const orgs = (await db.query(`select o.id, o.personal, m.role from organization o join organization_member m on m.organization_id = o.id where m.user_id = 'ext|grace'`)).rows;
+    expect(orgs).toEqual([{ id: expect.any(String), personal: true, role: "owner" }]);
+    const org = { "x-sandbar-organization-id": orgs[0].id };
+    expect((await api(t.url, token, "POST", "/api-keys", { name: "k", permissions: ["write:sandboxes"] }, org)).status).toBe(201);
+    expect((await api(t.url, token, "GET", "/api-keys", undefined, org)).body.map((k: { name: string }) => k.name)).toEqual(["k"]);
+    // Another organization (the bootstrap one) is not theirs.
+    const other = (await db.query(`select organization_id from organization_member where user_id = 'sandbar-admin'`)).rows[0].organization_id;
+    expect((await api(t.url, token, "GET", "/api-keys", undefined, { "x-sandbar-organization-id": other })).status).toBe(403);
+    // A second request does not create anything again.
+    await api(t.url, await idp.sign("a", { sub: "ext|grace" }), "GET", "/api-keys", undefined, org);
+    expect((await db.query(`select count(*)::int as n from organization_member where user_id = 'ext|grace'`)).rows[0].n).toBe(1);
+  });
+
+  it("applies the JWT listing and deletion rules of API keys to owners and members", async () => {
+    const grace = await idp.sign("a", { sub: "ext|grace", email: "grace@example.test" });
+    const hopper = await idp.sign("a", { sub: "ext|hopper", email: "hopper@example.test", name: "Hopper" });
+    const orgId = (await db.query(`select o.id from organization o where o.created_by = 'ext|grace' and o.personal`)).rows[0].id;
+    const org = { "x-sandbar-organization-id": orgId };
+    expect((await api(t.url, hopper, "GET", "/api-keys", undefined, org)).status).toBe(403); // provisioned, not a member
+    await db.query(`insert into organization_member (organization_id, user_id, role) values ($1, 'ext|hopper', 'member')`, [orgId]);
+    const notify = Credentials.notifySql({ kind: "member", organizationId: orgId, userId: "ext|hopper" });
+    await db.query(notify.sql, notify.params); // as membership changes do: every process re-reads it
+
+    expect((await api(t.url, hopper, "POST", "/api-keys", { name: "h", permissions: ["write:sandboxes"] }, org)).body.message).toBe(
+      "Insufficient permissions for assigning: write:sandboxes",
+    );
+    expect((await api(t.url, hopper, "POST", "/api-keys", { name: "h", permissions: [] }, org)).status).toBe(201);
+    const names = async (token: string) => ((await api(t.url, token, "GET", "/api-keys", undefined, org)).body as Array<{ name: string; userId: string }>).map((k) => `${k.userId}/${k.name}`).sort();
+    expect(await names(grace)).toEqual(["ext|grace/k", "ext|hopper/h"]);
+    expect(await names(hopper)).toEqual(["ext|hopper/h"]);
+    // By name, even an owner reaches only their own keys.
+    expect((await api(t.url, grace, "GET", "/api-keys/h", undefined, org)).status).toBe(404);
+
+    const del = (token: string, user: string, name: string) => api(t.url, token, "DELETE", `/api-keys/${encodeURIComponent(user)}/${name}`, undefined, org);
+    expect((await del(hopper, "ext|grace", "k")).status).toBe(403);
+    expect((await del(hopper, "ext|grace", "k")).body.message).toBe("Incorrect user ID provided");
+    expect((await del(grace, "ext|hopper", "h")).status).toBe(204);
+    expect((await del(grace, "ext|hopper", "h")).status).toBe(404);
+    expect((await del(hopper, "ext|hopper", "nope")).status).toBe(404);
+    expect(await names(grace)).toEqual(["ext|grace/k"]);
+    // An API key may not use the JWT-only route.
+    const created = await api(t.url, grace, "POST", "/api-keys", { name: "k2", permissions: [] }, org);
+    expect((await api(t.url, created.body.value, "DELETE", "/api-keys/ext%7Cgrace/k", undefined, org)).status).toBe(401);
+  });
+
+  it("answers 401 to forged, expired and foreign tokens", async () => {
+    const org = { "x-sandbar-organization-id": "00000000-0000-0000-0000-000000000000" };
+    const good = await idp.sign("a");
+    const [, payload, signature] = good.split(".");
+    for (const token of [
+      await idp.sign("a", {}, { exp: Math.floor(Date.now() / 1000) - 120 }),
+      await idp.sign("a", {}, { audience: "https://other.example" }),
+      await idp.sign("a", {}, { issuer: "https://evil.example" }),
+      [b64({ alg: "none", typ: "JWT" }), payload, ""].join("."),
+      [b64({ alg: "RS256", kid: "a" }), b64({ sub: "sandbar-admin", iss: idp.url, aud: AUDIENCE, exp: 9e9 }), signature].join("."),
+      // Validly signed, but an external issuer may not speak for the local bootstrap admin.
+      await idp.sign("a", { sub: "sandbar-admin" }),
+    ]) {
+      expect((await api(t.url, token, "GET", "/api-keys", undefined, org)).status).toBe(401);
+    }
+  });
+});
