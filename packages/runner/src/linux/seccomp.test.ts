@@ -54,7 +54,7 @@ describe.skipIf(!asRoot)("seccomp", () => {
     expect(notRefused).toEqual([]);
   });
 
-  it("leaves ordinary programs alone: shell pipelines, git, python, node (the agent), a compiler", async () => {
+  it("leaves ordinary programs alone: shell pipelines, git, python, pip, node (the agent), a compiler", async () => {
     const script = [
       "set -e",
       "cd $(mktemp -d)",
@@ -62,6 +62,7 @@ describe.skipIf(!asRoot)("seccomp", () => {
       "git init -q repo && cd repo && git config user.email a@b && git config user.name a",
       "echo x > f && git add f && git commit -qm one && git log --oneline | grep -q one",
       "/usr/bin/python3 -c 'import subprocess, threading, os; print(os.getpid() > 0)'",
+      "if [ -x /usr/bin/pip3 ]; then pip3 --version >/dev/null && pip3 list >/dev/null && echo pip-ok; else echo pip-ok; fi",
       "date >/dev/null && sleep 0.01",
       "printf 'int main(void){return 7;}' > t.c",
       "if command -v gcc >/dev/null; then gcc -o t t.c; rc=0; ./t || rc=$?; echo rc=$rc; else echo rc=127; fi",
@@ -69,6 +70,7 @@ describe.skipIf(!asRoot)("seccomp", () => {
     const res = await sh(f.provider, id, script);
     expect(res.code, res.stderr).toBe(0);
     expect(res.stdout).toContain("True");
+    expect(res.stdout).toContain("pip-ok");
     expect(res.stdout).toMatch(/rc=(7|127)/);
     if (execFileSync("sh", ["-c", "command -v gcc || true"]).toString().trim()) expect(res.stdout).toContain("rc=7");
   });
