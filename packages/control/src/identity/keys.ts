@@ -20,32 +20,28 @@ async function newKey(): Promise<JWK> {
 
 /** The issuer's keys from the database: created on first use, replaced when too old. */
 export async function loadSigningKeys(pool: pg.Pool): Promise<SigningKeys> {
-  const client = await pool.connect();
-  try {
-    await client.query("begin");
-    await client.query("select pg_advisory_xact_lock(7012)"); // one creator among processes
+  await underKeyLock(pool, async (client) => {
     const { rows } = await client.query<{ created_at: Date }>(
       `select created_at from oidc_signing_key where retired_at is null order by created_at desc limit 1`,
     );
     const current = rows[0];
     if (!current || Date.now() - current.created_at.getTime() > KEY_MAX_AGE_MS) await addKey(client);
-    await client.query("commit");
-  } catch (err) {
-    await client.query("rollback").catch(() => {});
-    throw err;
-  } finally {
-    client.release();
-  }
+  });
   return readKeys(pool);
 }
 
 /** A new signing key; the previous ones are retired (still published for the grace period). */
 export async function rotateSigningKey(pool: pg.Pool): Promise<void> {
+  await underKeyLock(pool, addKey);
+}
+
+/** One transaction holding the key lock: one creator among processes. */
+async function underKeyLock(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<void>): Promise<void> {
   const client = await pool.connect();
   try {
     await client.query("begin");
     await client.query("select pg_advisory_xact_lock(7012)");
-    await addKey(client);
+    await fn(client);
     await client.query("commit");
   } catch (err) {
     await client.query("rollback").catch(() => {});

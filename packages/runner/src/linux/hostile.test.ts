@@ -1,11 +1,8 @@
-import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { chmod, mkdtemp, readFile, rm } from "node:fs/promises";
-import os from "node:os";
-import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { readFile, rm } from "node:fs/promises";
 import { createClient } from "@connectrpc/connect";
 import { agentTransport } from "@sandbar/agent";
+import { buildAgentBundle } from "@sandbar/agent/testing";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { SandboxSpec } from "../provider.ts";
@@ -17,7 +14,6 @@ import { fixture, sandboxAgent, uniqueId } from "./testing/harness.ts";
 // next toolbox call (an execute through the agent) must succeed within 5 s, and the sandbox
 // reports what happened (OOM kills, pids-limit hits, agent restarts). Small limits keep it quick.
 
-const AGENT_BUILD = fileURLToPath(new URL("../../../agent/build.ts", import.meta.url));
 const RECOVER_MS = 5000;
 const LIMITS = { memoryGiB: 0.25, pidsLimit: 128, cpu: 1 } satisfies Partial<SandboxSpec>;
 
@@ -28,14 +24,7 @@ const created: string[] = [];
 const figures: Record<string, number> = {};
 
 beforeAll(async () => {
-  bundle = await mkdtemp(path.join(os.tmpdir(), "sandbar-hostile-agent-"));
-  await chmod(bundle, 0o755);
-  await new Promise<void>((resolve, reject) => {
-    const child = spawn(process.execPath, [AGENT_BUILD, bundle], { stdio: ["ignore", "ignore", "pipe"] });
-    let err = "";
-    child.stderr.on("data", (c: Buffer) => (err += c.toString()));
-    child.on("exit", (code) => (code === 0 ? resolve() : reject(new Error(`agent build failed (${code}): ${err}`))));
-  });
+  bundle = await buildAgentBundle("sandbar-hostile-agent-");
   f = await fixture();
 }, 120_000);
 
