@@ -12,6 +12,9 @@ export const User = defineEntity({
     email: p.string().default(""),
     /** System role: "admin" may use operator routes. */
     role: p.string().default("user"),
+    emailVerified: p.boolean().default(false),
+    /** OpenSSH public half of the user's key pair (the private half is never stored). */
+    sshPublicKey: p.string().nullable(),
     createdAt: p.datetime().onCreate(() => new Date()),
   },
 });

@@ -273,7 +273,9 @@ describe("backup", () => {
     const killInit = async (id: string) => {
       const p = f.runtime.provider;
       for (const pid of await p.cgroups.agentPids(id)) {
-        const ns = /^NSpid:\s+(.*)$/m.exec(await readFile(`/proc/${pid}/status`, "utf8"))?.[1].trim().split(/\s+/) ?? [];
+        // A process may end between the listing and the read: it is not the init then.
+        const status = await readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
+        const ns = /^NSpid:\s+(.*)$/m.exec(status)?.[1].trim().split(/\s+/) ?? [];
         if (ns.length > 1 && ns[ns.length - 1] === "1") process.kill(pid, "SIGKILL");
       }
       await eventually("the sandbox's first process is gone", async () => (await p.inspect(id)).state === "error");
