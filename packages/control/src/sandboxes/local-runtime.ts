@@ -5,7 +5,7 @@ import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { InitCommand, SandboxInfo, SandboxSpec } from "@sandbar/runner";
-import { ensureDefaultSnapshot, LinuxProvider, reachablePath, type Snapshot } from "@sandbar/runner/linux";
+import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
 import type { RuntimeHealth, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 
 // Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
@@ -24,11 +24,7 @@ const AGENT_ENTRY = "agent.mjs";
 export async function agentInit(bundle = DEFAULT_AGENT_BUNDLE): Promise<Omit<InitCommand, "secret">> {
   const resolved = path.resolve(bundle);
   const isDir = await stat(resolved).then((s) => s.isDirectory(), () => resolved === DEFAULT_AGENT_BUNDLE);
-  // Staged where sandbox users can read them when this node or checkout lives in a private directory.
-  const exists = await stat(resolved).then(() => true, () => false);
-  const node = await reachablePath(process.execPath);
-  const staged = exists ? await reachablePath(resolved) : resolved;
-  return isDir ? { node, bundle: staged, main: AGENT_ENTRY } : { node, bundle: staged };
+  return isDir ? { node: process.execPath, bundle: resolved, main: AGENT_ENTRY } : { node: process.execPath, bundle: resolved };
 }
 
 export interface LocalRuntimeOptions {

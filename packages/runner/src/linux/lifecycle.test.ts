@@ -1,5 +1,5 @@
 import { createReadStream, createWriteStream } from "node:fs";
-import { lstat, mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { copyFile, link, lstat, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -251,7 +251,7 @@ describe("linux sandbox lifecycle", () => {
     );
     // A bind source below a directory the sandbox uid cannot search (the data dir is 0700).
     await expectCode(
-      f.provider.create(f.spec(uniqueId("x"), { init: { node: process.execPath, bundle: path.join(f.rootfs, "etc/passwd") } })),
+      f.provider.create(f.spec(uniqueId("x"), { mounts: [{ source: path.join(f.rootfs, "etc"), target: "/mnt/etc" }] })),
       Code.FailedPrecondition,
       "not reachable by sandbox users",
     );
@@ -260,6 +260,19 @@ describe("linux sandbox lifecycle", () => {
     await expectCode(f.provider.inspect("unknown-sandbox"), Code.NotFound);
     await expectCode(f.provider.start("unknown-sandbox"), Code.NotFound);
     await expectCode(f.provider.pack("unknown-sandbox"), Code.NotFound);
+  });
+
+  it("runs an agent whose node and bundle live in a private directory (nvm under /root)", async () => {
+    // The agent is a lower layer of the root, read with the runner's credentials: no bind source
+    // has to be reachable by the sandbox uid.
+    const home = path.join(f.dataDir, "private-home");
+    await mkdir(home, { mode: 0o700 });
+    const node = path.join(home, "node");
+    await link(process.execPath, node).catch(() => copyFile(process.execPath, node));
+    const bundle = path.join(home, "agent.mjs");
+    await copyFile(f.spec("x").init.bundle, bundle);
+    const id = await make("private", { init: { node, bundle } });
+    expect((await sh(f.provider, id, "echo ok")).stdout).toBe("ok\n");
   });
 
   it("fails start clearly when the first process never listens", async () => {

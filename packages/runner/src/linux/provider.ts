@@ -156,13 +156,13 @@ export class LinuxProvider implements SandboxProvider {
     if (!(await statOrFail("rootfs", spec.rootfs)).isDirectory()) throw errors.failedPrecondition(`rootfs ${spec.rootfs} is not a directory`);
     const node = await statOrFail("init.node", spec.init.node);
     if (!node.isFile()) throw errors.failedPrecondition(`init.node ${spec.init.node} is not a file`);
-    await assertReachable("init.node", spec.init.node);
+    // node and the bundle become a lower layer of the root (tools-layer.ts), read with the
+    // runner's credentials: unlike bind sources they need not be reachable by the sandbox uid.
     const bundle = await statOrFail("init.bundle", spec.init.bundle);
     if (bundle.isDirectory()) {
       if (!spec.init.main) throw errors.invalidArgument(`init.main is required: init.bundle ${spec.init.bundle} is a directory`);
       await statOrFail("init.main", path.join(spec.init.bundle, spec.init.main));
     }
-    await assertReachable("init.bundle", spec.init.bundle);
     for (const m of spec.mounts ?? []) {
       await statOrFail("mount source", m.source);
       await assertReachable("mount source", m.source);

@@ -5,8 +5,8 @@ import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { reachableByOthers, reachablePath } from "./stage.ts";
 
-// A node or agent bundle in a private directory (nvm under /root) is copied where sandbox users
-// can read it. Checked as a real unprivileged uid (nobody), as bwrap resolves binds.
+// Files in a private directory (a checkout under /root) are copied where an unprivileged user
+// can read and run them. Checked as a real unprivileged uid (nobody).
 
 const asRoot = process.getuid?.() === 0;
 const scratch: string[] = [];

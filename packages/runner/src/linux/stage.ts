@@ -2,11 +2,10 @@ import { createHash, randomBytes } from "node:crypto";
 import { chmod, cp, lstat, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
 
-// bwrap binds the agent's node binary and bundle as the sandbox's unprivileged host uid, so they
-// must be reachable by others. A host whose node lives in a private directory (nvm under /root,
-// a checkout under /root) would get sandboxes that cannot start; such paths are copied once into
-// a world-readable staging directory, named by their contents' identity so that hosts running
-// several servers share one copy and a rebuilt bundle gets a new one.
+// Files that an unprivileged user must read or run (PostgreSQL's binaries, run as `postgres` by
+// the embedded database) cannot stay in a private directory (nvm or a checkout under /root). Such
+// paths are copied once into a world-readable staging directory, named by their contents'
+// identity, so that several servers on a host share one copy and a rebuilt package gets a new one.
 
 /** Where unreachable runtime files are copied; root-owned, world-readable. */
 export const DEFAULT_STAGING_DIR = "/usr/local/lib/sandbar/stage";

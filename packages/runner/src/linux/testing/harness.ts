@@ -12,7 +12,6 @@ import { LinuxProvider } from "../provider.ts";
 import { mountsUnder } from "../mounts.ts";
 import { sandboxAgent as agentOf, sandboxInit as initOf } from "../sandbox-procs.ts";
 import { buildHostUsrRootfs } from "../rootfs.ts";
-import { reachablePath } from "../stage.ts";
 
 // Shared by the runner's tests and bench: a provider on a scratch data dir, a small rootfs, and a
 // client for exec-agent.ts.
@@ -104,7 +103,6 @@ export async function fixture(options: Partial<LinuxProviderOptions> = {}): Prom
   const rootfs = path.join(dataDir, "base-rootfs");
   const baseMounts = await buildHostUsrRootfs(rootfs);
   const agent = await execAgentBundle();
-  const node = await reachablePath(process.execPath);
   // Each fixture gets its own uid range so parallel test files never share a host uid.
   const uidBase = options.uidBase ?? 1_600_000_000 + randomBytes(2).readUInt16BE() * 1024;
   const provider = await LinuxProvider.open({ ...options, dataDir, uidBase, uidCount: options.uidCount ?? 1024 });
@@ -120,7 +118,7 @@ export async function fixture(options: Partial<LinuxProviderOptions> = {}): Prom
       cpu: 1,
       memoryGiB: 0.5,
       pidsLimit: 256,
-      init: { node, bundle: agent },
+      init: { node: process.execPath, bundle: agent },
       ...over,
     }),
   };
