@@ -17,7 +17,21 @@ interface CachedKey {
   loadedAt: number;
 }
 
-type Invalidation = { kind: "key"; hash: string } | { kind: "member"; organizationId: string; userId: string };
+/** What changed: one key, one member's access, or everything cached about an organization (roles, suspension). */
+export type Invalidation =
+  | { kind: "key"; hash: string }
+  | { kind: "member"; organizationId: string; userId: string }
+  | { kind: "organization"; organizationId: string };
+
+/** A member's standing in an organization, as the guard needs it on every call. */
+export interface MemberAccess {
+  /** "owner" or "member". */
+  role: string;
+  /** The union of the member's assigned roles' permissions (owners hold every scope regardless). */
+  permissions: ReadonlySet<string>;
+  /** Present while the organization is suspended: the reason ("" when none was given). */
+  suspension?: string;
+}
 
 /**
  * Resolves bearer credentials to a principal. Validated keys are cached in memory; a
@@ -26,7 +40,7 @@ type Invalidation = { kind: "key"; hash: string } | { kind: "member"; organizati
  */
 export class Credentials {
   private readonly keys = new Map<string, CachedKey>();
-  private readonly members = new Map<string, { role: string | null; loadedAt: number }>();
+  private readonly members = new Map<string, { access: MemberAccess | null; loadedAt: number; until?: number }>();
   private readonly lastUsedWrites = new Map<string, number>();
   private listener?: pg.Client;
   private syncing = false;
@@ -71,7 +85,8 @@ export class Credentials {
   /** Evicts locally at once (the notification will do the same in every process). */
   evict(inv: Invalidation): void {
     if (inv.kind === "key") this.keys.delete(inv.hash);
-    else this.members.delete(`${inv.organizationId}/${inv.userId}`);
+    else if (inv.kind === "member") this.members.delete(`${inv.organizationId}/${inv.userId}`);
+    else for (const id of this.members.keys()) if (id.startsWith(`${inv.organizationId}/`)) this.members.delete(id);
   }
 
   async authenticate(authorization: string | null): Promise<Principal> {
@@ -79,8 +94,9 @@ export class Credentials {
     if (!token) throw errors.unauthenticated();
     if (looksLikeJwt(token)) return this.authenticateJwt(token);
     const hash = hashApiKey(token);
-    // Trust the cache only once every revocation committed before this request has arrived.
-    if (this.keys.has(hash)) await this.sync();
+    // Trust the caches (keys, and members right after) only once every revocation committed
+    // before this request has arrived.
+    await this.sync();
     const now = Date.now();
     let cached = this.keys.get(hash);
     if (!cached || now - cached.loadedAt > CACHE_TTL_MS) {
@@ -100,7 +116,7 @@ export class Credentials {
 
   private async authenticateJwt(token: string): Promise<Principal> {
     if (!this.jwt) throw errors.unauthenticated();
-    const claims = await this.jwt.verify(token);
+    const [claims] = await Promise.all([this.jwt.verify(token), this.sync()]);
     const now = Date.now();
     const hit = this.jwtUsers.get(claims.sub);
     if (hit && now - hit.loadedAt <= CACHE_TTL_MS && (!claims.email || hit.principal.email === claims.email)) return hit.principal;
@@ -144,18 +160,28 @@ export class Credentials {
     this.syncing = false;
   }
 
-  /** The member's role in an organization, or null when not a member. */
-  async memberRole(organizationId: string, userId: string): Promise<string | null> {
+  /** The member's access to an organization, or null when not a member (or no such organization). */
+  async memberAccess(organizationId: string, userId: string): Promise<MemberAccess | null> {
     const id = `${organizationId}/${userId}`;
+    const now = Date.now();
     const hit = this.members.get(id);
-    if (hit && Date.now() - hit.loadedAt <= CACHE_TTL_MS) return hit.role;
-    const { rows } = await this.query<{ role: string }>(
-      `select role from organization_member where organization_id = $1 and user_id = $2`,
+    if (hit && now - hit.loadedAt <= CACHE_TTL_MS && !(hit.until && hit.until <= now)) return hit.access;
+    const { rows } = await this.query<{ role: string; permissions: string[]; suspended: boolean; suspension_reason: string | null; suspended_until: Date | null }>(
+      `select m.role, o.suspended, o.suspension_reason, o.suspended_until,
+              array(select distinct unnest(r.permissions) from organization_member_role mr
+                      join organization_role r on r.id = mr.role_id
+                     where mr.organization_id = m.organization_id and mr.user_id = m.user_id) as permissions
+         from organization_member m join organization o on o.id = m.organization_id
+        where m.organization_id = $1 and m.user_id = $2`,
       [organizationId, userId],
     );
-    const role = rows[0]?.role ?? null;
-    this.members.set(id, { role, loadedAt: Date.now() });
-    return role;
+    const row = rows[0];
+    // A suspension whose end has passed no longer counts (as in the reference).
+    const suspended = row?.suspended && !(row.suspended_until && row.suspended_until.getTime() <= now);
+    const access = row ? { role: row.role, permissions: new Set(row.permissions), ...(suspended ? { suspension: row.suspension_reason ?? "" } : {}) } : null;
+    if (this.members.size > 50_000) this.members.clear();
+    this.members.set(id, { access, loadedAt: now, until: suspended ? row?.suspended_until?.getTime() : undefined });
+    return access;
   }
 
   private async loadKey(hash: string): Promise<Principal | null> {

@@ -32,6 +32,8 @@ export interface AuthContext {
   principal?: Principal;
   organizationId?: string;
   memberRole?: string;
+  /** The scopes the call holds: the key's, or a signed-in member's (every scope for an owner). */
+  permissions?: ReadonlySet<string>;
 }
 
 export const authContextKey = createContextKey<AuthContext>({});

@@ -30,11 +30,146 @@ export const Organization = defineEntity({
     createdBy: p.string(),
     /** Operator switch: keys with manage:api_keys may create, list and delete child keys. */
     managedApiKeys: p.boolean().default(false),
+    defaultRegionId: p.string().nullable(),
+    /** Cores and GiB; a region quota's own maxima take precedence. */
+    maxCpuPerSandbox: p.integer().default(4),
+    maxMemoryPerSandbox: p.integer().default(8),
+    maxDiskPerSandbox: p.integer().default(10),
+    maxSnapshotSize: p.integer().default(20),
+    snapshotQuota: p.integer().default(30),
+    volumeQuota: p.integer().default(100),
+    /** Rate-limit overrides; null: the server's default. */
+    authenticatedRateLimit: p.integer().nullable(),
+    sandboxCreateRateLimit: p.integer().nullable(),
+    sandboxLifecycleRateLimit: p.integer().nullable(),
+    authenticatedRateLimitTtlSeconds: p.integer().nullable(),
+    sandboxCreateRateLimitTtlSeconds: p.integer().nullable(),
+    sandboxLifecycleRateLimitTtlSeconds: p.integer().nullable(),
+    suspended: p.boolean().default(false),
+    suspendedAt: p.datetime().nullable(),
+    suspensionReason: p.text().nullable(),
+    suspendedUntil: p.datetime().nullable(),
+    suspensionCleanupGracePeriodHours: p.integer().default(24),
+    snapshotDeactivationTimeoutMinutes: p.integer().default(20160),
+    sandboxLimitedNetworkEgress: p.boolean().default(false),
+    experimentalConfig: p.json<Record<string, unknown>>().nullable(),
+    /** Header values encrypted (secrets.ts). */
+    otelConfig: p.json<StoredOtelConfig>().nullable(),
     createdAt: p.datetime().onCreate(() => new Date()),
     updatedAt: p.datetime().onCreate(() => new Date()).onUpdate(() => new Date()),
   },
 });
 export type Organization = InferEntity<typeof Organization>;
+export interface StoredOtelConfig {
+  endpoint: string;
+  /** Name -> encrypted value. */
+  headers: Record<string, string>;
+}
+
+/** Where sandboxes run: shared by all organizations, or an organization's own (custom). */
+export const Region = defineEntity({
+  name: "Region",
+  tableName: "region",
+  properties: {
+    id: p.string().primary(),
+    name: p.string().unique(),
+    organizationId: p.uuid().nullable(),
+    /** "shared", "dedicated" or "custom". */
+    regionType: p.string(),
+    enforceQuotas: p.boolean().default(false),
+    proxyUrl: p.text().nullable(),
+    sshGatewayUrl: p.text().nullable(),
+    snapshotManagerUrl: p.text().nullable(),
+    /** SHA-256 (hex) of each service credential; the values are shown once. */
+    proxyApiKeyHash: p.string().nullable(),
+    sshGatewayApiKeyHash: p.string().nullable(),
+    snapshotManagerPasswordHash: p.string().nullable(),
+    createdAt: p.datetime().onCreate(() => new Date()),
+    updatedAt: p.datetime().onCreate(() => new Date()).onUpdate(() => new Date()),
+  },
+});
+export type Region = InferEntity<typeof Region>;
+
+/** An organization's totals in one region and sandbox class. */
+export const RegionQuota = defineEntity({
+  name: "RegionQuota",
+  tableName: "region_quota",
+  properties: {
+    organizationId: p.uuid().primary(),
+    regionId: p.string().primary(),
+    sandboxClass: p.string().primary(),
+    totalCpuQuota: p.integer().default(10),
+    totalMemoryQuota: p.integer().default(10),
+    totalDiskQuota: p.integer().default(30),
+    totalGpuQuota: p.integer().default(0),
+    maxCpuPerSandbox: p.integer().nullable(),
+    maxMemoryPerSandbox: p.integer().nullable(),
+    maxDiskPerSandbox: p.integer().nullable(),
+  },
+  primaryKeys: ["organizationId", "regionId", "sandboxClass"],
+});
+export type RegionQuota = InferEntity<typeof RegionQuota>;
+
+/** A named bundle of permissions; global ones (no organization) are seeded and fixed. */
+export const OrganizationRole = defineEntity({
+  name: "OrganizationRole",
+  tableName: "organization_role",
+  properties: {
+    id: p.uuid().primary(),
+    organizationId: p.uuid().nullable(),
+    name: p.string(),
+    description: p.text().default(""),
+    permissions: p.array(),
+    isGlobal: p.boolean().default(false),
+    createdAt: p.datetime().onCreate(() => new Date()),
+    updatedAt: p.datetime().onCreate(() => new Date()),
+  },
+});
+export type OrganizationRole = InferEntity<typeof OrganizationRole>;
+
+export const OrganizationMemberRole = defineEntity({
+  name: "OrganizationMemberRole",
+  tableName: "organization_member_role",
+  properties: {
+    organizationId: p.uuid().primary(),
+    userId: p.string().primary(),
+    roleId: p.uuid().primary(),
+  },
+  primaryKeys: ["organizationId", "userId", "roleId"],
+});
+export type OrganizationMemberRole = InferEntity<typeof OrganizationMemberRole>;
+
+export const OrganizationInvitation = defineEntity({
+  name: "OrganizationInvitation",
+  tableName: "organization_invitation",
+  properties: {
+    id: p.uuid().primary(),
+    organizationId: p.uuid(),
+    /** Lower-cased and trimmed. */
+    email: p.string(),
+    /** The inviter's e-mail. */
+    invitedBy: p.string(),
+    /** "owner" or "member". */
+    role: p.string(),
+    /** pending, accepted, declined or cancelled; "expired" is derived from expiresAt. */
+    status: p.string().default("pending"),
+    expiresAt: p.datetime(),
+    createdAt: p.datetime().onCreate(() => new Date()),
+    updatedAt: p.datetime().onCreate(() => new Date()),
+  },
+});
+export type OrganizationInvitation = InferEntity<typeof OrganizationInvitation>;
+
+export const OrganizationInvitationRole = defineEntity({
+  name: "OrganizationInvitationRole",
+  tableName: "organization_invitation_role",
+  properties: {
+    invitationId: p.uuid().primary(),
+    roleId: p.uuid().primary(),
+  },
+  primaryKeys: ["invitationId", "roleId"],
+});
+export type OrganizationInvitationRole = InferEntity<typeof OrganizationInvitationRole>;
 
 export const OrganizationMember = defineEntity({
   name: "OrganizationMember",
@@ -45,6 +180,7 @@ export const OrganizationMember = defineEntity({
     /** "owner" or "member". */
     role: p.string(),
     createdAt: p.datetime().onCreate(() => new Date()),
+    updatedAt: p.datetime().onCreate(() => new Date()),
   },
   primaryKeys: ["organizationId", "userId"],
 });
@@ -113,10 +249,14 @@ export const SandboxRecord = defineEntity({
     lastActivityAt: p.datetime().nullable(),
     /** The preview token; rotated on every start. */
     authToken: p.string(),
+    regionId: p.string().default("local"),
     /** The runner holding the sandbox's files; null when archived or destroyed. */
     runnerId: p.string().nullable(),
   },
 });
 export type SandboxRecord = InferEntity<typeof SandboxRecord>;
 
-export const entities = [User, Organization, OrganizationMember, ApiKeyRecord, SandboxRecord];
+export const entities = [
+  User, Organization, OrganizationMember, ApiKeyRecord, SandboxRecord, Region, RegionQuota,
+  OrganizationRole, OrganizationMemberRole, OrganizationInvitation, OrganizationInvitationRole,
+];

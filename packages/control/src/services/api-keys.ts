@@ -66,7 +66,7 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
       const scopes = [...new Set(req.permissions.map(scopeOf))];
       if (caller.apiKey) await assertManager(caller, organizationId);
       // A key gives at most its own scopes; a signed-in member at most their role's.
-      const held = caller.apiKey ? caller.apiKey.permissions : memberScopes(ctx.values.get(authContextKey).memberRole);
+      const held = ctx.values.get(authContextKey).permissions ?? new Set<string>();
       const missing = scopes.filter((s) => !held.has(s));
       if (missing.length) throw errors.permissionDenied(`Insufficient permissions for assigning: ${missing.join(", ")}`);
 
@@ -156,10 +156,6 @@ export async function revoke(orm: MikroORM, credentials: Credentials, key: ApiKe
 }
 
 /** Scopes a signed-in member may hand to a key: an owner all of them; a member none yet (assigned roles come with membership). */
-function memberScopes(role: string | undefined): ReadonlySet<string> {
-  return new Set(role === "owner" ? ALL_SCOPES : []);
-}
-
 type ListedKey = Pick<ApiKeyRecord, "name" | "keyPrefix" | "keySuffix" | "createdAt" | "permissions" | "lastUsedAt" | "expiresAt" | "userId">;
 
 function toApiKey(k: ListedKey): ApiKey {

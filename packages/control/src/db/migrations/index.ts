@@ -2,6 +2,13 @@ import { Migration0001Identity } from "./0001-identity.ts";
 import { Migration0002Sandboxes } from "./0002-sandboxes.ts";
 import { Migration0004Identity } from "./0004-identity.ts";
 import { Migration0005Users } from "./0005-users.ts";
+import { Migration0006Organizations } from "./0006-organizations.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
-export const migrations = [{ name: "0001-identity", class: Migration0001Identity }, { name: "0002-sandboxes", class: Migration0002Sandboxes }, { name: "0004-identity", class: Migration0004Identity }, { name: "0005-users", class: Migration0005Users }];
+export const migrations = [
+  { name: "0001-identity", class: Migration0001Identity },
+  { name: "0002-sandboxes", class: Migration0002Sandboxes },
+  { name: "0004-identity", class: Migration0004Identity },
+  { name: "0005-users", class: Migration0005Users },
+  { name: "0006-organizations", class: Migration0006Organizations },
+];

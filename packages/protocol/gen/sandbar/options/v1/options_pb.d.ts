@@ -46,6 +46,13 @@ export declare type Route = Message<"sandbar.options.v1.Route"> & {
    * @generated from field: bool user_level = 4;
    */
   userLevel: boolean;
+
+  /**
+   * Only an owner of the organization may call it (an owner's API key passes; its scopes still apply).
+   *
+   * @generated from field: bool owner = 5;
+   */
+  owner: boolean;
 };
 
 /**
