@@ -3,7 +3,9 @@ import { readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { EntityManager, MikroORM } from "@mikro-orm/postgresql";
 import { generateApiKey, hashApiKey, keyEnds } from "./auth/key-material.ts";
-import { ApiKeyRecord, Organization, OrganizationMember, User } from "./db/entities.ts";
+import { ApiKeyRecord, User } from "./db/entities.ts";
+import { execIn } from "./db/exec.ts";
+import { insertOrganization } from "./organizations/new-organization.ts";
 import { ALL_SCOPES } from "./auth/scopes.ts";
 import { generatePassword, hashPassword, verifyPassword } from "./identity/passwords.ts";
 
@@ -34,7 +36,7 @@ export async function bootstrap(
    * changes), or a password generated once, written 0600 beside the key and printed once.
    */
   async function bootstrapPassword(em: EntityManager, preset: string | undefined): Promise<void> {
-    const run = (sql: string, params: unknown[]) => em.getConnection().execute(sql, params, "all", em.getTransactionContext());
+    const run = execIn(em);
     const rows = (await run(`select password_hash from user_password where user_id = ?`, [ADMIN_USER_ID])) as Array<{ password_hash: string }>;
     const current = rows[0]?.password_hash;
     const file = join(dataDir, "admin-password");
@@ -67,15 +69,12 @@ export async function bootstrap(
       }
       return;
     }
-    const orgId = randomUUID();
     em.create(User, { id: ADMIN_USER_ID, name: "Sandbar admin", email: "", role: "admin", createdAt: new Date() });
-    em.create(Organization, {
-      id: orgId, name: "Default", personal: false, createdBy: ADMIN_USER_ID,
-      // The operator's own organization: its admin key may manage keys.
-      managedApiKeys: true, createdAt: new Date(), updatedAt: new Date(),
-    });
-    await em.flush(); // rows referenced by the member and key rows below go in first
-    em.create(OrganizationMember, { organizationId: orgId, userId: ADMIN_USER_ID, role: "owner", createdAt: new Date() });
+    await em.flush(); // the user row goes in before the organization that names it
+    const exec = execIn(em);
+    const orgId = await insertOrganization(exec, { name: "Default", createdBy: ADMIN_USER_ID, personal: false, operator: true });
+    // The operator's own organization: its admin key may manage keys.
+    await exec(`update organization set managed_api_keys = true where id = ?`, [orgId]);
     const value = presetKey ?? generateApiKey();
     em.create(ApiKeyRecord, {
       id: randomUUID(), organizationId: orgId, userId: ADMIN_USER_ID, name: ADMIN_KEY_NAME,

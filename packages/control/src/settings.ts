@@ -28,6 +28,11 @@ export interface Settings {
   oidc?: { issuer: string; clientId: string; audience: string };
   /** The bootstrap admin's password for the built-in issuer; generated when unset. */
   bootstrapPassword?: string;
+  /**
+   * Encrypts secrets the API stores for later use in clear (OpenTelemetry headers). Unset: a key
+   * generated once and kept in the database (protects dumps of the rows, not of the database).
+   */
+  encryptionKey?: string;
   /** The agent run as each sandbox's first process: a bundle directory holding agent.mjs, or one script; default packages/agent/dist. */
   agentBundle?: string;
 }
@@ -59,6 +64,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     agentBundle: env.SANDBAR_AGENT_BUNDLE || undefined,
     oidc: oidcSettings(env),
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
+    encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
   };
 }
 

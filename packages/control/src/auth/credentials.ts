@@ -1,4 +1,5 @@
 import pg from "pg";
+import type { Exec } from "../db/exec.ts";
 import { errors } from "@sandbar/protocol";
 import type { JwtVerifier } from "./jwt.ts";
 import { userForClaims } from "./jwt-users.ts";
@@ -77,9 +78,12 @@ export class Credentials {
     await this.pool.end().catch(() => {});
   }
 
-  /** The NOTIFY statement to run inside the transaction that revokes or changes access. */
-  static notifySql(inv: Invalidation): { sql: string; params: string[] } {
-    return { sql: "select pg_notify($1, $2)", params: [CHANNEL, JSON.stringify(inv)] };
+  /**
+   * Tells every control process about a change; run it inside the transaction that revokes or
+   * changes access (the notification is delivered when, and only if, it commits).
+   */
+  static async publish(exec: Exec, inv: Invalidation): Promise<void> {
+    await exec("select pg_notify(?, ?)", [CHANNEL, JSON.stringify(inv)]);
   }
 
   /** Evicts locally at once (the notification will do the same in every process). */

@@ -1,5 +1,6 @@
-import { randomUUID } from "node:crypto";
 import type pg from "pg";
+import { pgExec } from "../db/exec.ts";
+import { insertOrganization } from "../organizations/new-organization.ts";
 import type { VerifiedClaims } from "./jwt.ts";
 import type { Principal } from "./principal.ts";
 
@@ -36,7 +37,7 @@ export async function userForClaims(pool: pg.Pool, claims: VerifiedClaims): Prom
         if (!user) {
           user = { id: claims.sub, email: claims.email, name: claims.name, role: "user" };
           await client.query(`insert into "user" (id, name, email, role) values ($1, $2, $3, 'user')`, [user.id, user.name, user.email]);
-          await createPersonalOrganization(client, user.id);
+          await insertOrganization(pgExec(client), { name: "Personal", createdBy: user.id, personal: true });
         }
         await client.query("commit");
       } catch (err) {
@@ -48,12 +49,4 @@ export async function userForClaims(pool: pg.Pool, claims: VerifiedClaims): Prom
   } finally {
     client.release();
   }
-}
-
-/** A user's own organization, owned by them; to be called inside the transaction creating the user. */
-export async function createPersonalOrganization(client: pg.ClientBase, userId: string): Promise<string> {
-  const id = randomUUID();
-  await client.query(`insert into organization (id, name, personal, created_by) values ($1, 'Personal', true, $2)`, [id, userId]);
-  await client.query(`insert into organization_member (organization_id, user_id, role) values ($1, $2, 'owner')`, [id, userId]);
-  return id;
 }

@@ -1,7 +1,9 @@
+import { SignJWT } from "jose";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AUDIENCE, TestIssuer } from "../testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
+import { pgExec } from "../db/exec.ts";
 import { Credentials } from "./credentials.ts";
 import { JwtVerifier } from "./jwt.ts";
 
@@ -116,8 +118,7 @@ describe("a server configured with an external issuer", () => {
     const org = { "x-sandbar-organization-id": orgId };
     expect((await api(t.url, hopper, "GET", "/api-keys", undefined, org)).status).toBe(403); // provisioned, not a member
     await db.query(`insert into organization_member (organization_id, user_id, role) values ($1, 'ext|hopper', 'member')`, [orgId]);
-    const notify = Credentials.notifySql({ kind: "member", organizationId: orgId, userId: "ext|hopper" });
-    await db.query(notify.sql, notify.params); // as membership changes do: every process re-reads it
+    await Credentials.publish(pgExec(db), { kind: "member", organizationId: orgId, userId: "ext|hopper" }); // as membership changes do: every process re-reads it
 
     expect((await api(t.url, hopper, "POST", "/api-keys", { name: "h", permissions: ["write:sandboxes"] }, org)).body.message).toBe(
       "Insufficient permissions for assigning: write:sandboxes",

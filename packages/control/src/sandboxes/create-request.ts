@@ -11,10 +11,11 @@ import { normalizeAutoArchive } from "./states.ts";
 /** The one snapshot sandboxes are made from, as GET /config names it. */
 export const DEFAULT_SNAPSHOT = "sandbar-default";
 export const DEFAULT_USER = "sandbar";
+/** Defaults; the maxima are the organization's quota (organizations/usage.ts). */
 export const RESOURCES = {
-  cpu: { default: 1, max: 4 },
-  memory: { default: 1, max: 8 },
-  disk: { default: 3, max: 10 },
+  cpu: { default: 1 },
+  memory: { default: 1 },
+  disk: { default: 3 },
 } as const;
 
 /**
@@ -41,7 +42,7 @@ const USER = /^[a-z_][a-z0-9_-]{0,31}$/;
 const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /** Checks a create request as the reference does (field problems together, then one by one). */
-export function newSandbox(organizationId: string, req: CreateSandboxRequest): NewSandbox {
+export function newSandbox(organizationId: string, req: CreateSandboxRequest): Omit<NewSandbox, "regionId"> {
   const snapshot = (req.snapshot ?? req.image ?? "").trim();
   const checks = new Checks();
   if (req.name !== undefined) checks.displayName("name", req.name);
@@ -71,9 +72,6 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest): N
   const cpu = req.cpu || RESOURCES.cpu.default;
   const memory = req.memory || RESOURCES.memory.default;
   const disk = req.disk || RESOURCES.disk.default;
-  if (cpu > RESOURCES.cpu.max) throw errors.invalidArgument(`CPU request ${cpu} exceeds maximum allowed per sandbox (${RESOURCES.cpu.max}).`);
-  if (memory > RESOURCES.memory.max) throw errors.invalidArgument(`Memory request ${memory}GB exceeds maximum allowed per sandbox (${RESOURCES.memory.max}GB).`);
-  if (disk > RESOURCES.disk.max) throw errors.invalidArgument(`Disk request ${disk}GB exceeds maximum allowed per sandbox (${RESOURCES.disk.max}GB).`);
   if (req.gpu) throw errors.invalidArgument(`GPU request ${req.gpu} exceeds maximum allowed per sandbox (0).`);
 
   const autoStop = req.autoStopInterval ?? 15;

@@ -12,7 +12,7 @@ import {
   SandboxStateSchema,
 } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import type { SandboxRecord } from "../db/entities.ts";
-import { REGION, SANDBOX_CLASS } from "./list-query.ts";
+import { SANDBOX_CLASS } from "./list-query.ts";
 import type { RuntimeHealth } from "./runtime.ts";
 import { reportedState } from "./states.ts";
 
@@ -64,7 +64,7 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     public: r.public,
     // Sandboxes here have loopback only (the linux provider's network mode "none").
     networkBlockAll: true,
-    target: REGION,
+    target: r.regionId,
     cpu: r.cpu,
     gpu: r.gpu,
     memory: r.memory,

@@ -39,8 +39,7 @@ export interface ListCriteria {
   lastEventBefore?: Date;
 }
 
-/** What every sandbox here is (one region, one class). */
-export const REGION = "local";
+/** What every sandbox here is (one class). */
 export const SANDBOX_CLASS = "container";
 
 const LIMIT_MAX = 200;
@@ -75,7 +74,7 @@ export function whereOf(c: ListCriteria, checks: Checks, allStates: string[]): {
     add(`${REPORTED_STATE_SQL} in (${c.states.map(() => "?").join(", ")})`, ...c.states);
   }
   if (c.snapshots.length) add(`"snapshot" in (${c.snapshots.map(() => "?").join(", ")})`, ...c.snapshots);
-  if (c.regions.length && !c.regions.includes(REGION)) where.push("false");
+  if (c.regions.length) add(`"region_id" in (${c.regions.map(() => "?").join(", ")})`, ...c.regions);
   if (c.classes.length && !c.classes.includes(SANDBOX_CLASS)) where.push("false");
   const range = (name: string, column: string, value: number | undefined, op: ">=" | "<=") => {
     if (value === undefined) return;
@@ -185,7 +184,7 @@ const PAGE_SORT: Record<PageSort, string> = {
   name: `"name"`,
   state: REPORTED_STATE_SQL,
   snapshot: `"snapshot"`,
-  region: `"created_at"`, // one region: the secondary order decides
+  region: `"region_id"`,
   updatedAt: `"updated_at"`,
   createdAt: `"created_at"`,
   lastActivityAt: `"last_activity_at"`,

@@ -28,6 +28,7 @@ export interface SandboxManagerOptions {
 /** A validated create request. */
 export interface NewSandbox {
   organizationId: string;
+  regionId: string;
   name?: string;
   snapshot: string;
   user: string;
@@ -169,6 +170,7 @@ export class SandboxManager {
       updatedAt: now,
       lastActivityAt: now,
       authToken: newAuthToken(),
+      regionId: input.regionId,
       runnerId: this.runtime.runnerId,
     };
     const op = this.locks.tryRun(id, async () => {
@@ -201,7 +203,7 @@ export class SandboxManager {
       if (isErrored(cur.state) || lost) {
         if (!lost && !(await this.#recoverable(cur))) throw bad("Sandbox is in an errored state");
         // Reported `starting` meanwhile; its leftovers are torn down by the runtime's start.
-        await this.store.update(cur.id, { state: "stopped", desiredState: "started", authToken: newAuthToken(), errorReason: null, lastActivityAt: new Date() });
+        await this.store.updateAdmitted(cur, cur, { state: "stopped", desiredState: "started", authToken: newAuthToken(), errorReason: null, lastActivityAt: new Date() });
         return this.driveStart(cur);
       }
       if (cur.state === "started" && cur.desiredState === "started") return {};
@@ -209,7 +211,8 @@ export class SandboxManager {
       if (cur.state !== "stopped" && cur.state !== "archived") throw bad("Sandbox is not in valid state");
       this.#assertHere(cur);
       const archived = cur.state === "archived";
-      await this.store.update(cur.id, {
+      // A stopped sandbox holds its disk already; an archived one takes it again.
+      await this.store.updateAdmitted(cur, { ...cur, disk: archived ? cur.disk : 0 }, {
         desiredState: "started",
         authToken: newAuthToken(),
         errorReason: null,

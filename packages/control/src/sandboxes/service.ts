@@ -18,6 +18,7 @@ import { SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import { normalizeAutoArchive } from "./states.ts";
 import { LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
+import { targetRegion } from "../organizations/target-region.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -84,7 +85,9 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     },
 
     async createSandbox(req, ctx) {
-      return dto(await manager.create(newSandbox(organizationOf(ctx), req)));
+      const organizationId = organizationOf(ctx);
+      const input = newSandbox(organizationId, req);
+      return dto(await manager.create({ ...input, regionId: await targetRegion(deps.orm, organizationId, req.target) }));
     },
 
     async getSandbox(req, ctx) {

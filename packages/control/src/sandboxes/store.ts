@@ -1,6 +1,8 @@
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import { SandboxRecord } from "../db/entities.ts";
+import { execIn } from "../db/exec.ts";
+import { admit, type Demand } from "../organizations/usage.ts";
 import type { ListFilter } from "./list-query.ts";
 
 // The sandbox table. Updates name the columns they change (never a whole-row write), so a
@@ -25,10 +27,13 @@ export class SandboxStore {
     return this.#orm.em.fork();
   }
 
+  /** Inserts a new sandbox once the organization's quota admits it (one transaction). */
   async insert(row: SandboxRecord): Promise<void> {
-    const em = this.#em();
     try {
-      await em.insert(SandboxRecord, row);
+      await this.#em().transactional(async (em) => {
+        await admit(execIn(em), row.organizationId, row.regionId, row);
+        await em.insert(SandboxRecord, row);
+      });
     } catch (err) {
       if ((err as { code?: string }).code === "23505" || /unique/i.test(String(err))) {
         throw errors.alreadyExists(`Sandbox with name ${row.name} already exists`);
@@ -70,6 +75,14 @@ export class SandboxStore {
     await this.#em().nativeUpdate(SandboxRecord, { id }, { ...patch, updatedAt: new Date() });
   }
 
+  /** `update`, once the organization's quota admits what the change adds (starting a sandbox). */
+  async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch): Promise<void> {
+    await this.#em().transactional(async (em) => {
+      await admit(execIn(em), row.organizationId, row.regionId, demand);
+      await em.nativeUpdate(SandboxRecord, { id: row.id }, { ...patch, updatedAt: new Date() });
+    });
+  }
+
   /** Updates only while `where` holds; says whether it did. */
   async updateIf(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<boolean> {
     const n = await this.#em().nativeUpdate(SandboxRecord, { id, ...where }, { ...patch, updatedAt: new Date() });
@@ -90,6 +103,20 @@ export class SandboxStore {
       $or: [{ runnerId }, { runnerId: null, state: { $ne: "archived" } }, { runnerId: null, state: "archived", desiredState: { $ne: "archived" } }],
       state: { $ne: "destroyed" },
     });
+  }
+
+  /**
+   * Organizations whose suspension has outlasted its cleanup grace period (hours of `minuteMs`
+   * minutes): their sandboxes are stopped.
+   */
+  async suspendedPastGrace(now: Date, minuteMs: number): Promise<Set<string>> {
+    const rows = (await execIn(this.#em())(
+      `select id from organization
+        where suspended and (suspended_until is null or suspended_until > ?)
+          and suspended_at + suspension_cleanup_grace_period_hours * 60 * ? * interval '1 millisecond' <= ?`,
+      [now, minuteMs, now],
+    )) as Array<{ id: string }>;
+    return new Set(rows.map((r) => r.id));
   }
 
   /** Archived sandboxes (held by no runner) that have an auto-delete interval. */

@@ -2,7 +2,8 @@ import type { SandboxRecord } from "../db/entities.ts";
 import type { SandboxManager } from "./manager.ts";
 import { isEphemeral, normalizeAutoArchive } from "./states.ts";
 
-// Auto-stop, auto-archive and auto-delete (reference §4.4), plus two chores: finishing deletes
+// Auto-stop, auto-archive and auto-delete (reference §4.4), stopping the sandboxes of an
+// organization suspended for longer than its grace period, plus two chores: finishing deletes
 // that failed on the host, and reporting started sandboxes whose first process died. Everything
 // the timers need is in the database (intervals, last activity), so they carry on across
 // restarts; a pass runs every `tickMs` and acts through the manager's locked operations.
@@ -61,12 +62,13 @@ export class SandboxTimers {
     const rows = await m.store.ofRunner(m.runtime.runnerId);
     const archived = await m.store.archivedWithAutoDelete();
     const host = new Map((await m.runtime.list()).map((s) => [s.id, s]));
+    const suspended = await m.store.suspendedPastGrace(new Date(now), this.#o.minuteMs);
     const minute = this.#o.minuteMs;
     const idleFor = (r: SandboxRecord) => now - (r.lastActivityAt ?? r.updatedAt).getTime();
     const idleMinutes = (r: SandboxRecord, minutes: number) => idleFor(r) >= minutes * minute;
 
     const shouldStop = (r: SandboxRecord) =>
-      r.state === "started" && r.desiredState === "started" && r.autoStopInterval > 0 && idleMinutes(r, r.autoStopInterval);
+      r.state === "started" && r.desiredState === "started" && ((r.autoStopInterval > 0 && idleMinutes(r, r.autoStopInterval)) || suspended.has(r.organizationId));
     const shouldDelete = (r: SandboxRecord) =>
       (r.state === "stopped" || r.state === "archived") && r.desiredState === r.state && r.autoDeleteInterval >= 0 && idleMinutes(r, r.autoDeleteInterval);
     const shouldArchive = (r: SandboxRecord) =>

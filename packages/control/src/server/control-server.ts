@@ -8,9 +8,11 @@ import { file_grpc_reflection_v1_reflection, ServerReflection } from "@sandbar/p
 import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
 import { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
 import { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { OrganizationService } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
+import { SecretBox } from "../auth/secret-box.ts";
 import { bootstrap } from "../bootstrap.ts";
 import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
 import { openDatabase } from "../db/orm.ts";
@@ -24,6 +26,7 @@ import { secure } from "../rpc/secure.ts";
 import { type Sandboxes, startSandboxes } from "../sandboxes/boot.ts";
 import { apiKeyService } from "../services/api-keys.ts";
 import { configService } from "../services/config.ts";
+import { organizationService } from "../services/organizations.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
 import { listenOnePort } from "./listener.ts";
@@ -76,6 +79,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
     [SandboxService.typeName, sandboxes.impl as Impl],
     [UserService.typeName, userService(orm) as Impl],
+    [OrganizationService.typeName, organizationService(orm, credentials, await SecretBox.open(orm, settings.encryptionKey)) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   const impls: ImplIndex = new Map();

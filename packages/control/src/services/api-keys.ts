@@ -11,6 +11,7 @@ import { generateApiKey, hashApiKey, keyEnds, maskApiKey } from "../auth/key-mat
 import { authContextKey, callerOf, organizationOf, type Principal } from "../auth/principal.ts";
 import { ALL_SCOPES, permissionOf, scopeOf } from "../auth/scopes.ts";
 import { ApiKeyRecord, Organization } from "../db/entities.ts";
+import { execIn } from "../db/exec.ts";
 import { Checks } from "./validate.ts";
 
 const MANAGE = "manage:api_keys";
@@ -147,15 +148,13 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
 
 /** Deletes a key and tells every control process, in the same transaction. */
 export async function revoke(orm: MikroORM, credentials: Credentials, key: ApiKeyRecord): Promise<void> {
-  const notify = Credentials.notifySql({ kind: "key", hash: key.keyHash });
   await orm.em.fork().transactional(async (em) => {
-    await em.getConnection().execute(`delete from api_key where id = ?`, [key.id], "run", em.getTransactionContext());
-    await em.getConnection().execute(notify.sql.replace("$1", "?").replace("$2", "?"), notify.params, "all", em.getTransactionContext());
+    await execIn(em)(`delete from api_key where id = ?`, [key.id]);
+    await Credentials.publish(execIn(em), { kind: "key", hash: key.keyHash });
   });
   credentials.evict({ kind: "key", hash: key.keyHash });
 }
 
-/** Scopes a signed-in member may hand to a key: an owner all of them; a member none yet (assigned roles come with membership). */
 type ListedKey = Pick<ApiKeyRecord, "name" | "keyPrefix" | "keySuffix" | "createdAt" | "permissions" | "lastUsedAt" | "expiresAt" | "userId">;
 
 function toApiKey(k: ListedKey): ApiKey {

@@ -1,4 +1,3 @@
-import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
@@ -15,7 +14,10 @@ import {
 } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { callerOf } from "../auth/principal.ts";
 import { type SshKeyPair, sshKeyPair } from "../auth/ssh-key-pair.ts";
-import { Organization, OrganizationMember, User } from "../db/entities.ts";
+import { User } from "../db/entities.ts";
+import { execIn } from "../db/exec.ts";
+import { insertOrganization } from "../organizations/new-organization.ts";
+import { applyQuota, checkQuota } from "../organizations/quota.ts";
 import { Checks } from "./validate.ts";
 
 // Users (spec 4.4): the caller's own account, and the operator's administration of users. Each
@@ -44,11 +46,9 @@ export function userService(orm: MikroORM): Partial<ServiceImpl<typeof UserServi
         .that(USER_ID.test(req.id), "id must be 1 to 255 letters, digits or ._|@:- characters")
         .displayName("name", req.name)
         .that(!req.email || EMAIL.test(req.email), "email must be an email")
-        .that(
-          req.personalOrganizationQuota === undefined && req.personalOrganizationDefaultRegionId === undefined,
-          "personalOrganizationQuota and personalOrganizationDefaultRegionId are not supported yet (organization quotas and regions are not built)",
-        )
         .done();
+      const { $typeName: _t, $unknown: _u, ...quota } = req.personalOrganizationQuota ?? {};
+      checkQuota(quota);
       const keys = await sshKeyPair();
       const user = await em().transactional(async (tx) => {
         if (await tx.findOne(User, { id: req.id })) throw errors.alreadyExists(`User with ID ${req.id} already exists`);
@@ -62,11 +62,10 @@ export function userService(orm: MikroORM): Partial<ServiceImpl<typeof UserServi
           sshPublicKey: keys.publicKey,
           createdAt: now,
         });
-        // The user's own organization, as the reference makes it with every user.
-        const organizationId = randomUUID();
-        tx.create(Organization, { id: organizationId, name: "Personal", personal: true, createdBy: row.id, managedApiKeys: false, createdAt: now, updatedAt: now });
         await tx.flush();
-        tx.create(OrganizationMember, { organizationId, userId: row.id, role: "owner", createdAt: now });
+        // The user's own organization, as the reference makes it with every user.
+        const organizationId = await insertOrganization(execIn(tx), { name: "Personal", createdBy: row.id, personal: true, defaultRegionId: req.personalOrganizationDefaultRegionId });
+        await applyQuota(execIn(tx), organizationId, quota);
         return row;
       });
       return toAccount(user, keys);

@@ -1582,7 +1582,7 @@ export declare const OrganizationService: GenService<{
     output: typeof ListOrganizationsResponseSchema;
   },
   /**
-   * The caller becomes its owner.
+   * The caller becomes its owner. A person's act: JWT only (a key belongs to one organization).
    *
    * @generated from rpc sandbar.control.v1.OrganizationService.CreateOrganization
    */
@@ -1649,7 +1649,8 @@ export declare const OrganizationService: GenService<{
     output: typeof ListAvailableSandboxClassesResponseSchema;
   },
   /**
-   * The last owner cannot leave. Spec 204 (reference 201).
+   * The last owner cannot leave; the member's keys in it are deleted. JWT only.
+   * Spec 204 (reference 201).
    *
    * @generated from rpc sandbar.control.v1.OrganizationService.LeaveOrganization
    */
