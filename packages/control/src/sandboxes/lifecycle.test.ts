@@ -72,9 +72,10 @@ describe("create", () => {
   });
 
   it.each([
-    [{ cpu: 5 }, "CPU request 5 exceeds maximum allowed per sandbox (4)."],
-    [{ memory: 9 }, "Memory request 9GB exceeds maximum allowed per sandbox (8GB)."],
-    [{ disk: 11 }, "Disk request 11GB exceeds maximum allowed per sandbox (10GB)."],
+    // The organization's per-sandbox maxima (the defaults), then a hint on raising them.
+    [{ cpu: 5 }, /^CPU request 5 exceeds maximum allowed per sandbox \(4\)\.\n/],
+    [{ memory: 9 }, /^Memory request 9GB exceeds maximum allowed per sandbox \(8GB\)\.\n/],
+    [{ disk: 11 }, /^Disk request 11GB exceeds maximum allowed per sandbox \(10GB\)\.\n/],
     [{ gpu: 1 }, "GPU request 1 exceeds maximum allowed per sandbox (0)."],
     [{ gpu: 2, cpu: -1 }, "cpu must not be less than 0, gpu must not be greater than 1"],
     [{ snapshot: "ubuntu:22.04" }, "Snapshot ubuntu:22.04 not found. Only the default snapshot (sandbar-default) exists on this server"],

@@ -1,7 +1,9 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import { expect } from "vitest";
 import { hashApiKey, keyEnds } from "../../auth/key-material.ts";
-import { ApiKeyRecord, Organization, OrganizationMember, User } from "../../db/entities.ts";
+import { execIn } from "../../db/exec.ts";
+import { ApiKeyRecord, Organization, User } from "../../db/entities.ts";
+import { insertOrganization } from "../../organizations/new-organization.ts";
 import type { Settings } from "../../settings.ts";
 import { api, startTestServer, type TestServer } from "../../testing/server.ts";
 import { LocalRuntime } from "../local-runtime.ts";
@@ -60,13 +62,11 @@ export async function sandboxFixture(settings: Partial<Settings> = {}, server: {
     },
     async otherOrganization() {
       const em = t.server.orm.em.fork();
-      const other = randomUUID();
       const user = `other-${randomBytes(4).toString("hex")}`;
       const key = "sbr_" + randomBytes(32).toString("hex");
       em.create(User, { id: user, name: "Other", email: "", role: "user", createdAt: new Date() });
-      em.create(Organization, { id: other, name: "Other", personal: false, createdBy: user, managedApiKeys: false, createdAt: new Date(), updatedAt: new Date() });
       await em.flush();
-      em.create(OrganizationMember, { organizationId: other, userId: user, role: "owner", createdAt: new Date() });
+      const other = await insertOrganization(execIn(em), { name: "Other", createdBy: user, personal: false });
       const { prefix, suffix } = keyEnds(key);
       em.create(ApiKeyRecord, {
         id: randomUUID(), organizationId: other, userId: user, name: "other-key", keyHash: hashApiKey(key), keyPrefix: prefix, keySuffix: suffix,
