@@ -90,6 +90,7 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
     homeDir: root ?? env.HOME ?? homedir(),
     stateDir,
     env,
+    envGeneration: 0,
     shell: options.shell ?? (await detectShell(env)),
     version: AGENT_VERSION,
     shutdown: shutdown.signal,

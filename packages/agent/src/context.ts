@@ -8,6 +8,8 @@ export interface AgentContext {
   readonly stateDir: string;
   /** The environment children get: the agent's own, without its secret. */
   readonly env: NodeJS.ProcessEnv;
+  /** Counts changes to `env` (EnvironmentService), so processes started ahead of time can tell they are stale. */
+  envGeneration: number;
   /** The user's shell, for sessions, execute and PTYs. */
   readonly shell: string;
   readonly version: string;

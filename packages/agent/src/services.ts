@@ -27,6 +27,13 @@ export const serviceLoaders: Record<string, ServiceLoader> = {
     ]);
     return (r) => r.service(InfoService, createInfoService(ctx));
   },
+  "sandbar.agent.v1.EnvironmentService": async (ctx) => {
+    const [{ EnvironmentService }, { createEnvironmentService }] = await Promise.all([
+      import("@sandbar/protocol/gen/sandbar/agent/v1/environment_pb.js"),
+      import("./environment/service.ts"),
+    ]);
+    return (r) => r.service(EnvironmentService, createEnvironmentService(ctx));
+  },
   "sandbar.agent.v1.FileService": async (ctx) => {
     const [{ FileService }, { createFileService }] = await Promise.all([
       import("@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js"),

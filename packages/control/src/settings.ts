@@ -28,6 +28,8 @@ export interface Settings {
   oidc?: { issuer: string; clientId: string; audience: string };
   /** The bootstrap admin's password for the built-in issuer; generated when unset. */
   bootstrapPassword?: string;
+  /** Sandboxes kept started for creates of the default shape (0: none). */
+  warmPool: number;
   /**
    * Encrypts secrets the API stores for later use in clear (OpenTelemetry headers). Unset: a key
    * generated once and kept in the database (protects dumps of the rows, not of the database).
@@ -65,7 +67,14 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     oidc: oidcSettings(env),
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
+    warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
+}
+
+function nonNegativeInt(env: NodeJS.ProcessEnv, name: string): number {
+  const n = Number(env[name]);
+  if (!Number.isInteger(n) || n < 0) throw new Error(`${name} must be a whole number >= 0, got "${env[name]}"`);
+  return n;
 }
 
 function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): number {

@@ -134,6 +134,11 @@ export interface SandboxProvider {
   inspect(id: string): Promise<SandboxInfo>;
   /** Every sandbox this provider holds, for reconciliation with the control plane. */
   list(): Promise<SandboxInfo[]>;
+  /**
+   * Replaces the environment the sandbox's first process gets, from its next start on (a running
+   * agent is told separately, over its own API).
+   */
+  setEnv(id: string, env: Record<string, string>): Promise<void>;
   /** The writable layer as a tar stream (for archive and backup). */
   pack(id: string): Promise<Readable>;
   /** Replaces the writable layer of a sandbox that is not running with a `pack` stream. */

@@ -24,6 +24,8 @@ const WARM_BOOT = 'IFS= read -r -d "" __sandbar_script <&3 || exit 0; exec 3<&-;
  */
 export class ShellLauncher {
   private spare: ChildProcess | undefined;
+  /** The environment generation the spare was started with. */
+  private spareGeneration = 0;
   private readonly ctx: AgentContext;
   private readonly warmable: boolean;
 
@@ -56,6 +58,10 @@ export class ShellLauncher {
     const s = this.spare;
     this.spare = undefined;
     if (!s || s.exitCode !== null || s.signalCode !== null) return undefined;
+    if (this.spareGeneration !== this.ctx.envGeneration) {
+      s.kill("SIGKILL"); // started before the environment changed
+      return undefined;
+    }
     s.ref();
     return s;
   }
@@ -80,5 +86,6 @@ export class ShellLauncher {
     // A spare must not keep the agent alive or hold its output.
     s.unref();
     this.spare = s;
+    this.spareGeneration = this.ctx.envGeneration;
   }
 }

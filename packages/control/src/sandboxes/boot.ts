@@ -10,6 +10,11 @@ import { reconcile } from "./reconcile.ts";
 import { type SandboxRuntime, unavailableRuntime } from "./runtime.ts";
 import { sandboxServices } from "./service.ts";
 import { SandboxTimers } from "./timers.ts";
+import { type PoolShape, WarmPool } from "./warm-pool.ts";
+import { DEFAULT_SNAPSHOT, DEFAULT_USER, RESOURCES } from "./create-request.ts";
+
+/** The pool holds sandboxes of what a create without resources gets. */
+const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
 
 // Sandboxes in a control process: the runtime of this host, the manager, reconciliation with
 // what the host holds, then the timers. Without root (or bubblewrap) the server still runs and
@@ -39,9 +44,12 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     log(`sandboxes are unavailable: ${reason}`);
     runtime = unavailableRuntime(reason);
   }
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log });
+  const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, log) : undefined;
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
+  // After reconciliation, which removes from the host what has no row (a pool of an earlier run too).
+  pool?.fill();
   const timers = new SandboxTimers(manager, { minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
   timers.start();
   return {
@@ -51,6 +59,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     timers,
     async stop() {
       await timers.stop();
+      await pool?.close();
       await manager.close();
       await runtime.close();
     },

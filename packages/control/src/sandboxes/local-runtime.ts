@@ -132,6 +132,10 @@ export class LocalRuntime implements SandboxRuntime {
     return this.provider.destroy(id);
   }
 
+  setEnv(id: string, env: Record<string, string>): Promise<void> {
+    return this.provider.setEnv(id, env);
+  }
+
   pack(id: string): Promise<Readable> {
     return this.provider.pack(id);
   }

@@ -7,6 +7,7 @@ import { OperationLocks } from "./operation-locks.ts";
 import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 import { isEphemeral, isErrored } from "./states.ts";
 import { type SandboxPatch, SandboxStore } from "./store.ts";
+import type { WarmPool } from "./warm-pool.ts";
 
 // The sandbox lifecycle (reference §4.3): every transition with the reference's preconditions,
 // status codes and messages. One operation at a time per sandbox; an operation records where it
@@ -23,6 +24,8 @@ export interface SandboxManagerOptions {
   minuteMs?: number;
   waitMs?: number;
   log?: (line: string) => void;
+  /** Started sandboxes that creates of their shape take over. */
+  pool?: WarmPool;
 }
 
 /** A validated create request. */
@@ -77,6 +80,7 @@ export class SandboxManager {
   readonly #touchEveryMs: number;
   readonly #waitMs: number;
   readonly #log: (line: string) => void;
+  readonly pool: WarmPool | undefined;
   #closing = false;
 
   constructor(o: SandboxManagerOptions) {
@@ -86,6 +90,7 @@ export class SandboxManager {
     this.#touchEveryMs = Math.min(10_000, Math.floor((o.minuteMs ?? 60_000) / 6));
     this.#waitMs = o.waitMs ?? 30_000;
     this.#log = o.log ?? (() => undefined);
+    this.pool = o.pool;
   }
 
   // ---- lookups -------------------------------------------------------------------------------
@@ -142,8 +147,9 @@ export class SandboxManager {
 
   async create(input: NewSandbox): Promise<SandboxRecord> {
     this.#assertOpen();
-    await this.runtime.assertReady();
-    const id = randomUUID();
+    const warm = this.pool?.fits(input) ? this.pool.claim() : undefined;
+    if (!warm) await this.runtime.assertReady();
+    const id = warm ?? randomUUID();
     const now = new Date();
     const row: SandboxRecord = {
       id,
@@ -173,11 +179,31 @@ export class SandboxManager {
       regionId: input.regionId,
       runnerId: this.runtime.runnerId,
     };
+    if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
       await this.store.insert(row);
       return this.driveCreate(row);
     })!;
     return this.#answer(id, op, "Sandbox failed to start");
+  }
+
+  /** A create served by a warm pool sandbox: its row (quota admitted), then its environment. */
+  async #takeOver(row: SandboxRecord): Promise<SandboxRecord> {
+    const op = this.locks.tryRun(row.id, async (): Promise<Outcome> => {
+      try {
+        await this.store.insert({ ...row, state: "started" });
+      } catch (err) {
+        this.pool!.giveBack(row.id);
+        throw err;
+      }
+      try {
+        await this.pool!.applyEnv(row.id, row.env);
+        return {};
+      } catch (err) {
+        return this.#fail(row.id, err);
+      }
+    })!;
+    return this.#answer(row.id, op, "Sandbox failed to start");
   }
 
   /** Makes and starts the sandbox on the host; a failure leaves it in `error` with the reason. */

@@ -56,6 +56,8 @@ export interface SandboxRuntime {
   stop(id: string, options?: { force?: boolean }): Promise<void>;
   /** Removes everything the sandbox has on the host; unknown ids are fine. */
   destroy(id: string): Promise<void>;
+  /** The environment the sandbox's processes start with, from its next start on. */
+  setEnv(id: string, env: Record<string, string>): Promise<void>;
   /** The writable layer as a tar stream. */
   pack(id: string): Promise<Readable>;
   /** Makes the sandbox (not started) with its writable layer from a `pack` stream. */
@@ -83,6 +85,7 @@ export function unavailableRuntime(reason: string): SandboxRuntime {
     start: fail,
     stop: fail,
     destroy: fail,
+    setEnv: fail,
     pack: fail,
     restore: fail,
     list: async () => [],

@@ -16,6 +16,7 @@ import { enumCodec, sandboxStates, toHealth, toSandbox, type DtoContext } from "
 import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteria, pagePage, type PageSort, sortValueOf, whereOf } from "./list-query.ts";
 import { SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
+import type { WarmPool } from "./warm-pool.ts";
 import { normalizeAutoArchive } from "./states.ts";
 import { LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
 import { targetRegion } from "../organizations/target-region.ts";
@@ -30,6 +31,7 @@ export interface SandboxServiceDeps {
   settings: Settings;
   runtime: SandboxRuntime;
   log?: (line: string) => void;
+  pool?: WarmPool;
 }
 
 export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<ServiceImpl<typeof SandboxService>>; manager: SandboxManager } {
@@ -39,6 +41,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     dataDir: deps.settings.dataDir,
     minuteMs: deps.settings.timerMinuteMs,
     log: deps.log,
+    pool: deps.pool,
   });
   const { publicUrl } = deps.settings;
   const dtoContext: DtoContext = { toolboxProxyUrl: `${publicUrl}/api/toolbox-proxy` };

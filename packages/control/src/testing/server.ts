@@ -39,6 +39,8 @@ export async function startTestServer(
     databaseUrl: opts.databaseUrl,
     bootstrapApiKey: adminKey,
     snapshotCacheDir: TEST_SNAPSHOT_CACHE,
+    // Suites count and inspect their sandboxes; the pool's own suite turns it on.
+    warmPool: 0,
     ...opts.settings,
   };
   const server = await startControlServer(settings, () => {}, opts.control);

@@ -320,6 +320,15 @@ export class LinuxProvider implements SandboxProvider {
     });
   }
 
+  async setEnv(id: string, env: Record<string, string>): Promise<void> {
+    validateId(id);
+    await this.#lock.with(id, async () => {
+      const rec = await this.#record(id);
+      rec.spec = { ...rec.spec, env: { ...env } };
+      await writeRecord(this.layout, rec);
+    });
+  }
+
   // ---- inspect / list / connect -------------------------------------------------------------
 
   async inspect(id: string): Promise<SandboxInfo> {

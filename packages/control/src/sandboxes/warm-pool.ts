@@ -1,0 +1,143 @@
+import { randomUUID } from "node:crypto";
+import { EnvironmentService } from "@sandbar/protocol/gen/sandbar/agent/v1/environment_pb.js";
+import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+import { AgentClients } from "../toolbox/agent-clients.ts";
+import type { SandboxRuntime } from "./runtime.ts";
+
+/** What every pool sandbox is: a request asking for anything else is made the ordinary way. */
+export interface PoolShape {
+  snapshot: string;
+  cpu: number;
+  memory: number;
+  disk: number;
+  user: string;
+}
+
+export interface PoolStats {
+  size: number;
+  ready: number;
+  starting: number;
+  claimed: number;
+}
+
+/** After a failed fill, wait this long (doubling up to the maximum) before trying again. */
+const RETRY_MS = 2_000;
+const RETRY_MAX_MS = 60_000;
+
+/**
+ * Sandboxes started ahead of requests, so a create that fits their shape answers at once. A
+ * pool sandbox exists only on the host until claimed: no row, so it is in no list and counts
+ * against no quota; a crash leaves it to reconciliation, which removes what has no row. Each is
+ * warmed with one command (the agent loads its RPC stack and process code on first use) before
+ * it is offered. The claiming request's identity lives in its row; its environment is given to
+ * the agent and the host record at claim time, so nothing of one request reaches another.
+ */
+export class WarmPool {
+  readonly shape: PoolShape;
+  readonly #runtime: SandboxRuntime;
+  readonly #size: number;
+  readonly #log: (line: string) => void;
+  readonly #clients = new AgentClients();
+  readonly #ready: string[] = [];
+  #starting = 0;
+  #claimed = 0;
+  #retryMs = RETRY_MS;
+  #retryTimer: NodeJS.Timeout | undefined;
+  #fills = new Set<Promise<void>>();
+  #closed = false;
+
+  constructor(runtime: SandboxRuntime, size: number, shape: PoolShape, log: (line: string) => void = () => undefined) {
+    this.#runtime = runtime;
+    this.#size = size;
+    this.shape = shape;
+    this.#log = log;
+  }
+
+  fits(r: PoolShape): boolean {
+    const s = this.shape;
+    return r.snapshot === s.snapshot && r.cpu === s.cpu && r.memory === s.memory && r.disk === s.disk && r.user === s.user;
+  }
+
+  /** A ready sandbox's id, now the caller's; undefined when none is ready. */
+  claim(): string | undefined {
+    const id = this.#ready.shift();
+    if (id) this.#claimed++;
+    this.fill();
+    return id;
+  }
+
+  /** A claimed sandbox whose request failed before anything ran in it (e.g. its name was taken). */
+  giveBack(id: string): void {
+    if (this.#closed) void this.#runtime.destroy(id).catch(() => undefined);
+    else this.#ready.unshift(id);
+    this.#claimed--;
+  }
+
+  /** Gives the claimed sandbox its environment: the running agent now, the host record for later starts. */
+  async applyEnv(id: string, env: Record<string, string>): Promise<void> {
+    if (Object.keys(env).length === 0) return;
+    await this.#runtime.setEnv(id, env);
+    await this.#clients.client(EnvironmentService, await this.#runtime.agentSocket(id)).setEnvironment({ env }, this.#auth(id));
+  }
+
+  stats(): PoolStats {
+    return { size: this.#size, ready: this.#ready.length, starting: this.#starting, claimed: this.#claimed };
+  }
+
+  /** Starts sandboxes until the pool is full again (one at a time: a refill never competes with requests in bulk). */
+  fill(): void {
+    if (this.#closed || this.#retryTimer || this.#starting > 0 || this.#ready.length >= this.#size) return;
+    this.#starting++;
+    const run = this.#startOne()
+      .then(
+        (id) => {
+          this.#retryMs = RETRY_MS;
+          if (this.#closed) return void this.#runtime.destroy(id).catch(() => undefined);
+          this.#ready.push(id);
+        },
+        (err: unknown) => {
+          this.#log(`warm pool: starting a sandbox failed (retry in ${this.#retryMs / 1000} s): ${err instanceof Error ? err.message : String(err)}`);
+          this.#retryTimer = setTimeout(() => {
+            this.#retryTimer = undefined;
+            this.fill();
+          }, this.#retryMs);
+          this.#retryTimer.unref();
+          this.#retryMs = Math.min(RETRY_MAX_MS, this.#retryMs * 2);
+        },
+      )
+      .finally(() => {
+        this.#starting--;
+        this.#fills.delete(run);
+        this.fill();
+      });
+    this.#fills.add(run);
+  }
+
+  async #startOne(): Promise<string> {
+    const id = randomUUID();
+    const { cpu, memory, disk, user } = this.shape; // the snapshot: the default one, the only one yet
+    try {
+      await this.#runtime.create({ id, cpu, memoryGiB: memory, diskGiB: disk, env: {}, user });
+      const socket = await this.#runtime.agentSocket(id);
+      await this.#clients.client(ProcessService, socket).execute({ command: "true" }, this.#auth(id));
+      return id;
+    } catch (err) {
+      await this.#runtime.destroy(id).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  #auth(id: string) {
+    return { headers: { authorization: `Bearer ${this.#runtime.agentSecret(id)}` }, timeoutMs: 30_000 };
+  }
+
+  /** Stops filling and removes the sandboxes nobody claimed. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    clearTimeout(this.#retryTimer);
+    await Promise.allSettled([...this.#fills]);
+    const left = this.#ready.splice(0);
+    await Promise.allSettled(left.map((id) => this.#runtime.destroy(id)));
+    this.#clients.close();
+  }
+}
