@@ -47,9 +47,9 @@ export interface BenchServer {
   stop(): Promise<void>;
 }
 
-export async function startBenchServer(): Promise<BenchServer> {
+export async function startBenchServer(settings: { warmPool?: number } = {}): Promise<BenchServer> {
   const bundle = await buildAgentBundle("sandbar-bench-agent-");
-  const server = await startTestServer({ settings: { agentBundle: bundle } });
+  const server = await startTestServer({ settings: { agentBundle: bundle, ...settings } });
   const rest = new Rest(server.url, server.adminKey);
   return {
     server,

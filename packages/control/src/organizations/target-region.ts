@@ -1,6 +1,9 @@
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 
+/** Default regions by organization: set once and never changed (a second set is refused), so safe to keep. */
+const defaults = new Map<string, string>();
+
 /**
  * The region a new sandbox goes to: the `target` given (a region name, the organization's own
  * first, then shared ones, or an id), else the organization's default region.
@@ -8,9 +11,13 @@ import { errors } from "@sandbar/protocol";
 export async function targetRegion(orm: MikroORM, organizationId: string, target: string | undefined): Promise<string> {
   const conn = orm.em.getConnection();
   if (!target) {
+    const known = defaults.get(organizationId);
+    if (known) return known;
     const rows = (await conn.execute(`select default_region_id from organization where id = ?`, [organizationId])) as Array<{ default_region_id: string | null }>;
     const id = rows[0]?.default_region_id;
     if (!id) throw errors.invalidArgument("This organization does not have a default region. Set one with PATCH /organizations/{organizationId}/default-region.");
+    if (defaults.size >= 10_000) defaults.clear();
+    defaults.set(organizationId, id);
     return id;
   }
   const rows = (await conn.execute(

@@ -76,20 +76,22 @@ const MORE = "To run more at once, stop or archive sandboxes you are not using, 
 /** `d` is what the sandbox would add: starting a stopped sandbox adds no disk (it holds it already). */
 export async function admit(exec: Exec, organizationId: string, regionId: string, d: Demand): Promise<void> {
   await exec(`select pg_advisory_xact_lock(hashtext('quota:' || ?))`, [organizationId]);
-  const orgs = (await exec(`select max_cpu_per_sandbox, max_memory_per_sandbox, max_disk_per_sandbox from organization where id = ?`, [organizationId])) as Array<
-    Record<string, number>
-  >;
-  const region = (await exec(`select region_type, enforce_quotas from region where id = ?`, [regionId])) as Array<{ region_type: string; enforce_quotas: boolean }>;
-  if (!orgs[0] || !region[0]) throw errors.notFound("Region not found");
+  const rows = (await exec(
+    `select o.max_cpu_per_sandbox, o.max_memory_per_sandbox, o.max_disk_per_sandbox, r.region_type, r.enforce_quotas
+       from organization o, region r where o.id = ? and r.id = ?`,
+    [organizationId, regionId],
+  )) as Array<{ max_cpu_per_sandbox: number; max_memory_per_sandbox: number; max_disk_per_sandbox: number; region_type: string; enforce_quotas: boolean }>;
+  const org = rows[0];
+  if (!org) throw errors.notFound("Region not found");
   const [usage] = await regionUsage(exec, organizationId, regionId);
-  if (!usage && region[0].enforce_quotas) {
-    if (region[0].region_type === "shared") throw errors.permissionDenied(`Region ${regionId} is not available to the organization for class container`);
+  if (!usage && org.enforce_quotas) {
+    if (org.region_type === "shared") throw errors.permissionDenied(`Region ${regionId} is not available to the organization for class container`);
     throw errors.notFound("Region not found");
   }
   const max = {
-    cpu: usage?.maxCpuPerSandbox ?? orgs[0].max_cpu_per_sandbox,
-    memory: usage?.maxMemoryPerSandbox ?? orgs[0].max_memory_per_sandbox,
-    disk: usage?.maxDiskPerSandbox ?? orgs[0].max_disk_per_sandbox,
+    cpu: usage?.maxCpuPerSandbox ?? org.max_cpu_per_sandbox,
+    memory: usage?.maxMemoryPerSandbox ?? org.max_memory_per_sandbox,
+    disk: usage?.maxDiskPerSandbox ?? org.max_disk_per_sandbox,
   };
   if (d.cpu > max.cpu) throw errors.invalidArgument(`CPU request ${d.cpu} exceeds maximum allowed per sandbox (${max.cpu}).\n${PER_SANDBOX}`);
   if (d.memory > max.memory) throw errors.invalidArgument(`Memory request ${d.memory}GB exceeds maximum allowed per sandbox (${max.memory}GB).\n${PER_SANDBOX}`);

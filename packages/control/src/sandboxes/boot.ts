@@ -9,6 +9,7 @@ import type { SandboxManager } from "./manager.ts";
 import { reconcile } from "./reconcile.ts";
 import { type SandboxRuntime, unavailableRuntime } from "./runtime.ts";
 import { sandboxServices } from "./service.ts";
+import { AgentClients } from "../toolbox/agent-clients.ts";
 import { SandboxTimers } from "./timers.ts";
 import { type PoolShape, WarmPool } from "./warm-pool.ts";
 import { DEFAULT_SNAPSHOT, DEFAULT_USER, RESOURCES } from "./create-request.ts";
@@ -25,6 +26,8 @@ export interface Sandboxes {
   manager: SandboxManager;
   runtime: SandboxRuntime;
   timers: SandboxTimers;
+  /** Connections to this host's agents, shared by the warm pool and the toolbox. */
+  agentClients: AgentClients;
   /** Stops the timers, lets running operations finish; sandboxes keep running. */
   stop(): Promise<void>;
 }
@@ -44,7 +47,8 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     log(`sandboxes are unavailable: ${reason}`);
     runtime = unavailableRuntime(reason);
   }
-  const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, log) : undefined;
+  const agentClients = new AgentClients();
+  const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
   const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
@@ -57,6 +61,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     manager,
     runtime,
     timers,
+    agentClients,
     async stop() {
       await timers.stop();
       await pool?.close();

@@ -203,7 +203,9 @@ export class SandboxManager {
         return this.#fail(row.id, err);
       }
     })!;
-    return this.#answer(row.id, op, "Sandbox failed to start");
+    const outcome = await op;
+    if (outcome.failed !== undefined) throw bad(`Sandbox failed to start: ${outcome.failed}`);
+    return { ...row, state: "started" };
   }
 
   /** Makes and starts the sandbox on the host; a failure leaves it in `error` with the reason. */

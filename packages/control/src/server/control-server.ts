@@ -87,7 +87,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
 
   // The toolbox: the agent's services, forwarded to the sandbox each call names.
   const agentLocator: AgentLocator = options.agentLocator ?? sandboxes.manager;
-  const toolbox = await mountToolbox(agentLocator, guard);
+  const toolbox = await mountToolbox(agentLocator, guard, sandboxes.agentClients);
   for (const [name, impl] of toolbox.impls) impls.set(name, impl as never);
 
   const serviceNames = [...services, ...toolbox.services].map((s) => s.typeName).concat(Health.typeName, ServerReflection.typeName);

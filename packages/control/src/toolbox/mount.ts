@@ -28,10 +28,9 @@ export interface Toolbox {
 }
 
 /** The agent's services, forwarded to sandboxes, guarded by the toolbox's rule. */
-export async function mountToolbox(locator: AgentLocator, guard: Guard): Promise<Toolbox> {
+export async function mountToolbox(locator: AgentLocator, guard: Guard, clients = new AgentClients()): Promise<Toolbox> {
   const files = await filesIn("sandbar/agent/v1");
   const services = files.flatMap((f) => f.services);
-  const clients = new AgentClients();
   const policy = (method: DescMethod): Route =>
     create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED });
   const impls = new Map<string, object>();
