@@ -15,3 +15,13 @@ export function pgExec(client: { query(sql: string, params: unknown[]): Promise<
     return (await client.query(sql.replace(/\?/g, () => `$${++n}`), params)).rows;
   };
 }
+
+/** A PostgreSQL array literal for a `?::text[]` (or `::uuid[]`) parameter. */
+export function pgArray(values: readonly string[]): string {
+  return `{${values.map((v) => `"${v.replace(/["\\]/g, (c) => `\\${c}`)}"`).join(",")}}`;
+}
+
+/** A timestamp column of a raw row: MikroORM's connection answers them as strings. */
+export function dateOf(v: Date | string): Date {
+  return v instanceof Date ? v : new Date(v);
+}

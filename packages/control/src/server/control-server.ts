@@ -8,7 +8,12 @@ import { file_grpc_reflection_v1_reflection, ServerReflection } from "@sandbar/p
 import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
 import { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
 import { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
-import { OrganizationService } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
+import {
+  OrganizationInvitationService,
+  OrganizationMemberService,
+  OrganizationRoleService,
+  OrganizationService,
+} from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
@@ -26,6 +31,9 @@ import { secure } from "../rpc/secure.ts";
 import { type Sandboxes, startSandboxes } from "../sandboxes/boot.ts";
 import { apiKeyService } from "../services/api-keys.ts";
 import { configService } from "../services/config.ts";
+import { organizationInvitationService } from "../services/organization-invitations.ts";
+import { organizationMemberService } from "../services/organization-members.ts";
+import { organizationRoleService } from "../services/organization-roles.ts";
 import { organizationService } from "../services/organizations.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
@@ -80,6 +88,9 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [SandboxService.typeName, sandboxes.impl as Impl],
     [UserService.typeName, userService(orm) as Impl],
     [OrganizationService.typeName, organizationService(orm, credentials, await SecretBox.open(orm, settings.encryptionKey)) as Impl],
+    [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],
+    [OrganizationMemberService.typeName, organizationMemberService(orm, credentials) as Impl],
+    [OrganizationInvitationService.typeName, organizationInvitationService(orm, credentials) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   const impls: ImplIndex = new Map();

@@ -13,11 +13,12 @@ import {
   SandboxIdentitySchema,
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { SandboxClass } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
-import { Credentials, type Invalidation } from "../auth/credentials.ts";
+import type { Credentials, Invalidation } from "../auth/credentials.ts";
 import { authContextKey, callerOf } from "../auth/principal.ts";
 import type { SecretBox } from "../auth/secret-box.ts";
 import { Organization, type StoredOtelConfig } from "../db/entities.ts";
 import { type Exec, execIn } from "../db/exec.ts";
+import { changeAccess, deleteKeys, lockOwners } from "../organizations/access-changes.ts";
 import { insertOrganization, insertRegionQuota } from "../organizations/new-organization.ts";
 import { applyQuota, checkQuota } from "../organizations/quota.ts";
 import { regionUsage } from "../organizations/usage.ts";
@@ -40,26 +41,7 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
     return org;
   }
 
-  /**
-   * Runs `work` in a transaction and tells every control process what changed (`changes`, to
-   * which `work` may add) in the same transaction, then evicts here at once.
-   */
-  async function changing<T>(changes: Invalidation[], work: (exec: Exec, changes: Invalidation[]) => Promise<T>): Promise<T> {
-    const result = await em().transactional(async (tx) => {
-      const exec = execIn(tx);
-      const value = await work(exec, changes);
-      for (const inv of changes) await Credentials.publish(exec, inv);
-      return value;
-    });
-    for (const inv of changes) credentials.evict(inv);
-    return result;
-  }
-
-  /** Deletes keys inside `exec`'s transaction, noting each for publication. */
-  async function deleteKeys(exec: Exec, changes: Invalidation[], where: string, params: unknown[]): Promise<void> {
-    const rows = (await exec(`delete from api_key where ${where} returning key_hash`, params)) as Array<{ key_hash: string }>;
-    for (const r of rows) changes.push({ kind: "key", hash: r.key_hash });
-  }
+  const changing = <T>(changes: Invalidation[], work: (exec: Exec, changes: Invalidation[]) => Promise<T>) => changeAccess(orm, credentials, changes, work);
 
   function otelOf(org: Organization, clear: boolean) {
     const c = org.otelConfig;
@@ -204,9 +186,8 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
     async leaveOrganization(req, ctx) {
       const caller = callerOf(ctx);
       await changing([{ kind: "member", organizationId: req.organizationId, userId: caller.userId }], async (exec, changes) => {
-        // Owner rows locked: two owners leaving at once cannot leave none.
-        const owners = (await exec(`select user_id from organization_member where organization_id = ? and role = 'owner' for update`, [req.organizationId])) as Array<{ user_id: string }>;
-        if (owners.length === 1 && owners[0]!.user_id === caller.userId) {
+        const owners = await lockOwners(exec, req.organizationId);
+        if (owners.length === 1 && owners[0] === caller.userId) {
           throw errors.permissionDenied(`Organization with ID ${req.organizationId} must have at least one owner`);
         }
         await deleteKeys(exec, changes, "organization_id = ? and user_id = ?", [req.organizationId, caller.userId]);
