@@ -14,6 +14,7 @@ import {
   OrganizationRoleService,
   OrganizationService,
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
+import { RegionService } from "@sandbar/protocol/gen/sandbar/control/v1/region_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
@@ -35,6 +36,7 @@ import { organizationInvitationService } from "../services/organization-invitati
 import { organizationMemberService } from "../services/organization-members.ts";
 import { organizationRoleService } from "../services/organization-roles.ts";
 import { organizationService } from "../services/organizations.ts";
+import { regionService } from "../services/regions.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
 import { listenOnePort } from "./listener.ts";
@@ -91,6 +93,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],
     [OrganizationMemberService.typeName, organizationMemberService(orm, credentials) as Impl],
     [OrganizationInvitationService.typeName, organizationInvitationService(orm, credentials) as Impl],
+    [RegionService.typeName, regionService(orm) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   const impls: ImplIndex = new Map();
