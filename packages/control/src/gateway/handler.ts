@@ -1,76 +1,92 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { STATUS_CODES } from "node:http";
+import type { Duplex } from "node:stream";
 import { create, type DescField, type DescMethod, type Message } from "@bufbuild/protobuf";
-import { createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
+import type { HandlerContext } from "@connectrpc/connect";
 import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
-import { inputProblemsKey, precheck, type Precheck } from "../rpc/secure.ts";
+import { precheck } from "../rpc/secure.ts";
 import { readJsonBody, requestSignal, sendJson, statusOverride } from "./http-io.ts";
-import { SANDBOX_ID_HEADER } from "../toolbox/forward.ts";
+import { callContext, headersOf, type ImplIndex } from "./rest-route.ts";
 import { textProblems } from "../services/validate.ts";
 
-type Impl = (input: unknown, ctx: HandlerContext) => unknown;
-/** Secured implementations by service type name and method local name (and their precheck, see secure()). */
-export type ImplIndex = Map<string, Record<string, Impl | undefined> & { [precheck]?: Precheck }>;
+export type { ImplIndex };
 
-
-/**
- * Hook for routes the generic mapping cannot serve (the toolbox's multipart and raw-stream
- * routes): given the verb and the path below the base, a handler that takes the request before
- * the route table, or undefined. Its handlers call the same secured implementations, and what
- * they throw is answered like any gateway error.
- */
-export type GatewayIntercept = (verb: string, path: string) => ((req: IncomingMessage, res: ServerResponse) => Promise<void>) | undefined;
+export interface Gateway {
+  /** Serves a request below the base path. */
+  handle(req: IncomingMessage, res: ServerResponse): Promise<void>;
+  /** For the HTTP/1.1 server's upgrade event: true when a WebSocket route took the request. */
+  upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): boolean;
+}
 
 /**
- * The REST gateway: maps the documented paths and statuses onto the same (secured) service
- * implementations the RPC router serves. Errors use the reference's body
- * {path, timestamp, statusCode, error, message}.
+ * The REST gateway: one route table, whose entries are the contract's routes (mapped onto the
+ * same secured implementations the RPC router serves) or routes written by hand; one factory of
+ * call contexts; errors rendered once, in the reference's body {path, timestamp, statusCode,
+ * error, message}, for HTTP answers and refused WebSocket upgrades alike.
  */
-export function createGateway(table: RouteTable, impls: ImplIndex, basePath: string, intercept?: GatewayIntercept) {
-  return async (req: IncomingMessage, res: ServerResponse) => {
+export function createGateway(table: RouteTable, impls: ImplIndex, basePath: string): Gateway {
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = req.url ?? "/";
     try {
       cors(req, res);
       if (req.method === "OPTIONS") return void res.writeHead(204).end();
-      const q = url.indexOf("?");
-      const pathname = q < 0 ? url : url.slice(0, q);
-      const searchParams = new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
+      const { path, query } = splitUrl(url, basePath);
       const verb = req.method ?? "GET";
-      const path = pathname.slice(basePath.length) || "/";
-      const special = intercept?.(verb, path);
-      if (special) return await special(req, res);
-      let match;
-      try {
-        match = table.match(verb === "HEAD" ? "GET" : verb, path);
-      } catch {
-        throw errors.invalidArgument("Malformed URL encoding in path");
+      const match = table.match(verb === "HEAD" ? "GET" : verb, path);
+      if (!match || match.kind === "upgrade") throw errors.notFound(`Cannot ${verb} ${basePath}${path}`);
+      const signal = requestSignal(res);
+      if (match.kind === "handwritten") {
+        // The caller is checked before the route reads a body (401/403 before 413 or 400).
+        await impls.get(match.route.method.parent.typeName)?.[precheck]?.(match.route.method, headersOf(req), {});
+        return await match.route.serve({ req, res, params: match.params, query, signal });
       }
-      if (!match) throw errors.notFound(`Cannot ${verb} ${pathname}`);
       const { route, params } = match;
       const impl = impls.get(route.service.typeName)?.[route.method.localName];
       if (!impl) throw errors.unimplemented(`${verb} ${basePath}${route.template} is not implemented yet`);
-      // A body is read only for a caller that may make the call (401/403 before 413 or 400).
-      if (route.body) await impls.get(route.service.typeName)?.[precheck]?.(route.method, headersOf(req), partialInput(route, params, searchParams));
+      if (route.body) await impls.get(route.service.typeName)?.[precheck]?.(route.method, headersOf(req), partialInput(route, params, query));
       const errs = new DecodeErrors();
-      const input = await readInput(req, route, params, searchParams, errs);
-      // A sandbox in the path that the message has no field for routes the call (the toolbox);
-      // one that cannot be a header value is an input problem.
-      if (params.sandbox_id !== undefined && !fieldNamed(route.method, "sandbox_id")) {
-        const problems = textProblems("sandbox_id", "sandboxId", params.sandbox_id);
-        if (problems.length) problems.forEach((p) => errs.add(p));
-        else req.headers[SANDBOX_ID_HEADER] = params.sandbox_id;
-      }
-      const ctx = handlerContext(req, res, route, url, errs.messages);
+      const input = await readInput(req, route, params, query, errs);
+      // A sandbox in the path that the message has no field for routes the call (the toolbox).
+      const sandboxId = params.sandbox_id !== undefined && !fieldNamed(route.method, "sandbox_id") ? params.sandbox_id : undefined;
+      if (sandboxId !== undefined) textProblems("sandbox_id", "sandboxId", sandboxId).forEach((p) => errs.add(p));
+      const ctx = callContext(route.method, req, signal, { sandboxId, problems: errs.messages });
       if (route.method.methodKind === "server_streaming") return await stream(res, route, impl(input, ctx) as AsyncIterable<unknown>, ctx);
       if (route.method.methodKind !== "unary") throw errors.unimplemented(`${route.method.name} is not available over REST`);
       const output = create(route.method.output, (await impl(input, ctx)) as never) as Message;
-      send(res, route, output, ctx, wholePage(route, req, searchParams));
+      send(res, route, output, ctx, wholePage(route, req, query));
     } catch (err) {
       sendError(res, url, err);
     }
-  };
+  }
+
+  function upgrade(req: IncomingMessage, socket: Duplex, head: Buffer): boolean {
+    const url = req.url ?? "/";
+    if (!url.startsWith(basePath + "/")) return false;
+    const { path, query } = splitUrl(url, basePath);
+    let match;
+    try {
+      match = table.matchUpgrade(path);
+    } catch (err) {
+      refuse(socket, url, err);
+      return true;
+    }
+    if (!match || match.kind !== "upgrade") return false;
+    const abort = new AbortController();
+    socket.on("error", () => socket.destroy());
+    socket.once("close", () => abort.abort());
+    match.route.accept({ req, socket, head, params: match.params, query, signal: abort.signal }).catch((err: unknown) => refuse(socket, url, err));
+    return true;
+  }
+
+  return { handle, upgrade };
+}
+
+function splitUrl(url: string, basePath: string): { path: string; query: URLSearchParams } {
+  const q = url.indexOf("?");
+  const pathname = q < 0 ? url : url.slice(0, q);
+  return { path: pathname.slice(basePath.length) || "/", query: new URLSearchParams(q < 0 ? "" : url.slice(q + 1)) };
 }
 
 /** Builds the request message from body, query and path; problems go to `errs`, raised after the guard. */
@@ -111,37 +127,8 @@ function partialInput(route: RestRoute, params: Record<string, string>, query: U
   return msg as unknown as Message;
 }
 
-/** Node's request headers as fetch Headers (repeated ones joined, as Connect does). */
-export function headersOf(req: { headers: IncomingMessage["headers"] }): Headers {
-  const h = new Headers();
-  for (const [k, v] of Object.entries(req.headers)) {
-    if (v === undefined || k.startsWith(":")) continue;
-    try {
-      h.set(k, Array.isArray(v) ? v.join(", ") : v);
-    } catch {
-      // A value fetch's Headers refuses is not one the guard reads.
-    }
-  }
-  return h;
-}
-
 function fieldNamed(method: DescMethod, name: string): DescField | undefined {
   return method.input.fields.find((f) => f.name === name || f.jsonName === name);
-}
-
-function handlerContext(req: IncomingMessage, res: ServerResponse, route: RestRoute, url: string, problems: string[]): HandlerContext {
-  // Node joins repeated request headers into one string (set-cookie aside), so the object maps straight to Headers.
-  const requestHeader = req.headers as Record<string, string>;
-  return createHandlerContext({
-    service: route.service,
-    method: route.method,
-    protocolName: "rest",
-    requestMethod: req.method ?? "GET",
-    url,
-    requestHeader,
-    requestSignal: requestSignal(res),
-    contextValues: createContextValues().set(inputProblemsKey, problems),
-  });
 }
 
 function copyHeaders(res: ServerResponse, ctx: HandlerContext) {
@@ -189,17 +176,27 @@ async function stream(res: ServerResponse, route: RestRoute, messages: AsyncIter
   res.end();
 }
 
-export function sendError(res: ServerResponse, path: string, err: unknown) {
+/** The reference's error body for any failure: the one rendering of errors, for HTTP and refused upgrades. */
+function errorBody(path: string, err: unknown) {
   const e = asConnectError(err);
   const statusCode = statusOverride(e) ?? httpStatusOf(e.code);
+  return { path, timestamp: new Date().toISOString(), statusCode, error: STATUS_CODES[statusCode] ?? "Error", message: e.rawMessage };
+}
+
+export function sendError(res: ServerResponse, path: string, err: unknown) {
   if (res.headersSent) return void res.destroy();
-  sendJson(res, statusCode, {
-    path,
-    timestamp: new Date().toISOString(),
-    statusCode,
-    error: STATUS_CODES[statusCode] ?? "Error",
-    message: e.rawMessage,
-  });
+  const body = errorBody(path, err);
+  sendJson(res, body.statusCode, body);
+}
+
+/** Answers a WebSocket upgrade request with an HTTP error (before the handshake, so the status reaches the client). */
+function refuse(socket: Duplex, path: string, err: unknown): void {
+  if (socket.destroyed) return;
+  const body = errorBody(path, err);
+  const text = JSON.stringify(body);
+  socket.end(
+    `HTTP/1.1 ${body.statusCode} ${body.error}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`,
+  );
 }
 
 function cors(req: IncomingMessage, res: ServerResponse) {

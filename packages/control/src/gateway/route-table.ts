@@ -1,5 +1,8 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
-import { httpBindingsOf, routeOf } from "@sandbar/protocol";
+import { errors, httpBindingsOf, routeOf } from "@sandbar/protocol";
+import type { HandwrittenRoute, UpgradeRoute } from "./rest-route.ts";
+
+type Segment = { literal: string } | { param: string };
 
 /** One REST route: a verb and path template bound to an RPC. */
 export interface RestRoute {
@@ -8,7 +11,7 @@ export interface RestRoute {
   service: DescService;
   method: DescMethod;
   /** Literal segments, or `{name}` parameters bound to the request field `name`. */
-  segments: Array<{ literal: string } | { param: string }>;
+  segments: Segment[];
   body: string;
   responseBody: string;
   status: number;
@@ -16,77 +19,114 @@ export interface RestRoute {
   omitUnset: boolean;
 }
 
-export interface RouteMatch {
-  route: RestRoute;
-  params: Record<string, string>;
-}
+export type RouteMatch = { params: Record<string, string> } & (
+  | { kind: "contract"; route: RestRoute }
+  | { kind: "handwritten"; route: HandwrittenRoute }
+  | { kind: "upgrade"; route: UpgradeRoute }
+);
+
+type Entry = { segments: Segment[]; handwritten: boolean; match: (params: Record<string, string>) => RouteMatch };
+
+/** WebSocket routes live in the table under this verb. */
+const UPGRADE = "UPGRADE";
 
 /**
- * The route table, read from the contract's google.api.http rules. Paths are matched
- * segment by segment; where two templates fit, literal segments win over parameters
- * (so /api-keys/current beats /api-keys/{name}).
+ * The gateway's one route table: the contract's google.api.http rules, and the routes written by
+ * hand for wire formats the contract cannot describe (which win over a contract route of the same
+ * path). Paths are matched segment by segment; where two templates fit, literal segments win over
+ * parameters (so /api-keys/current beats /api-keys/{name}).
  */
 export class RouteTable {
-  private readonly byVerb = new Map<string, RestRoute[]>();
+  private readonly byVerb = new Map<string, Entry[]>();
+  private readonly contract: RestRoute[] = [];
+  private readonly written: HandwrittenRoute[];
 
   /** Each group's paths are mounted under its prefix (the toolbox mounts the agent's paths under a sandbox). */
-  constructor(groups: Array<{ services: DescService[]; prefix?: string; omitUnset?: boolean }>) {
+  constructor(
+    groups: Array<{ services: DescService[]; prefix?: string; omitUnset?: boolean }>,
+    extra: { handwritten?: HandwrittenRoute[]; upgrades?: UpgradeRoute[] } = {},
+  ) {
     for (const { services, prefix = "", omitUnset = false } of groups) {
       for (const service of services) {
         for (const method of service.methods) {
-          for (const b of httpBindingsOf(method)) this.add(service, method, b.verb, prefix + b.path, b.body, b.responseBody, omitUnset);
+          for (const b of httpBindingsOf(method)) {
+            const template = prefix + b.path;
+            const route: RestRoute = { verb: b.verb, template, service, method, segments: parse(template), body: b.body, responseBody: b.responseBody, status: routeOf(method).status || 200, omitUnset };
+            this.contract.push(route);
+            this.add(b.verb, template, false, (params) => ({ kind: "contract", route, params }));
+          }
         }
       }
     }
-    for (const routes of this.byVerb.values()) routes.sort(bySpecificity);
+    this.written = extra.handwritten ?? [];
+    for (const route of this.written) this.add(route.verb, route.template, true, (params) => ({ kind: "handwritten", route, params }));
+    for (const route of extra.upgrades ?? []) this.add(UPGRADE, route.template, true, (params) => ({ kind: "upgrade", route, params }));
+    for (const entries of this.byVerb.values()) entries.sort(bySpecificity);
   }
 
-  private add(service: DescService, method: DescMethod, verb: string, template: string, body: string, responseBody: string, omitUnset: boolean) {
-    const segments = split(template).map((s) => {
-      const m = /^\{([a-z0-9_]+)(=[^}]*)?\}$/.exec(s);
-      return m ? { param: m[1] } : { literal: s };
-    });
-    const status = routeOf(method).status || 200;
+  private add(verb: string, template: string, handwritten: boolean, match: Entry["match"]) {
     const list = this.byVerb.get(verb) ?? [];
-    list.push({ verb, template, service, method, segments, body, responseBody, status, omitUnset });
+    list.push({ segments: parse(template), handwritten, match });
     this.byVerb.set(verb, list);
   }
 
+  /** The route serving a request; throws INVALID_ARGUMENT for a path that is not valid percent-encoding. */
   match(verb: string, path: string): RouteMatch | undefined {
     const parts = split(path);
-    for (const route of this.byVerb.get(verb) ?? []) {
-      if (route.segments.length !== parts.length) continue;
+    for (const entry of this.byVerb.get(verb) ?? []) {
+      if (entry.segments.length !== parts.length) continue;
       const params: Record<string, string> = {};
       let ok = true;
       for (let i = 0; i < parts.length && ok; i++) {
-        const seg = route.segments[i];
+        const seg = entry.segments[i]!;
         if ("literal" in seg) ok = seg.literal === parts[i];
-        else params[seg.param] = decodeURIComponent(parts[i]);
+        else params[seg.param] = decode(parts[i]!);
       }
-      if (ok) return { route, params };
+      if (ok) return entry.match(params);
     }
     return undefined;
   }
 
-  /** Whether any verb serves this path (to tell 404 from 405). */
-  verbsFor(path: string): string[] {
-    return [...this.byVerb.keys()].filter((v) => this.match(v, path));
+  /** The WebSocket route of a path, if any. */
+  matchUpgrade(path: string): RouteMatch | undefined {
+    return this.match(UPGRADE, path);
   }
 
+  /** The routes read from the contract. */
   get routes(): RestRoute[] {
-    return [...this.byVerb.values()].flat();
+    return [...this.contract];
   }
+
+  /** The routes written by hand. */
+  get handwritten(): HandwrittenRoute[] {
+    return [...this.written];
+  }
+}
+
+function parse(template: string): Segment[] {
+  return split(template).map((s) => {
+    const m = /^\{([a-z0-9_]+)(=[^}]*)?\}$/.exec(s);
+    return m ? { param: m[1]! } : { literal: s };
+  });
 }
 
 function split(path: string): string[] {
   return path.split("/").filter((s) => s !== "");
 }
 
-function bySpecificity(a: RestRoute, b: RestRoute): number {
+function decode(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    throw errors.invalidArgument("Malformed URL encoding in path");
+  }
+}
+
+function bySpecificity(a: Entry, b: Entry): number {
   for (let i = 0; i < Math.min(a.segments.length, b.segments.length); i++) {
-    const al = "literal" in a.segments[i];
-    const bl = "literal" in b.segments[i];
+    const al = "literal" in a.segments[i]!;
+    const bl = "literal" in b.segments[i]!;
     if (al !== bl) return al ? -1 : 1;
   }
-  return 0;
+  return Number(b.handwritten) - Number(a.handwritten);
 }

@@ -113,22 +113,22 @@ export async function startControlServer(settings: Settings, log: (line: string)
       router.service(ServerReflection, reflectionService([...controlFiles, ...toolbox.files, file_grpc_health_v1_health, file_grpc_reflection_v1_reflection], serviceNames));
     },
   });
-  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))]);
-  // Toolbox routes with wire formats of their own (multipart, raw streams, WebSockets) are
-  // served before the generic gateway, through the same secured implementations.
-  const rest = toolboxRest({ impls, locator: agentLocator, clients: toolbox.clients, basePath: API_BASE, prefixes: TOOLBOX_PREFIXES });
-  const gateway = createGateway(routes, impls, API_BASE, rest.intercept);
+  // One route table: the contract's routes, the toolbox's agent routes under each prefix, and
+  // the toolbox routes written by hand (multipart, raw streams, WebSockets).
+  const rest = toolboxRest({ impls, locator: agentLocator, clients: toolbox.clients, prefixes: TOOLBOX_PREFIXES });
+  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], rest);
+  const gateway = createGateway(routes, impls, API_BASE);
 
   const listener = await listenOnePort(
     (req, res) => {
       const url = req.url ?? "";
-      if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway(req as never, res as never);
+      if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway.handle(req as never, res as never);
       else if (identity.owns(url)) identity.handle(req as never, res as never);
       else rpc(req as never, res as never);
     },
     settings.port,
     settings.host,
-    rest.upgrade,
+    gateway.upgrade,
   );
   const port = listener.port;
   let stopped: Promise<void> | undefined;

@@ -2,6 +2,7 @@ import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import type { CallOptions, HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { organizationOf } from "../auth/principal.ts";
+import { sandboxIdKey } from "../gateway/rest-route.ts";
 import type { AgentClients } from "./agent-clients.ts";
 import type { AgentLocator } from "./agent-locator.ts";
 
@@ -24,7 +25,8 @@ export function forwardingImpl<S extends DescService>(service: S, locator: Agent
 
 function forwarder(service: DescService, method: DescMethod, locator: AgentLocator, clients: AgentClients): Forwarder {
   const target = async (ctx: HandlerContext) => {
-    const idOrName = ctx.requestHeader.get(SANDBOX_ID_HEADER);
+    // REST: the path's sandbox (a typed value of the call); gRPC: the caller's metadata.
+    const idOrName = ctx.values.get(sandboxIdKey) ?? ctx.requestHeader.get(SANDBOX_ID_HEADER);
     if (!idOrName) throw errors.invalidArgument(`the sandbox is missing: send its id in the ${SANDBOX_ID_HEADER} header`);
     const agent = await locator.agentFor(organizationOf(ctx), idOrName);
     locator.touch(agent.sandboxId);

@@ -9,22 +9,18 @@ import {
   type MessageInitShape,
   type MessageShape,
 } from "@bufbuild/protobuf";
-import { createContextValues, createHandlerContext, type CallOptions } from "@connectrpc/connect";
+import type { CallOptions } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
-import { inputProblemsKey, precheck } from "../../rpc/secure.ts";
 import type { AgentClients } from "../agent-clients.ts";
 import type { AgentEndpoint, AgentLocator } from "../agent-locator.ts";
-import { headersOf, type ImplIndex } from "../../gateway/handler.ts";
+import { callContext, type ImplIndex } from "../../gateway/rest-route.ts";
 import { stringProblems, textProblems } from "../../services/validate.ts";
-import { SANDBOX_ID_HEADER } from "../forward.ts";
 
 /**
  * How a toolbox REST handler calls the agent's services for one request. `problems` are input
  * decoding problems: they are raised after the caller is checked (401 before 400).
  */
 export interface ToolboxCaller {
-  /** Checks the caller for `method` before a body is read (401/403 before 413). */
-  authorize(method: DescMethod): Promise<void>;
   unary<I extends DescMessage, O extends DescMessage>(method: DescMethodUnary<I, O>, input: MessageInitShape<I>, problems?: string[]): Promise<MessageShape<O>>;
   serverStream<I extends DescMessage, O extends DescMessage>(method: DescMethodServerStreaming<I, O>, input: MessageInitShape<I>, problems?: string[]): AsyncIterable<MessageShape<O>>;
   clientStream<I extends DescMessage, O extends DescMessage>(method: DescMethodClientStreaming<I, O>, input: AsyncIterable<MessageInitShape<I>>): Promise<MessageShape<O>>;
@@ -42,30 +38,15 @@ export function guardedCaller(
   sandboxId: string,
   signal: AbortSignal,
 ): ToolboxCaller {
-  // The sandbox named by the path routes the call, whatever a client put in this header.
-  // A sandbox id that cannot be a header value is reported after the guard, like any input problem.
+  // The sandbox named by the path routes the call (whatever a client put in its metadata header);
+  // one that cannot be an id is reported after the guard, like any input problem.
   const idProblems = textProblems("sandbox_id", "sandboxId", sandboxId);
-  const requestHeader = { ...(request.headers as Record<string, string>), ...(idProblems.length ? {} : { [SANDBOX_ID_HEADER]: sandboxId }) };
   const call = (method: DescMethod, input: unknown, problems: string[] = []): unknown => {
-    problems = [...idProblems, ...problems];
     const impl = impls.get(method.parent.typeName)?.[method.localName] as Impl | undefined;
     if (!impl) throw errors.unimplemented(`${method.parent.name}.${method.name} is not available`);
-    const ctx = createHandlerContext({
-      service: method.parent,
-      method,
-      protocolName: "rest",
-      requestMethod: request.method ?? "GET",
-      url: request.url ?? "/",
-      requestHeader,
-      requestSignal: signal,
-      contextValues: createContextValues().set(inputProblemsKey, problems),
-    });
-    return impl(input, ctx);
+    return impl(input, callContext(method, request, signal, { sandboxId, problems: [...idProblems, ...problems] }));
   };
   return {
-    async authorize(method) {
-      await impls.get(method.parent.typeName)?.[precheck]?.(method, headersOf({ headers: requestHeader }), {});
-    },
     async unary(method, input, problems) {
       return create(method.output, (await call(method, create(method.input, input), problems)) as never);
     },
@@ -92,9 +73,6 @@ export function agentCaller(clients: AgentClients, locator: AgentLocator, agent:
     return client[method.localName](input, options);
   };
   return {
-    async authorize() {
-      // The preview token was checked when the agent was located.
-    },
     async unary(method, input, problems) {
       return (await call(method, input, problems)) as never;
     },

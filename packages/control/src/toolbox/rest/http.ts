@@ -1,9 +1,8 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
-import { DecodeErrors, messageFromJson } from "../../gateway/json.ts";
-import { readJsonBody } from "../../gateway/http-io.ts";
-export { requestSignal, sendJson } from "../../gateway/http-io.ts";
+import { DecodeErrors, messageFromJson, readJsonBody } from "../../gateway/rest-route.ts";
+export { requestSignal, sendJson } from "../../gateway/rest-route.ts";
 
 /**
  * Decodes a JSON request body into a message as the gateway does; problems are collected in

@@ -1,16 +1,13 @@
 import type { IncomingMessage } from "node:http";
-import { STATUS_CODES } from "node:http";
-import type { Duplex } from "node:stream";
-import { asConnectError, httpStatusOf } from "@sandbar/protocol";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
 import { WebSocketServer, type WebSocket } from "ws";
-import type { ImplIndex } from "../../gateway/handler.ts";
+import type { ImplIndex, UpgradeRoute } from "../../gateway/rest-route.ts";
 import type { AgentClients } from "../agent-clients.ts";
 import type { AgentLocator } from "../agent-locator.ts";
 import { agentCaller, guardedCaller, type ToolboxCaller } from "./call.ts";
 import { createConnectRequest, PTY_EXIT_CONTROL, servePty } from "./pty.ts";
-import { SpecialRoutes, type SpecialRoute } from "./routes.ts";
+import type { ToolboxRoute } from "./routes.ts";
 import { SDK_VERSION_PROTOCOL } from "./sdk-version.ts";
 import { logChunks } from "./sessions.ts";
 import { closeWith, messageOf, sendFrame } from "./ws-frames.ts";
@@ -43,7 +40,7 @@ const ptyRoute = (check: WsRoute["check"]): WsRoute => ({
   serve: (ws, caller, r, sessionId) => servePty(ws, caller, sessionId, r.offered.includes(PTY_EXIT_CONTROL)),
 });
 
-const WS_ROUTES: Array<SpecialRoute<WsRoute>> = [
+const WS_ROUTES: Array<ToolboxRoute<WsRoute>> = [
   {
     verb: "GET",
     path: "/process/session/{session_id}/command/{command_id}/logs",
@@ -69,22 +66,19 @@ const WS_ROUTES: Array<SpecialRoute<WsRoute>> = [
  * reach them through the preview URL of port 2280 (which points at the toolbox prefix) or the
  * toolbox proxy URL. Callers authenticate as on every other route (the guard, through the
  * secured implementations), or, without credentials, with the sandbox's preview token, which the
- * locator checks.
+ * locator checks. The routes are entries of the gateway's table; a refusal before the handshake
+ * is answered by the gateway with its HTTP status.
  */
 export class ToolboxWebSockets {
   private readonly wss: WebSocketServer;
-  private readonly routes: SpecialRoutes<WsRoute>;
   private readonly impls: ImplIndex;
   private readonly locator: AgentLocator;
   private readonly clients: AgentClients;
-  private readonly basePath: string;
 
-  constructor(opts: { impls: ImplIndex; locator: AgentLocator; clients: AgentClients; basePath: string; prefixes: string[] }) {
+  constructor(opts: { impls: ImplIndex; locator: AgentLocator; clients: AgentClients }) {
     this.impls = opts.impls;
     this.locator = opts.locator;
     this.clients = opts.clients;
-    this.basePath = opts.basePath;
-    this.routes = new SpecialRoutes(opts.prefixes, WS_ROUTES);
     this.wss = new WebSocketServer({
       noServer: true,
       maxPayload: 1024 * 1024,
@@ -94,43 +88,21 @@ export class ToolboxWebSockets {
     });
   }
 
-  /** Takes an upgrade request on a toolbox WebSocket path; false when the path is not one. */
-  handleUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer): boolean {
-    const url = req.url ?? "/";
-    const q = url.indexOf("?");
-    const pathname = q < 0 ? url : url.slice(0, q);
-    if (!pathname.startsWith(this.basePath + "/")) return false;
-    let match;
-    try {
-      match = this.routes.match(req.method ?? "GET", pathname.slice(this.basePath.length));
-    } catch (err) {
-      refuse(socket, pathname, err);
-      return true;
-    }
-    if (!match) return false;
-    const { handle, params } = match;
-    const query = new URLSearchParams(q < 0 ? "" : url.slice(q + 1));
+  /** The WebSocket routes under every toolbox prefix. */
+  routes(prefixes: string[]): UpgradeRoute[] {
+    return prefixes.flatMap((prefix) => WS_ROUTES.map(({ path, handle }): UpgradeRoute => ({ template: prefix + path, accept: (call) => this.accept(handle, call) })));
+  }
+
+  private async accept(handle: WsRoute, { req, socket, head, params, query, signal }: Parameters<UpgradeRoute["accept"]>[0]): Promise<void> {
     const offered = String(req.headers["sec-websocket-protocol"] ?? "").split(",").map((p) => p.trim()).filter(Boolean);
     const r: WsRequest = { req, params, query, offered };
-    const abort = new AbortController();
-    socket.on("error", () => socket.destroy());
-    socket.once("close", () => abort.abort());
-    void (async () => {
-      let caller: ToolboxCaller;
-      let target: string;
-      try {
-        caller = await this.callerFor(req, query, params.sandbox_id, abort.signal);
-        target = await handle.check(caller, r);
-      } catch (err) {
-        return refuse(socket, pathname, err);
-      }
-      if (socket.destroyed) return;
-      this.wss.handleUpgrade(req, socket, head, (ws) => {
-        ws.on("error", () => ws.terminate());
-        handle.serve(ws, caller, r, target).catch((err: unknown) => closeWith(ws, 1011, messageOf(err)));
-      });
-    })();
-    return true;
+    const caller = await this.callerFor(req, query, params.sandbox_id!, signal);
+    const target = await handle.check(caller, r);
+    if (socket.destroyed) return;
+    this.wss.handleUpgrade(req, socket, head, (ws) => {
+      ws.on("error", () => ws.terminate());
+      handle.serve(ws, caller, r, target).catch((err: unknown) => closeWith(ws, 1011, messageOf(err)));
+    });
   }
 
   /** Closes every open toolbox WebSocket (server going away). */
@@ -167,16 +139,4 @@ async function serveLogs(ws: WebSocket, caller: ToolboxCaller, r: WsRequest): Pr
   } catch (err) {
     if (!abort.signal.aborted) closeWith(ws, 1011, messageOf(err));
   }
-}
-
-/** Answers an upgrade request with an HTTP error, in the gateway's error body. */
-function refuse(socket: Duplex, path: string, err: unknown): void {
-  if (socket.destroyed) return;
-  const e = asConnectError(err);
-  const statusCode = httpStatusOf(e.code);
-  const reason = STATUS_CODES[statusCode] ?? "Error";
-  const body = JSON.stringify({ path, timestamp: new Date().toISOString(), statusCode, error: reason, message: e.rawMessage });
-  socket.end(
-    `HTTP/1.1 ${statusCode} ${reason}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
-  );
 }
