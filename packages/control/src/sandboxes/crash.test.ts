@@ -63,6 +63,8 @@ beforeAll(async () => {
     SANDBAR_BOOTSTRAP_API_KEY: key,
     SANDBAR_AGENT_BUNDLE: await standInAgentBundle(),
     SANDBAR_SNAPSHOT_CACHE: TEST_SNAPSHOT_CACHE,
+    // The suite counts the host's sandboxes against the rows: no pool sandboxes beside them.
+    SANDBAR_WARM_POOL: "0",
   };
 });
 
