@@ -8,6 +8,7 @@ import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } f
 import type { RestRoute, RouteTable } from "./route-table.ts";
 import { precheck } from "../rpc/secure.ts";
 import { readJsonBody, requestSignal, sendJson, statusOverride } from "./http-io.ts";
+import { clientBefore, clientVersion } from "./client-version.ts";
 import { callContext, headersOf, type ImplIndex } from "./rest-route.ts";
 import { textProblems } from "../services/validate.ts";
 
@@ -143,8 +144,7 @@ function copyHeaders(res: ServerResponse, ctx: HandlerContext) {
 function wholePage(route: RestRoute, req: IncomingMessage, query: URLSearchParams): boolean {
   if (!route.responseBody || !route.method.output.fields.some((f) => f.name === "next_cursor")) return false;
   if (query.has("cursor") || query.has("limit")) return true;
-  const version = /^(\d+)\.(\d+)/.exec(String(req.headers["x-daytona-sdk-version"] ?? ""));
-  return version !== null && (Number(version[1]) > 0 || Number(version[2]) >= 180);
+  return clientVersion(req.headers).sent && !clientBefore(req.headers, [0, 180, 0]);
 }
 
 function send(res: ServerResponse, route: RestRoute, output: Message, ctx: HandlerContext, whole = false) {

@@ -81,5 +81,6 @@ export function headersOf(req: { headers: IncomingHttpHeaders }): Headers {
   return h;
 }
 
+export { clientBefore, clientVersion, SDK_VERSION_PROTOCOL } from "./client-version.ts";
 export { readJsonBody, requestSignal, sendJson } from "./http-io.ts";
 export { DecodeErrors, messageFromJson } from "./json.ts";

@@ -2,13 +2,12 @@ import type { IncomingMessage } from "node:http";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
 import { WebSocketServer, type WebSocket } from "ws";
-import type { ImplIndex, UpgradeRoute } from "../../gateway/rest-route.ts";
+import { type ImplIndex, SDK_VERSION_PROTOCOL, type UpgradeRoute } from "../../gateway/rest-route.ts";
 import type { AgentClients } from "../agent-clients.ts";
 import type { AgentLocator } from "../agent-locator.ts";
 import { agentCaller, guardedCaller, type ToolboxCaller } from "./call.ts";
 import { createConnectRequest, PTY_EXIT_CONTROL, servePty } from "./pty.ts";
 import type { ToolboxRoute } from "./routes.ts";
-import { SDK_VERSION_PROTOCOL } from "./sdk-version.ts";
 import { logChunks } from "./sessions.ts";
 import { closeWith, messageOf, sendFrame } from "./ws-frames.ts";
 
