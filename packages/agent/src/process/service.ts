@@ -4,7 +4,7 @@ import { errors } from "@sandbar/protocol";
 import type { AgentContext } from "../context.ts";
 import { readLog } from "../sessions/command-log.ts";
 import type { SessionManager } from "../sessions/manager.ts";
-import { OutputCollector } from "../sessions/markers.ts";
+import { ChunkCollector } from "../sessions/output.ts";
 import type { Session, SessionCommand } from "../sessions/session.ts";
 import { STDOUT } from "../sessions/command-log.ts";
 import { codeRun } from "./code-run.ts";
@@ -22,9 +22,9 @@ function commandView(c: SessionCommand) {
   return { id: c.id, command: c.command, exitCode: c.exitCode };
 }
 
-/** A command's whole log as the reference answers it. */
+/** A command's whole log as typed chunks. */
 async function collect(command: SessionCommand) {
-  const out = new OutputCollector();
+  const out = new ChunkCollector();
   for await (const rec of readLog(command.log, false)) out.push(rec.stream, rec.data);
   return out.result();
 }
@@ -72,8 +72,7 @@ export function createProcessService(ctx: AgentContext, sessions: SessionManager
           call.signal.addEventListener("abort", abort, { once: true });
         }),
       ]);
-      const { output, stdout, stderr } = await collect(command);
-      return { cmdId: command.id, output, stdout, stderr, exitCode };
+      return { cmdId: command.id, exitCode, ...(await collect(command)) };
     },
 
     getSessionCommand(req) {

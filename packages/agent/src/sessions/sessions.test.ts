@@ -4,7 +4,6 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { startAgentProcess } from "../testing/agent-process.ts";
 import type { AgentProcess } from "../testing/agent-process.ts";
-import { stripMarkers } from "./markers.ts";
 
 let agent: AgentProcess;
 let proc: ReturnType<typeof agent.client<typeof ProcessService>>;
@@ -15,6 +14,11 @@ beforeAll(async () => {
 afterAll(async () => {
   await agent?.stop();
 });
+
+type Chunks = { chunks: Array<{ data: { case: string | undefined; value?: unknown } }> };
+/** One stream's text from a unary answer's typed chunks. */
+const text = (r: Chunks, stream: "stdout" | "stderr") =>
+  Buffer.concat(r.chunks.filter((c) => c.data.case === stream).map((c) => Buffer.from(c.data.value as Uint8Array))).toString();
 
 const codeOf = async (p: Promise<unknown>) => (await p.then(() => undefined, (e: unknown) => ConnectError.from(e)))?.code;
 
@@ -44,22 +48,19 @@ describe("sessions", () => {
     await proc.sessionExecute({ sessionId: "state", command: "mkdir -p deep/er && cd deep/er && export FOO=bar; BAZ=qux; greet() { echo \"hi $1\"; }" });
     const res = await proc.sessionExecute({ sessionId: "state", command: 'pwd; echo "$FOO $BAZ"; greet you; sh -c \'echo child sees $FOO\'' });
     expect(res.exitCode).toBe(0);
-    expect(res.stdout).toBe(`${agent.root}/deep/er\nbar qux\nhi you\nchild sees bar\n`);
+    expect(text(res, "stdout")).toBe(`${agent.root}/deep/er\nbar qux\nhi you\nchild sees bar\n`);
   });
 
-  it("keeps stdout and stderr apart, with the reference's marked output and exit code", async () => {
+  it("answers typed stdout and stderr chunks in the order written, and the exit code", async () => {
     await proc.createSession({ sessionId: "split" });
     const res = await proc.sessionExecute({ sessionId: "split", command: "echo hi; echo oops >&2; printf partial; exit_code_of() { return 3; }; exit_code_of" });
     expect(res.exitCode).toBe(3);
-    expect(res.stdout).toBe("hi\npartial\n");
-    expect(res.stderr).toBe("oops\n");
-    const out = Buffer.from(res.output!, "utf8");
-    expect(out.toString()).toContain("\x01\x01\x01hi\n");
-    expect(out.toString()).toContain("\x02\x02\x02oops\n");
-    expect(out.toString()).toContain("\x01\x01\x01partial\n");
-    expect(stripMarkers(out).toString().split("\n").sort()).toEqual(["", "hi", "oops", "partial"]);
+    expect(text(res, "stdout")).toBe("hi\npartial");
+    expect(text(res, "stderr")).toBe("oops\n");
+    // Consecutive chunks of one stream are joined: no two neighbours share a stream.
+    expect(res.chunks.every((c, i) => i === 0 || c.data.case !== res.chunks[i - 1]!.data.case)).toBe(true);
     const logs = await proc.getSessionCommandLogs({ sessionId: "split", commandId: res.cmdId });
-    expect(logs).toMatchObject({ stdout: "hi\npartial\n", stderr: "oops\n", output: res.output, truncated: false });
+    expect(logs).toMatchObject({ chunks: res.chunks, truncated: false });
     const cmd = await proc.getSessionCommand({ sessionId: "split", commandId: res.cmdId });
     expect(cmd).toMatchObject({ id: res.cmdId, exitCode: 3 });
   });
@@ -70,20 +71,21 @@ describe("sessions", () => {
     const bad = await proc.sessionExecute({ sessionId: "robust", command: "if then fi (" });
     expect(bad.exitCode).not.toBe(0);
     const res = await proc.sessionExecute({ sessionId: "robust", command: "echo still here" });
-    expect(res).toMatchObject({ exitCode: 0, stdout: "still here\n" });
+    expect(res.exitCode).toBe(0);
+    expect(text(res, "stdout")).toBe("still here\n");
   });
 
   it("returns at once for an asynchronous command, and its follow stream ends when it exits", async () => {
     await proc.createSession({ sessionId: "async" });
     const started = Date.now();
-    const { cmdId, exitCode, output } = await proc.sessionExecute({
+    const { cmdId, exitCode, chunks } = await proc.sessionExecute({
       sessionId: "async",
       command: "for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.3; done; exit 4",
       runAsync: true,
     });
     expect(Date.now() - started).toBeLessThan(500);
     expect(exitCode).toBeUndefined();
-    expect(output).toBeUndefined();
+    expect(chunks).toEqual([]);
     expect((await proc.getSessionCommand({ sessionId: "async", commandId: cmdId })).exitCode).toBeUndefined();
     const logs = await follow("async", cmdId);
     expect(Date.now() - started).toBeGreaterThanOrEqual(800);
@@ -97,7 +99,7 @@ describe("sessions", () => {
     await proc.createSession({ sessionId: "queue" });
     const a = await proc.sessionExecute({ sessionId: "queue", command: "sleep 0.3; echo a > order", runAsync: true });
     const b = await proc.sessionExecute({ sessionId: "queue", command: "echo b >> order; cat order" });
-    expect(b.stdout).toBe("a\nb\n");
+    expect(text(b, "stdout")).toBe("a\nb\n");
     expect((await proc.getSessionCommand({ sessionId: "queue", commandId: a.cmdId })).exitCode).toBe(0);
   });
 
@@ -117,7 +119,7 @@ describe("sessions", () => {
     let pid = 0;
     for (let i = 0; i < 50 && !pid; i++) {
       const logs = await proc.getSessionCommandLogs({ sessionId: "doomed", commandId: cmdId });
-      pid = Number(logs.stdout.trim());
+      pid = Number(text(logs, "stdout").trim());
       if (!pid) await new Promise((r) => setTimeout(r, 50));
     }
     expect(alive(pid)).toBe(true);
@@ -147,13 +149,14 @@ describe("sessions", () => {
     // The unary answer is bounded and says so.
     const logs = await proc.getSessionCommandLogs({ sessionId: "big", commandId: cmdId });
     expect(logs.truncated).toBe(true);
-    expect(logs.stdout.length).toBeLessThanOrEqual(16 * 1024 * 1024 + 1);
+    expect(text(logs, "stdout").length).toBe(16 * 1024 * 1024);
   }, 120_000);
 
   it("ends the session when its shell exits, and says so", async () => {
     await proc.createSession({ sessionId: "exiting" });
     const res = await proc.sessionExecute({ sessionId: "exiting", command: "echo bye; exit 5" });
-    expect(res).toMatchObject({ exitCode: 5, stdout: "bye\n" });
+    expect(res.exitCode).toBe(5);
+    expect(text(res, "stdout")).toBe("bye\n");
     expect(await codeOf(proc.sessionExecute({ sessionId: "exiting", command: "true" }))).toBe(Code.FailedPrecondition);
   });
 

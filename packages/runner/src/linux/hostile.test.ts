@@ -3,7 +3,7 @@ import { readFile, rm } from "node:fs/promises";
 import { createClient } from "@connectrpc/connect";
 import { agentTransport } from "@sandbar/agent";
 import { buildAgentBundle } from "@sandbar/agent/testing";
-import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+import { type CommandLogs, ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { SandboxSpec } from "../provider.ts";
 import { sleep } from "./cgroups/types.ts";
@@ -90,7 +90,7 @@ describe("the agent's reserve", () => {
     const proc = createClient(ProcessService, agentTransport(await f.provider.connect(id), secret));
     await proc.createSession({ sessionId: "s" });
     const cmd = await proc.sessionExecute({ sessionId: "s", command: "grep -c /../user /proc/self/cgroup" });
-    expect(Number((await proc.getSessionCommandLogs({ sessionId: "s", commandId: cmd.cmdId })).stdout.trim())).toBeGreaterThanOrEqual(2);
+    expect(Number(streamText(await proc.getSessionCommandLogs({ sessionId: "s", commandId: cmd.cmdId }), "stdout").trim())).toBeGreaterThanOrEqual(2);
     const agent = await sandboxAgent(f.provider, id);
     expect(await f.provider.cgroups.agentPids(id)).toContain(agent);
     const user = await readFile(f.provider.cgroups.userProcsFiles(id).find((p) => p.includes("/pids/"))!, "utf8");
@@ -211,13 +211,13 @@ describe("the supervisor", () => {
     const p2 = await proc();
     expect((await p2.listSessions({})).sessions.map((x) => x.sessionId)).toEqual(["work"]);
     const before = await p2.getSessionCommandLogs({ sessionId: "work", commandId: done.cmdId });
-    expect([before.stdout, before.stderr]).toEqual(["before\n", "oops\n"]);
+    expect([streamText(before, "stdout"), streamText(before, "stderr")]).toEqual(["before\n", "oops\n"]);
     expect((await p2.getSessionCommand({ sessionId: "work", commandId: done.cmdId })).exitCode).toBe(0);
-    expect((await p2.getSessionCommandLogs({ sessionId: "work", commandId: running.cmdId })).stdout).toBe("started\n");
+    expect(streamText(await p2.getSessionCommandLogs({ sessionId: "work", commandId: running.cmdId }), "stdout")).toBe("started\n");
     expect((await p2.getSessionCommand({ sessionId: "work", commandId: running.cmdId })).exitCode).toBe(-1); // ended with the old agent
     const after = await p2.sessionExecute({ sessionId: "work", command: "echo after" });
     expect(after.exitCode).toBe(0);
-    expect((await p2.getSessionCommandLogs({ sessionId: "work", commandId: after.cmdId })).stdout).toBe("after\n");
+    expect(streamText(await p2.getSessionCommandLogs({ sessionId: "work", commandId: after.cmdId }), "stdout")).toBe("after\n");
   });
 
   it("stops gracefully: the agent gets SIGTERM through the init and exits before the grace ends", async () => {
@@ -229,3 +229,8 @@ describe("the supervisor", () => {
     expect(await readFile(f.provider.layout.initLog(id), "utf8")).toContain("sandbar-agent: stopping on SIGTERM");
   });
 });
+
+/** One stream's text from an answer's typed chunks. */
+function streamText(logs: CommandLogs, stream: "stdout" | "stderr"): string {
+  return Buffer.concat(logs.chunks.filter((c) => c.data.case === stream).map((c) => Buffer.from(c.data.value as Uint8Array))).toString();
+}

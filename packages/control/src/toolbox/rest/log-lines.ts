@@ -1,6 +1,8 @@
 // The reference's session log form: every output line prefixed by its stream's
-// marker and ended by "\n". The agent keeps stdout and stderr apart as raw
-// chunks; these helpers turn them into that form, with or without the markers.
+// marker and ended by "\n". The agent answers typed stdout and stderr chunks; this
+// is the one place they are turned into that form, with or without the markers.
+
+import type { LogChunk } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 
 export const STDOUT_MARK = Buffer.from([1, 1, 1]);
 export const STDERR_MARK = Buffer.from([2, 2, 2]);
@@ -61,7 +63,20 @@ export class LogLines {
   }
 }
 
-/** A marked log as plain combined text. */
-export function stripMarks(marked: string): string {
-  return marked.replace(/\x01\x01\x01|\x02\x02\x02/g, "");
+/** The reference's answer for a whole log: `output` (marked, or plain combined text), and each stream ending in "\n". */
+export function referenceOutput(chunks: readonly LogChunk[], marks: boolean): { output: string; stdout: string; stderr: string } {
+  const lines = new LogLines(marks);
+  const out: Buffer[] = [];
+  const streams: Record<StreamName, Buffer[]> = { stdout: [], stderr: [] };
+  for (const { data } of chunks) {
+    if (data.case !== "stdout" && data.case !== "stderr") continue;
+    out.push(lines.push(data.case, data.value));
+    streams[data.case].push(Buffer.from(data.value));
+  }
+  out.push(lines.end());
+  const text = (s: StreamName) => {
+    const t = Buffer.concat(streams[s]).toString("utf8");
+    return t === "" || t.endsWith("\n") ? t : t + "\n";
+  };
+  return { output: Buffer.concat(out).toString("utf8"), stdout: text("stdout"), stderr: text("stderr") };
 }

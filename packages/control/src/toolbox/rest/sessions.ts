@@ -2,7 +2,7 @@ import type { IncomingHttpHeaders } from "node:http";
 import { CreateSessionRequestSchema, ProcessService, SessionExecuteRequestSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import type { ToolboxCaller } from "./call.ts";
 import { DecodeErrors, readJsonMessage, sendEmpty, sendJson, write } from "./http.ts";
-import { LogLines, stripMarks } from "./log-lines.ts";
+import { LogLines, referenceOutput } from "./log-lines.ts";
 import type { RestHandler } from "./routes.ts";
 import { outputMode } from "./sdk-version.ts";
 
@@ -27,12 +27,12 @@ export const sessionExec: RestHandler = async ({ req, res, caller, params }) => 
   const out = await caller.unary(ProcessService.method.sessionExecute, input, errs.messages);
   if (input.runAsync || input.async) return sendJson(res, 202, { cmdId: out.cmdId, output: null, stdout: null, stderr: null, exitCode: null });
   const mode = outputMode(req.headers);
-  const output = out.output ?? "";
+  const { output, stdout, stderr } = referenceOutput(out.chunks, !mode.combined);
   sendJson(res, 200, {
     cmdId: out.cmdId,
-    output: mode.combined ? stripMarks(output) : output,
-    stdout: mode.serverDemux ? (out.stdout ?? "") : null,
-    stderr: mode.serverDemux ? (out.stderr ?? "") : null,
+    output,
+    stdout: mode.serverDemux ? stdout : null,
+    stderr: mode.serverDemux ? stderr : null,
     exitCode: out.exitCode ?? null,
   });
 };
@@ -49,7 +49,7 @@ export const commandLogs: RestHandler = async ({ req, res, caller, params, query
   const ids = { sessionId: params.session_id, commandId: params.command_id };
   if (mode.serverDemux && !follow) {
     const logs = await caller.unary(ProcessService.method.getSessionCommandLogs, ids);
-    return sendJson(res, 200, { output: logs.output, stdout: logs.stdout, stderr: logs.stderr });
+    return sendJson(res, 200, referenceOutput(logs.chunks, true));
   }
   // The command must exist (and the caller may see it) before the status is committed.
   await caller.unary(ProcessService.method.getSessionCommand, ids);

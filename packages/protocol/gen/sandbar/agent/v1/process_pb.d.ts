@@ -332,28 +332,26 @@ export declare type SessionExecuteResponse = Message<"sandbar.agent.v1.SessionEx
   cmdId: string;
 
   /**
-   * The output in the reference's log form: every line prefixed by
-   * "\x01\x01\x01" (stdout) or "\x02\x02\x02" (stderr) and ended by "\n".
-   * Unset for asynchronous commands.
-   *
-   * @generated from field: optional string output = 2;
-   */
-  output?: string | undefined;
-
-  /**
-   * @generated from field: optional string stdout = 3;
-   */
-  stdout?: string | undefined;
-
-  /**
-   * @generated from field: optional string stderr = 4;
-   */
-  stderr?: string | undefined;
-
-  /**
    * @generated from field: optional int32 exit_code = 5;
    */
   exitCode?: number | undefined;
+
+  /**
+   * What the command wrote, stdout and stderr chunks in the order written (the
+   * reference's log forms are made from them by the control plane). Empty for
+   * asynchronous commands.
+   *
+   * @generated from field: repeated sandbar.agent.v1.LogChunk chunks = 6;
+   */
+  chunks: LogChunk[];
+
+  /**
+   * More than a unary answer carries (16 MiB per stream) was written; use
+   * StreamSessionCommandLogs for all of it.
+   *
+   * @generated from field: bool truncated = 7;
+   */
+  truncated: boolean;
 };
 
 /**
@@ -409,21 +407,11 @@ export declare const GetSessionCommandLogsRequestSchema: GenMessage<GetSessionCo
  */
 export declare type CommandLogs = Message<"sandbar.agent.v1.CommandLogs"> & {
   /**
-   * As SessionExecuteResponse.output.
+   * As SessionExecuteResponse.chunks.
    *
-   * @generated from field: string output = 1;
+   * @generated from field: repeated sandbar.agent.v1.LogChunk chunks = 5;
    */
-  output: string;
-
-  /**
-   * @generated from field: string stdout = 2;
-   */
-  stdout: string;
-
-  /**
-   * @generated from field: string stderr = 3;
-   */
-  stderr: string;
+  chunks: LogChunk[];
 
   /**
    * The log was longer than a unary answer carries (16 MiB per stream); use
