@@ -1,76 +1,61 @@
 /**
- * Tenancy: another organization's resources do not exist for a caller. Two organizations, A and
- * B, each with a signed-in owner (JWT) and a full-scope API key; B holds one of each resource the
- * API can make (a started sandbox, a key, a role, an invitation, a member, a custom region). Every
- * route of the contract (the REST route table the gateway serves, the toolbox's own routes, and
- * every RPC over gRPC) is called by A with B's ids and must answer exactly what it answers for ids
- * that exist nowhere: never a 2xx, and a 404 wherever an unknown id is a 404. A route with a
- * path parameter this file cannot fill fails the suite, so a new kind of id must be mapped here.
- * Afterwards every resource of B is checked unchanged. Run as root (a real sandbox).
+ * Tenancy: another organization's resources do not exist for a caller (issue 8, first test).
+ *
+ * Two organizations (see world.ts): B holds one of each resource the API can make; A's full-scope
+ * key, A's signed-in owner, A's signed-in member (who is also B's member) and the bootstrap admin
+ * key call every route of the contract with B's ids. Routes come from the same contract the
+ * gateway serves (the REST route table, the toolbox's hand-written routes, every RPC over gRPC),
+ * so a new route is covered without editing this file; a route with a path parameter ids.ts
+ * cannot fill fails the suite, as does a request field naming a resource that bodies.ts does
+ * not know.
+ *
+ * The rule: a call with B's ids answers exactly what the same call with ids that exist nowhere
+ * answers, and that is a 404 (or, for a route refused whatever the id — an operator route, a
+ * JWT-only route called with a key — that refusal). Never a 2xx, never a 5xx. A route whose
+ * implementation is missing answers 501 both ways and is listed as not built. Routes naming an
+ * organization are tried twice: B's organization in the path, and the caller's own organization
+ * with B's other ids in the rest (B's role through A's path). Afterwards every stored row about
+ * B is compared with the rows before the sweep, and B's people and key still work.
+ * Run as root (a real sandbox).
  */
 import { randomUUID } from "node:crypto";
-import type { DescMessage, DescMethod, DescService } from "@bufbuild/protobuf";
-import { create, ScalarType } from "@bufbuild/protobuf";
+import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import { Auth, filesIn, httpBindingsOf, routeOf } from "@sandbar/protocol";
+import { Auth, filesIn, httpBindingsOf, routeOf, type Route } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RouteTable, type RestRoute } from "../../packages/control/src/gateway/route-table.ts";
+import { DecodeErrors, messageFromJson, setField } from "../../packages/control/src/gateway/json.ts";
+import { RouteTable } from "../../packages/control/src/gateway/route-table.ts";
 import { issuerSettings, TestIssuer } from "../../packages/control/src/testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
 import { SANDBOX_ID_HEADER } from "../../packages/control/src/toolbox/forward.ts";
 import { TOOLBOX_PREFIXES } from "../../packages/control/src/toolbox/mount.ts";
 import { TOOLBOX_REST_ROUTES } from "../../packages/control/src/toolbox/rest/index.ts";
+import { ToolboxWebSockets } from "../../packages/control/src/toolbox/rest/websocket.ts";
+import WebSocket from "ws";
+import { BODY_CASES, bodyIdFields, NOT_FOREIGN, SAMPLE_REQUESTS } from "./bodies.ts";
+import { CREDENTIAL_PARAMS, fillings, fillTemplate, idsFor, paramsOf, resourceParams } from "./ids.ts";
+import { rowsOf } from "./rows.ts";
+import { buildWorld, type Caller, type World } from "./world.ts";
 
 const root = process.getuid?.() === 0;
-const ALL_SCOPES = [
-  "write:registries", "delete:registries", "write:snapshots", "delete:snapshots", "write:sandboxes", "delete:sandboxes", "read:volumes",
-  "write:volumes", "delete:volumes", "write:regions", "delete:regions", "read:runners", "write:runners", "delete:runners", "read:audit_logs",
-];
-
-interface Tenant {
-  org: string;
-  jwt: string;
-  key: string;
-  header: Record<string, string>;
-}
 
 const idp = new TestIssuer();
 let t: TestServer;
-let A: Tenant;
-let B: Tenant & { sandbox: string; authToken: string; keyName: string; role: string; invitation: string; region: string; owner: string };
+let w: World;
 let control: DescService[];
 let agent: DescService[];
-
-/** A person's organization (not their personal one) and a full-scope key in it. */
-async function tenant(sub: string): Promise<Tenant> {
-  const jwt = await idp.sign("k", { sub, email: `${sub}@example.test`, email_verified: true, name: sub });
-  const org = await api(t.url, jwt, "POST", "/organizations", { name: `${sub} inc`, defaultRegionId: "local" });
-  expect(org.status, JSON.stringify(org.body)).toBe(201);
-  const header = { "x-sandbar-organization-id": org.body.id };
-  const key = await api(t.url, jwt, "POST", "/api-keys", { name: `${sub}-key`, permissions: ALL_SCOPES }, header);
-  expect(key.status, JSON.stringify(key.body)).toBe(201);
-  return { org: org.body.id, jwt, key: key.body.value, header };
-}
+let before: Record<string, unknown[]>;
 
 beforeAll(async () => {
   if (!root) return;
   await idp.start();
   await idp.addKey("k");
   t = await startTestServer({ settings: issuerSettings(idp) });
-  A = await tenant("alice");
-  const b = await tenant("bob");
-  const as = (path: string, body?: unknown, verb = "POST") => api(t.url, b.jwt, verb, path, body, b.header);
-  const sandbox = await as("/sandbox", { autoStopInterval: 0, labels: { tenant: "b" } });
-  expect(sandbox.status, JSON.stringify(sandbox.body)).toBe(200);
-  const role = await as(`/organizations/${b.org}/roles`, { name: "b-role", description: "B's", permissions: ["read:volumes"] });
-  const invitation = await as(`/organizations/${b.org}/invitations`, { email: "carol@example.test", role: "member", assignedRoleIds: [role.body.id] });
-  const region = await as("/regions", { name: "b-region", proxyUrl: "https://proxy.b.example.test" });
-  const authToken = (await t.server.orm.em.getConnection().execute(`select auth_token from sandbox where id = ?`, [sandbox.body.id]))[0].auth_token as string;
-  B = { ...b, sandbox: sandbox.body.id, authToken, keyName: "bob-key", role: role.body.id, invitation: invitation.body.id, region: region.body.id, owner: "bob" };
-  for (const r of [role, invitation, region]) expect(r.status, JSON.stringify(r.body)).toBe(201);
+  w = await buildWorld(t, idp);
   control = (await filesIn("sandbar/control/v1")).flatMap((f) => f.services);
   agent = (await filesIn("sandbar/agent/v1")).flatMap((f) => f.services);
+  before = await rowsOf(t, bIds());
 }, 600_000);
 
 afterAll(async () => {
@@ -78,186 +63,375 @@ afterAll(async () => {
   idp.stop();
 });
 
-/**
- * B's id for a path parameter or request field, and one that exists nowhere. `undefined`: this
- * file does not know the parameter (the suite fails: map it).
- */
-function idsFor(service: string, param: string): { theirs: string; nobody: string } | undefined {
-  const uuid = randomUUID();
-  const byName: Record<string, [string, string]> = {
-    organization_id: [B.org, uuid],
-    sandbox_id: [B.sandbox, uuid],
-    sandbox_id_or_name: [B.sandbox, uuid],
-    role_id: [B.role, uuid],
-    invitation_id: [B.invitation, uuid],
-    user_id: [B.owner, "nobody-at-all"],
-    name: [B.keyName, "no-such-key"],
-    // Not resources: values any caller may send.
-    port: ["3000", "3000"],
-    is_public: ["true", "true"],
-    interval: ["5", "5"],
-    session_id: ["s1", "s1"],
-    command_id: ["c1", "c1"],
-    provider: ["github", "github"],
-    provider_user_id: ["x", "x"],
-    // Resources the API cannot make yet (their routes answer 501): any id will do.
-    volume_id: [uuid, uuid],
-  };
-  if (param === "id") {
-    if (service === "RegionService") return { theirs: B.region, nobody: `nowhere_${uuid.slice(0, 4)}` };
-    if (service === "UserService") return { theirs: B.owner, nobody: "nobody-at-all" };
-    return { theirs: uuid, nobody: randomUUID() }; // snapshots, registries, runners: not built yet
-  }
-  const pair = byName[param];
-  return pair && { theirs: pair[0], nobody: pair[1] };
-}
+/** Every id B's stored rows can be found by. */
+const bIds = () => [w.B.org, w.B.sandbox, w.B.role, w.B.invitation, w.B.region, w.B.owner, "dan"];
 
-/** Parameters that are credentials rather than ids: the holder of a token may use it, whoever they are. */
-const CREDENTIAL_PARAMS = new Set(["auth_token"]);
-
-function fill(route: { template: string; service: string }, which: "theirs" | "nobody"): string | undefined {
-  let unknown = false;
-  const path = route.template.replace(/\{([a-z0-9_]+)(=[^}]*)?\}/g, (_m, name: string) => {
-    const ids = idsFor(route.service, name);
-    if (!ids) unknown = true;
-    return encodeURIComponent(ids?.[which] ?? "");
-  });
-  return unknown ? undefined : path;
-}
-
-const paramsOf = (template: string) => [...template.matchAll(/\{([a-z0-9_]+)/g)].map((m) => m[1]!);
-
-async function rest(token: string, headers: Record<string, string>, verb: string, path: string, withBody: boolean) {
-  return api(t.url, token, verb, path, withBody ? {} : undefined, headers);
-}
-
-interface Case {
+/** One route of the contract, REST or toolbox. */
+interface RestCase {
   verb: string;
   template: string;
   service: string;
-  body: boolean;
+  route: Route;
+  /** The JSON body sent (an otherwise valid one where the route checks its body first), if any. */
+  body?: Record<string, unknown>;
 }
 
-function restCases(): Case[] {
+function restCases(): RestCase[] {
   const table = new RouteTable([{ services: control }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: agent, prefix, omitUnset: true }))]);
-  const cases: Case[] = table.routes.map((r: RestRoute) => ({ verb: r.verb, template: r.template, service: r.service.name, body: !!r.body }));
+  const cases: RestCase[] = table.routes.map((r) => ({
+    verb: r.verb,
+    template: r.template,
+    service: r.service.name,
+    route: routeOf(r.method),
+    body: r.body ? (SAMPLE_REQUESTS[`${r.service.name}.${r.method.name}`] ?? {}) : undefined,
+  }));
   for (const prefix of TOOLBOX_PREFIXES) {
-    for (const r of TOOLBOX_REST_ROUTES) cases.push({ verb: r.verb, template: prefix + r.path, service: "toolbox", body: r.verb !== "GET" && r.verb !== "DELETE" });
+    for (const r of TOOLBOX_REST_ROUTES) {
+      cases.push({ verb: r.verb, template: prefix + r.path, service: "toolbox", route: routeOf(r.handle.method), body: r.verb !== "GET" && r.verb !== "DELETE" ? {} : undefined });
+    }
   }
-  return cases.filter((c) => paramsOf(c.template).length > 0);
+  return cases;
+}
+
+/** What one call with B's ids is compared with: the same call with ids of nobody. */
+interface Pair {
+  label: string;
+  got: string | number;
+  unknown: string | number;
+}
+
+/** The verdict on one pair, REST statuses or gRPC codes. */
+function judge(p: Pair, notFound: string | number, notBuiltAnswer: string | number, refusals: Array<string | number>): "ok" | "not built" | "refused" | string {
+  if (p.got === notBuiltAnswer && p.unknown === notBuiltAnswer) return "not built";
+  if (p.got !== p.unknown) return `${p.label}: B's ids answer ${p.got}, ids of nobody ${p.unknown}`;
+  if (p.got === notFound) return "ok";
+  if (refusals.includes(p.got)) return "refused";
+  if (p.got === 400 || p.got === "InvalidArgument") return `${p.label}: ${p.got} both ways, checked before its ids are looked up: give it a valid request in SAMPLE_REQUESTS (test/tenancy/bodies.ts)`;
+  return `${p.label}: ${p.got} for B's ids and for ids of nobody; an unknown id is a ${notFound}`;
+}
+
+/** Which callers try a route, and with which organization in its path. */
+function plans(c: { template: string; service: string; route: Route }): Array<{ caller: Caller; ownOrg?: string }> {
+  const params = paramsOf(c.template);
+  const out: Array<{ caller: Caller; ownOrg?: string }> = [];
+  for (const caller of w.callers) {
+    // Operator routes act on any organization by contract (suspending B would be legitimate):
+    // the operator test below checks who may call them.
+    if (caller.operator && c.route.auth === Auth.SYSTEM_ADMIN) continue;
+    const namesOrg = params.includes("organization_id");
+    if (!(namesOrg && caller.memberOfB)) out.push({ caller });
+    if (namesOrg && resourceParams(w, c.service, params).length > 0) out.push({ caller, ownOrg: caller.org });
+  }
+  return out;
 }
 
 describe.skipIf(!root)("another organization's resources", () => {
-  it("are a 404 (or whatever an unknown id gets, never a success) on every REST route, for a key and for a signed-in owner", async () => {
-    const problems: string[] = [];
-    const unmapped: string[] = [];
-    const notBuilt = new Set<string>();
-    let checked = 0;
+  // Without this, a typo in B's ids would make every 404 above meaningless.
+  it("are real: B's owner reaches them through the same GET routes", async () => {
+    const missing: string[] = [];
+    let calls = 0;
     for (const c of restCases()) {
-      if (paramsOf(c.template).some((p) => CREDENTIAL_PARAMS.has(p))) continue;
-      const theirs = fill(c, "theirs");
-      const nobody = fill(c, "nobody");
-      if (!theirs || !nobody) {
-        unmapped.push(`${c.verb} ${c.template}: ${paramsOf(c.template).filter((p) => !idsFor(c.service, p)).join(", ")}`);
-        continue;
-      }
-      for (const [who, token] of [["key", A.key], ["jwt", A.jwt]] as const) {
-        const got = await rest(token, A.header, c.verb, theirs, c.body);
-        const unknown = await rest(token, A.header, c.verb, nobody, c.body);
-        checked++;
-        const label = `${who} ${c.verb} ${c.template} → ${got.status} (unknown ids: ${unknown.status}) ${JSON.stringify(got.body?.message ?? got.body).slice(0, 160)}`;
-        if (got.status === 501 && unknown.status === 501) {
-          notBuilt.add(`${c.verb} ${c.template}`);
-          continue;
-        }
-        if (got.status < 300 || got.status >= 500) problems.push(label);
-        else if (got.status !== unknown.status) problems.push(label);
-        else if (unknown.status !== 404 && ![401, 403].includes(unknown.status)) problems.push(`${label}: an unknown id should be a 404`);
+      const params = paramsOf(c.template);
+      if (c.verb !== "GET" || params.length === 0 || params.some((p) => CREDENTIAL_PARAMS.has(p)) || c.route.auth === Auth.SYSTEM_ADMIN) continue;
+      for (const f of fillings(w, c.service, params) ?? []) {
+        const path = fillTemplate(c.template, f.theirs);
+        // By name, a person reaches only their own keys: erin's key is tried as erin.
+        let r = await head(w.B.ownerJwt, path);
+        if (r.status === 404) r = await head(w.B.memberJwt, path);
+        calls++;
+        // A sandbox made from a snapshot has no build logs: a 404 that names the sandbox found.
+        if (r.status === 404 && !/has no build info/.test(r.message)) missing.push(`GET ${path}: ${r.message}`);
       }
     }
-    console.log(`cross-organization REST: ${checked} calls checked; ${notBuilt.size} routes not built yet (501)`);
-    expect(unmapped, "path parameters this suite cannot fill: map them in idsFor").toEqual([]);
-    expect(problems).toEqual([]);
-    expect(checked).toBeGreaterThan(150);
-  }, 300_000);
+    console.log(`B's own people: ${calls} GET calls`);
+    expect(missing).toEqual([]);
+  });
 
-  it("are a NotFound (or whatever an unknown id gets) on every RPC over gRPC", async () => {
+  it("answer as unknown ids (404) on every REST route, for keys and signed-in people", async () => {
+    const problems: string[] = [];
+    const unmapped = new Set<string>();
+    const notBuilt = new Set<string>();
+    const refused = new Map<string, Set<string>>();
+    const found = new Map<string, boolean>();
+    let calls = 0;
+    for (const c of restCases()) {
+      const params = paramsOf(c.template);
+      if (params.length === 0 || params.some((p) => CREDENTIAL_PARAMS.has(p))) continue;
+      const key = `${c.verb} ${c.template}`;
+      if (!fillings(w, c.service, params)) {
+        unmapped.add(`${key}: ${params.filter((p) => !idsFor(w, c.service, p)).join(", ")}`);
+        continue;
+      }
+      if (!found.has(key)) found.set(key, c.route.auth === Auth.SYSTEM_ADMIN);
+      await Promise.all(
+        plans(c).map(async ({ caller, ownOrg }) => {
+          for (const f of fillings(w, c.service, params, ownOrg)!) {
+            const send = (values: Record<string, string>) => api(t.url, caller.token, c.verb, fillTemplate(c.template, values), c.body, caller.header);
+            const [got, unknown] = [await send(f.theirs), await send(f.nobody)];
+            calls += 2;
+            const label = `${caller.name}: ${c.verb} ${fillTemplate(c.template, f.theirs)} (${brief(got.body)})`;
+            const verdict = judge({ label, got: got.status, unknown: unknown.status }, 404, 501, [401, 403]);
+            // The message must not tell the two apart either ("belongs to another organization").
+            const [m1, m2] = [said(got.body, f.theirs), said(unknown.body, f.nobody)];
+            if (verdict === "ok" && m1 !== m2) problems.push(`${label}: the message differs from an unknown id's: ${m1} / ${m2}`);
+            else if (verdict === "ok") found.set(key, true);
+            else if (verdict === "not built") notBuilt.add(key);
+            else if (verdict === "refused") refused.set(key, new Set([...(refused.get(key) ?? []), `${caller.name} ${got.status}`]));
+            else problems.push(verdict);
+          }
+        }),
+      );
+    }
+    console.log(
+      `cross-organization REST: ${found.size} routes with ids, ${calls} calls; not built (501): ${notBuilt.size}\n  ${[...notBuilt].join("\n  ")}\n` +
+        `refused whatever the id for some callers:\n  ${[...refused].map(([k, v]) => `${k}: ${[...v].join(", ")}`).join("\n  ")}`,
+    );
+    expect([...unmapped], "path parameters this suite cannot fill: map them in test/tenancy/ids.ts").toEqual([]);
+    expect(problems).toEqual([]);
+    // A route refused to every caller whatever the id proves nothing about tenancy.
+    const unproven = [...found].filter(([k, ok]) => !ok && !notBuilt.has(k)).map(([k]) => k);
+    expect(unproven, "routes no caller reached far enough to look an id up").toEqual([]);
+    expect(found.size).toBeGreaterThan(200);
+  }, 120_000);
+
+  it("answer NotFound (as unknown ids) on every RPC over gRPC", async () => {
     const transport = createGrpcTransport({ baseUrl: t.url });
     const problems: string[] = [];
-    let checked = 0;
+    const unmapped: string[] = [];
+    const notBuilt: string[] = [];
+    let calls = 0;
     for (const [services, toolbox] of [[control, false], [agent, true]] as const) {
       for (const service of services) {
         const client = createClient(service, transport) as unknown as Record<string, (req: unknown, opts: unknown) => unknown>;
         for (const method of service.methods) {
-          if (method.methodKind === "client_streaming" || method.methodKind === "bidi_streaming") continue; // no request message to fill
+          // Client and bidi streams (uploads, PTY input) open with the same guard as their unary
+          // siblings, which the REST sweep and the unary methods here cover; filling a stream is not worth it.
+          if (method.methodKind === "client_streaming" || method.methodKind === "bidi_streaming") continue;
           const fields = idFields(method);
-          if (!toolbox && fields.length === 0) continue;
-          if (fields.some((f) => CREDENTIAL_PARAMS.has(f.name))) continue;
-          if (routeOf(method).auth === Auth.PUBLIC && fields.length === 0) continue;
-          const call = async (which: "theirs" | "nobody") => {
-            const input = create(method.input as DescMessage, Object.fromEntries(fields.map((f) => [f.localName, coerce(f, idsFor(service.name, f.name)![which])])) as never);
-            const headers = { authorization: `Bearer ${A.key}`, ...A.header, ...(toolbox ? { [SANDBOX_ID_HEADER]: which === "theirs" ? B.sandbox : randomUUID() } : {}) };
-            try {
-              const r = client[method.localName]!(input, { headers, timeoutMs: 15_000 });
-              if (method.methodKind === "server_streaming") for await (const _ of r as AsyncIterable<unknown>) break;
-              else await r;
-              return "OK";
-            } catch (err) {
-              return Code[ConnectError.from(err).code];
-            }
-          };
-          const got = await call("theirs");
-          const unknown = await call("nobody");
-          checked++;
-          if (got === "Unimplemented" && unknown === "Unimplemented") continue;
-          const label = `${service.name}.${method.name} → ${got} (unknown ids: ${unknown})`;
-          if (got === "OK" || got === "Internal" || got === "Unknown" || got !== unknown) problems.push(label);
+          const names = fields.map((f) => f.name);
+          if (names.some((n) => CREDENTIAL_PARAMS.has(n))) continue;
+          // The toolbox names its sandbox in a header: every agent method is a sandbox's.
+          const params = toolbox ? ["sandbox_id", ...names] : names;
+          if (params.length === 0) continue;
+          const route = { template: params.map((p) => `{${p}}`).join("/"), service: service.name, route: routeOf(method) };
+          if (!fillings(w, service.name, params)) {
+            unmapped.push(`${service.name}.${method.name}: ${params.filter((p) => !idsFor(w, service.name, p)).join(", ")}`);
+            continue;
+          }
+          await Promise.all(
+            plans(route).map(async ({ caller, ownOrg }) => {
+              for (const f of fillings(w, service.name, params, ownOrg)!) {
+                const call = async (values: Record<string, string>) => {
+                  // Built as the gateway builds a REST call's message: the sample body, then the path's values.
+                  const errs = new DecodeErrors();
+                  const input = messageFromJson(method.input, SAMPLE_REQUESTS[`${service.name}.${method.name}`], errs);
+                  for (const fd of fields) setField(input as never, fd, values[fd.name]!, "text", errs);
+                  expect(errs.messages).toEqual([]);
+                  const headers = { authorization: `Bearer ${caller.token}`, ...caller.header, ...(toolbox ? { [SANDBOX_ID_HEADER]: values.sandbox_id! } : {}) };
+                  try {
+                    const r = client[method.localName]!(input, { headers, timeoutMs: 15_000 });
+                    if (method.methodKind === "server_streaming") for await (const _ of r as AsyncIterable<unknown>) break;
+                    else await r;
+                    return "OK";
+                  } catch (err) {
+                    return Code[ConnectError.from(err).code];
+                  }
+                };
+                const [got, unknown] = [await call(f.theirs), await call(f.nobody)];
+                calls += 2;
+                const label = `${caller.name}: ${service.name}.${method.name}(${JSON.stringify(f.theirs)})`;
+                const verdict = judge({ label, got, unknown }, "NotFound", "Unimplemented", ["Unauthenticated", "PermissionDenied"]);
+                if (verdict === "not built") notBuilt.push(`${service.name}.${method.name}`);
+                else if (verdict !== "ok" && verdict !== "refused") problems.push(verdict);
+              }
+            }),
+          );
         }
       }
     }
-    console.log(`cross-organization gRPC: ${checked} methods checked`);
+    console.log(`cross-organization gRPC: ${calls} calls; not built: ${[...new Set(notBuilt)].join(", ")}`);
+    expect(unmapped, "request fields this suite cannot fill: map them in test/tenancy/ids.ts").toEqual([]);
     expect(problems).toEqual([]);
-    expect(checked).toBeGreaterThan(60);
-  }, 300_000);
+    expect(calls).toBeGreaterThan(600);
+  }, 120_000);
 
-  it("are left out of every list", async () => {
-    for (const [who, token] of [["key", A.key], ["jwt", A.jwt]] as const) {
-      const ids = async (path: string) => JSON.stringify((await api(t.url, token, "GET", path, undefined, A.header)).body);
-      for (const path of ["/sandbox", "/sandbox/paginated", "/api-keys", "/regions", `/organizations/${A.org}/roles`, `/organizations/${A.org}/users`, `/organizations/${A.org}/invitations`]) {
-        const body = await ids(path);
-        for (const secret of [B.sandbox, B.role, B.invitation, B.region, B.keyName, B.org]) expect(body.includes(secret), `${who} GET ${path} shows ${secret}`).toBe(false);
+  it("refuse WebSocket upgrades (terminals, log following) as unknown ids do, before the handshake", async () => {
+    // The toolbox's WebSocket routes, as the server mounts them (only their templates are read).
+    const sockets = new ToolboxWebSockets({ impls: new Map(), locator: {} as never, clients: {} as never });
+    const templates = sockets.routes(TOOLBOX_PREFIXES).map((r) => r.template);
+    sockets.close();
+    expect(templates.length).toBeGreaterThan(3);
+    const problems: string[] = [];
+    const opened: string[] = [];
+    for (const template of templates) {
+      const params = paramsOf(template);
+      const all = fillings(w, "toolbox", params);
+      expect(all, `${template}: map its parameters in ids.ts`).toBeDefined();
+      for (const caller of w.callers) {
+        for (const f of all!) {
+          const [got, unknown] = [await upgrade(caller, fillTemplate(template, f.theirs)), await upgrade(caller, fillTemplate(template, f.nobody))];
+          const verdict = judge({ label: `${caller.name}: upgrade ${fillTemplate(template, f.theirs)}`, got, unknown }, 404, 501, [401, 403]);
+          if (verdict !== "ok" && verdict !== "refused") problems.push(verdict);
+        }
+      }
+      // B's owner does open them (the refusals above are about whose ids, not about the route).
+      const own = fillings(w, "toolbox", params)![0]!.theirs;
+      if ((await upgrade({ ...w.A.owner, token: w.B.ownerJwt, header: w.B.header }, fillTemplate(template, own))) === 101) opened.push(template);
+    }
+    expect(problems).toEqual([]);
+    expect(opened.length, `B's owner opened: ${opened.join(", ")}`).toBeGreaterThan(3);
+  });
+
+  it("answer as unknown ids when named in a request body (a role assigned, a region chosen)", async () => {
+    const fields = bodyIdFields(control);
+    const unknownFields = fields.filter((f) => !(f in BODY_CASES) && !(f in NOT_FOREIGN));
+    expect(unknownFields, "request fields naming a resource: add them to test/tenancy/bodies.ts").toEqual([]);
+    const problems: string[] = [];
+    for (const [field, c] of Object.entries(BODY_CASES)) {
+      // A's people and key, in A, where A's own invitation and member exist.
+      for (const caller of [w.A.keyCaller, w.A.owner, w.A.member]) {
+        const send = (value: string) => {
+          const r = c.build(w, caller.org, value);
+          return api(t.url, caller.token, r.verb, r.path, r.body, caller.header);
+        };
+        const got = await send(c.theirs(w));
+        const unknown = await send(field.includes("region") || field.includes("target") ? `nowhere-${randomUUID().slice(0, 8)}` : randomUUID());
+        const label = `${caller.name}: ${field} (${brief(got.body)})`;
+        // Setting A's own OpenTelemetry config succeeds both ways; B's rows are compared at the end.
+        if (field.endsWith("config.organization_id") && got.status === unknown.status && got.status < 300) continue;
+        const verdict = judge({ label, got: got.status, unknown: unknown.status }, 404, 501, [400, 401, 403]);
+        if (verdict !== "ok" && verdict !== "not built" && verdict !== "refused") problems.push(verdict);
       }
     }
-    const orgs = (await api(t.url, A.jwt, "GET", "/organizations")).body as Array<{ id: string }>;
-    expect(orgs.map((o) => o.id)).not.toContain(B.org);
+    expect(problems).toEqual([]);
+  }, 60_000);
+
+  it("are left out of every list", async () => {
+    const secrets = [w.B.org, w.B.sandbox, w.B.sandboxName, w.B.role, w.B.invitation, w.B.region, w.B.session, ...w.B.keyNames, "b-region", "b-role", "carol@example.test"];
+    const lists = restCases().filter((c) => c.verb === "GET" && paramsOf(c.template).every((p) => p === "organization_id") && c.route.auth !== Auth.PUBLIC);
+    expect(lists.length).toBeGreaterThan(15);
+    const problems: string[] = [];
+    let calls = 0;
+    for (const caller of w.callers) {
+      for (const c of lists) {
+        // A person who is also B's member legitimately sees B among their own organizations.
+        if (caller.memberOfB && c.route.userLevel) continue;
+        if (caller.operator && c.route.auth === Auth.SYSTEM_ADMIN) continue;
+        const base = fillTemplate(c.template, { organization_id: caller.org });
+        // The lists' own filters, given B's ids, still find nothing of B's.
+        const paths = c.service === "SandboxService" ? [base, `${base}?id=${w.B.sandbox}`, `${base}?name=${w.B.sandboxName}`, `${base}?regionIds=${w.B.region}`, `${base}?labels=${encodeURIComponent('{"tenant":"b"}')}`] : [base];
+        for (const path of paths) {
+          const r = await api(t.url, caller.token, "GET", path, undefined, caller.header);
+          calls++;
+          if (r.status >= 500 && r.status !== 501) problems.push(`${caller.name}: GET ${path} → ${r.status}`);
+          const text = JSON.stringify(r.body);
+          for (const s of secrets) if (text.includes(s)) problems.push(`${caller.name}: GET ${path} shows ${s}`);
+        }
+      }
+    }
+    console.log(`cross-organization lists: ${lists.length} list routes, ${calls} calls`);
+    expect(problems).toEqual([]);
+  });
+
+  it("cannot be reached by choosing B's organization in the header without belonging to it", async () => {
+    const problems: string[] = [];
+    const stranger = { ...w.A.owner, header: w.B.header };
+    for (const c of restCases()) {
+      if (c.route.userLevel || c.route.auth === Auth.PUBLIC || c.route.auth === Auth.API_KEY) continue;
+      const f = fillings(w, c.service, paramsOf(c.template).filter((p) => !CREDENTIAL_PARAMS.has(p)));
+      if (!f || paramsOf(c.template).some((p) => CREDENTIAL_PARAMS.has(p))) continue;
+      const r = await api(t.url, stranger.token, c.verb, fillTemplate(c.template, f[0]!.theirs), c.body, stranger.header);
+      // An organization chosen by the header is context (403); one named in the path is a resource (404).
+      const expected = c.route.auth === Auth.SYSTEM_ADMIN ? 403 : paramsOf(c.template).includes("organization_id") ? 404 : 403;
+      if (r.status !== expected) problems.push(`${c.verb} ${c.template} → ${r.status} ${JSON.stringify(r.body?.message ?? r.body)} (expected ${expected})`);
+    }
+    expect(problems).toEqual([]);
+  });
+
+  it("user routes taking another person's id answer as their contract says (operators only)", async () => {
+    const operatorRoutes = restCases().filter((c) => c.route.auth === Auth.SYSTEM_ADMIN && c.route.userLevel && paramsOf(c.template).some((p) => p === "id" || p === "user_id"));
+    expect(operatorRoutes.map((c) => `${c.verb} ${c.template}`)).toEqual(expect.arrayContaining(["GET /users/{id}", "POST /users/{id}/regenerate-key-pair"]));
+    for (const c of operatorRoutes) {
+      for (const caller of [w.A.keyCaller, w.A.owner, w.A.member]) {
+        const r = await api(t.url, caller.token, c.verb, fillTemplate(c.template, { id: w.B.owner, user_id: w.B.owner }), undefined, caller.header);
+        expect(r.status, `${caller.name}: ${c.verb} ${c.template}`).toBe(403);
+        expect(r.body.message).toBe("Access denied");
+      }
+    }
+    // The operator reads anyone; a person reads only themselves through /users/me.
+    const asOperator = await api(t.url, t.adminKey, "GET", `/users/${w.B.owner}`);
+    expect(asOperator.status).toBe(200);
+    expect(asOperator.body).toMatchObject({ id: "bob", email: "bob@example.test" });
+    expect(asOperator.body.publicKeys?.some?.((k: { key?: string; privateKey?: string }) => k.privateKey)).toBeFalsy();
+    const me = await api(t.url, w.A.owner.token, "GET", "/users/me", undefined, w.A.owner.header);
+    expect(me.body.id).toBe("alice");
+    // A sandbox's token names its sandbox to whoever holds it (the proxy's check); its
+    // organization's OpenTelemetry config only to operators.
+    const otel = `/organizations/otel-config/by-sandbox-auth-token/${w.B.authToken}`;
+    for (const caller of [w.A.keyCaller, w.A.owner, w.A.member]) expect((await api(t.url, caller.token, "GET", otel, undefined, caller.header)).status).toBe(403);
   });
 
   it("are unchanged afterwards", async () => {
-    const as = (verb: string, path: string) => api(t.url, B.jwt, verb, path, undefined, B.header);
-    expect((await as("GET", `/sandbox/${B.sandbox}`)).body).toMatchObject({ state: "started", labels: { tenant: "b" } });
-    expect((await api(t.url, B.key, "GET", "/api-keys/current")).status).toBe(200);
-    expect((await as("GET", `/organizations/${B.org}`)).body.suspended).toBe(false);
-    expect((await as("GET", `/organizations/${B.org}/roles`)).body.map((r: { id: string }) => r.id)).toContain(B.role);
-    expect((await as("GET", `/organizations/${B.org}/invitations`)).body.map((i: { id: string }) => i.id)).toEqual([B.invitation]);
-    expect((await as("GET", `/regions/${B.region}`)).status).toBe(200);
-    expect((await as("GET", `/organizations/${B.org}/users`)).body.map((m: { userId: string; role: string }) => `${m.userId}:${m.role}`)).toEqual(["bob:owner"]);
-    const exec = await api(t.url, B.key, "POST", `/toolbox/${B.sandbox}/toolbox/process/execute`, { command: "echo ok" });
+    const after = await rowsOf(t, bIds());
+    expect(Object.keys(before)).toEqual(expect.arrayContaining(["organization", "organization_member", "organization_role", "organization_invitation", "api_key", "sandbox", "region"]));
+    expect(after).toEqual(before);
+    const asBob = (verb: string, path: string) => api(t.url, w.B.ownerJwt, verb, path, undefined, w.B.header);
+    expect((await asBob("GET", `/sandbox/${w.B.sandbox}`)).body).toMatchObject({ state: "started", labels: { tenant: "b" } });
+    expect((await api(t.url, w.B.key, "GET", "/api-keys/current")).status).toBe(200);
+    expect((await asBob("GET", `/organizations/${w.B.org}`)).body.suspended).toBe(false);
+    const members = (await asBob("GET", `/organizations/${w.B.org}/users`)).body as Array<{ userId: string; role: string }>;
+    expect(members.map((m) => `${m.userId}:${m.role}`).sort()).toEqual(["bob:owner", "dan:member", "erin:member"]);
+    expect((await asBob("GET", `/organizations/${w.B.org}/invitations`)).body.map((i: { id: string }) => i.id)).toEqual([w.B.invitation]);
+    const exec = await api(t.url, w.B.key, "POST", `/toolbox/${w.B.sandbox}/toolbox/process/execute`, { command: "echo ok" });
     expect(exec.body).toMatchObject({ exitCode: 0, result: "ok\n" });
-    expect((await api(t.url, B.key, "DELETE", `/sandbox/${B.sandbox}`)).status).toBe(200);
+    // The comparison sees a change B makes itself (a role's description).
+    const role = (await asBob("GET", `/organizations/${w.B.org}/roles`)).body.find((r: { id: string }) => r.id === w.B.role);
+    const edit = await api(t.url, w.B.ownerJwt, "PUT", `/organizations/${w.B.org}/roles/${w.B.role}`, { ...role, description: "changed by B" }, w.B.header);
+    expect(edit.status, brief(edit.body)).toBe(200);
+    expect(await rowsOf(t, bIds())).not.toEqual(before);
+    expect((await api(t.url, w.B.key, "DELETE", `/sandbox/${w.B.sandbox}`)).status).toBe(200);
   });
 });
+
+/** A WebSocket handshake's HTTP status (101 when it opened; closed at once). */
+function upgrade(caller: Caller, path: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(`${t.url.replace("http", "ws")}/api${path}`, { headers: { authorization: `Bearer ${caller.token}`, ...caller.header }, handshakeTimeout: 10_000 });
+    ws.on("unexpected-response", (_req, res) => {
+      resolve(res.statusCode ?? 0);
+      res.resume();
+      ws.terminate();
+    });
+    ws.on("open", () => {
+      resolve(101);
+      ws.terminate();
+    });
+    ws.on("error", (err) => reject(err));
+  });
+}
+
+/** A GET's status as B (a terminal's output is a stream that never ends: only its head is read). */
+async function head(token: string, path: string): Promise<{ status: number; message: string }> {
+  const res = await fetch(`${t.url}/api${path}`, { headers: { authorization: `Bearer ${token}`, ...w.B.header }, signal: AbortSignal.timeout(15_000) });
+  if (res.status !== 404) {
+    await res.body?.cancel();
+    return { status: res.status, message: "" };
+  }
+  return { status: res.status, message: brief(await res.json()) };
+}
+
+/** An answer's message with the ids sent replaced by their parameter names. */
+function said(body: unknown, values: Record<string, string>): string {
+  let m = String((body as { message?: unknown } | undefined)?.message ?? "");
+  for (const [k, v] of Object.entries(values).sort((a, b) => b[1].length - a[1].length)) m = m.split(v).join(`{${k}}`);
+  return m;
+}
+
+/** An answer's message, short, for failure lists. */
+const brief = (body: unknown) => String(JSON.stringify((body as { message?: unknown } | undefined)?.message ?? body ?? "")).slice(0, 120);
 
 /** Request fields that name a resource: those the method's REST rules take from the path. */
 function idFields(method: DescMethod) {
   const params = new Set(httpBindingsOf(method).flatMap((b) => paramsOf(b.path)));
   return method.input.fields.filter((f) => f.fieldKind === "scalar" && params.has(f.name));
-}
-
-/** A path value as the field's type (ports, intervals and flags are numbers and booleans in messages). */
-function coerce(field: DescMethod["input"]["fields"][number], value: string): unknown {
-  if (field.fieldKind !== "scalar") return value;
-  if (field.scalar === ScalarType.BOOL) return value === "true";
-  if (field.scalar === ScalarType.STRING) return value;
-  if (field.scalar === ScalarType.INT64 || field.scalar === ScalarType.UINT64 || field.scalar === ScalarType.SINT64) return BigInt(value);
-  return Number(value);
 }
