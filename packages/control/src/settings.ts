@@ -1,5 +1,6 @@
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { parseTrustedProxies } from "./server/client-address.ts";
 
 /** Server settings, read once from the environment (see README's configuration table). */
 export interface Settings {
@@ -37,6 +38,8 @@ export interface Settings {
   encryptionKey?: string;
   /** The agent run as each sandbox's first process: a bundle directory holding agent.mjs, or one script; default packages/agent/dist. */
   agentBundle?: string;
+  /** Proxies whose X-Forwarded-For names the client (addresses or CIDRs); none by default. */
+  trustedProxies: string[];
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -67,6 +70,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     oidc: oidcSettings(env),
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
+    trustedProxies: parseTrustedProxies(env.SANDBAR_TRUSTED_PROXIES),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

@@ -3,6 +3,7 @@ import type { Duplex } from "node:stream";
 import type { DescMethod } from "@bufbuild/protobuf";
 import { createContextKey, createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
 import { inputProblemsKey, type Precheck, precheck } from "../rpc/secure.ts";
+import { clientAddress, clientAddressKey } from "../server/client-address.ts";
 
 // What the gateway offers routes it cannot map from the contract (multipart, raw streams,
 // WebSockets): they are entries of its one route table, get their call contexts from the one
@@ -46,13 +47,16 @@ export interface CallValues {
   problems?: string[];
 }
 
+/** What a call context is made from: the HTTP request (its socket gives the client's address). */
+export type CallRequest = { headers: IncomingHttpHeaders; method?: string; url?: string; socket?: { remoteAddress?: string } };
+
 /**
  * The one factory of handler contexts for calls that arrive over REST (generic and hand-written
- * routes alike): the request's headers, its abort signal, the sandbox and input problems as
- * typed values.
+ * routes alike): the request's headers, its abort signal, the client's address, the sandbox and
+ * input problems as typed values.
  */
-export function callContext(method: DescMethod, req: { headers: IncomingHttpHeaders; method?: string; url?: string }, signal: AbortSignal, values: CallValues = {}): HandlerContext {
-  const contextValues = createContextValues().set(inputProblemsKey, values.problems ?? []);
+export function callContext(method: DescMethod, req: CallRequest, signal: AbortSignal, values: CallValues = {}): HandlerContext {
+  const contextValues = createContextValues().set(inputProblemsKey, values.problems ?? []).set(clientAddressKey, clientAddress(req));
   if (values.sandboxId !== undefined) contextValues.set(sandboxIdKey, values.sandboxId);
   return createHandlerContext({
     service: method.parent,

@@ -1,5 +1,6 @@
 import type { DescService } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
+import { createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { filesIn } from "@sandbar/protocol";
@@ -39,6 +40,7 @@ import { organizationService } from "../services/organizations.ts";
 import { regionService } from "../services/regions.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
+import { clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
 import { listenOnePort } from "./listener.ts";
 import type { AgentLocator } from "../toolbox/agent-locator.ts";
 import { mountToolbox, TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
@@ -71,6 +73,7 @@ export interface ControlOptions {
 }
 
 export async function startControlServer(settings: Settings, log: (line: string) => void = console.log, options: ControlOptions = {}): Promise<ControlServer> {
+  trustProxies(settings.trustedProxies);
   let pg: RunningPostgres | undefined;
   const databaseUrl = settings.databaseUrl ?? (pg = await startEmbeddedPostgres(settings.dataDir, log)).url;
   const orm = await openDatabase(databaseUrl);
@@ -107,6 +110,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const serviceNames = [...services, ...toolbox.services].map((s) => s.typeName).concat(Health.typeName, ServerReflection.typeName);
   const rpc = connectNodeAdapter({
     readMaxBytes: MAX_JSON_BODY, // per message, as REST bodies (uploads stream in small chunks)
+    contextValues: (req) => createContextValues().set(clientAddressKey, clientAddress(req)),
     routes(router) {
       for (const service of [...services, ...toolbox.services]) router.service(service, impls.get(service.typeName) as Impl);
       router.service(Health, healthService(new Set(serviceNames), async () => orm.isConnected()));

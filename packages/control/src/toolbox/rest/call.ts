@@ -1,4 +1,3 @@
-import type { IncomingHttpHeaders } from "node:http";
 import {
   create,
   type DescMessage,
@@ -13,7 +12,7 @@ import type { CallOptions } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import type { AgentClients } from "../agent-clients.ts";
 import type { AgentEndpoint, AgentLocator } from "../agent-locator.ts";
-import { callContext, type ImplIndex } from "../../gateway/rest-route.ts";
+import { type CallRequest, callContext, type ImplIndex } from "../../gateway/rest-route.ts";
 import { stringProblems, textProblems } from "../../services/validate.ts";
 
 /**
@@ -34,7 +33,7 @@ type Impl = (input: unknown, ctx: unknown) => unknown;
  */
 export function guardedCaller(
   impls: ImplIndex,
-  request: { headers: IncomingHttpHeaders; method?: string; url?: string },
+  request: CallRequest,
   sandboxId: string,
   signal: AbortSignal,
 ): ToolboxCaller {
