@@ -5,6 +5,7 @@ import pg from "pg";
 import { describe, expect, it } from "vitest";
 import { startControlServer } from "../../packages/control/src/server/control-server.ts";
 import { loadSettings } from "../../packages/control/src/settings.ts";
+import { TEST_SNAPSHOT_CACHE } from "../../packages/control/src/testing/server.ts";
 import { verifyPassword } from "../../packages/control/src/identity/passwords.ts";
 
 async function adminHash(databaseUrl: string): Promise<string> {
@@ -21,7 +22,9 @@ describe("the bootstrap admin's password", () => {
   it("is generated once, written 0600, printed once, kept across restarts, and replaced by SANDBAR_BOOTSTRAP_PASSWORD", async () => {
     const dataDir = await mkdtemp(join(tmpdir(), "sandbar-boot-pw-"));
     const lines: string[] = [];
-    const settings = { ...loadSettings({}), port: 0, host: "127.0.0.1", dataDir };
+    // No sandboxes here: the shared snapshot cache (no debootstrap build of its own racing the
+    // stops) and no warm pool.
+    const settings = { ...loadSettings({}), port: 0, host: "127.0.0.1", dataDir, snapshotCacheDir: TEST_SNAPSHOT_CACHE, warmPool: 0 };
     try {
       let server = await startControlServer(settings, (l) => lines.push(l));
       const file = join(dataDir, "admin-password");

@@ -1,7 +1,7 @@
 import { readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { api, startTestServer } from "../testing/server.ts";
+import { api, startTestServer, TEST_SNAPSHOT_CACHE } from "../testing/server.ts";
 
 describe("persistence", () => {
   it("keeps keys across a restart on the same data dir, with the embedded PostgreSQL back", async () => {
@@ -29,7 +29,9 @@ describe("persistence", () => {
     const { tmpdir } = await import("node:os");
     const dataDir = await mkdtemp(join(tmpdir(), "sandbar-boot-"));
     const lines: string[] = [];
-    const settings = { ...loadSettings({}), port: 0, host: "127.0.0.1", dataDir };
+    // No sandboxes here: the shared snapshot cache (no debootstrap build of its own racing the
+    // stop) and no warm pool (whose sandboxes would hold mounts in the data dir).
+    const settings = { ...loadSettings({}), port: 0, host: "127.0.0.1", dataDir, snapshotCacheDir: TEST_SNAPSHOT_CACHE, warmPool: 0 };
     let server = await startControlServer(settings, (l) => lines.push(l));
     const key = (await readFile(join(dataDir, "admin-api-key"), "utf8")).trim();
     expect(key).toMatch(/^sbr_[0-9a-f]{64}$/);
