@@ -1,0 +1,199 @@
+import { randomUUID } from "node:crypto";
+import type { MikroORM } from "@mikro-orm/postgresql";
+import pg from "pg";
+import { Webhook } from "standardwebhooks";
+import type { SecretBox } from "../auth/secret-box.ts";
+import { dateOf, type Exec, execIn } from "../db/exec.ts";
+import { WEBHOOK_CHANNEL } from "./events.ts";
+import { send, type SendResult } from "./send.ts";
+import type { WebhookSettings } from "./settings.ts";
+
+// Delivery from the outbox. Every control process runs one worker; they share the queue through
+// PostgreSQL: due deliveries are claimed with FOR UPDATE SKIP LOCKED (no two processes take the
+// same row), and a claim pushes the row's due time out by a lease longer than an attempt can
+// last, so a row whose process died mid-attempt becomes due again by itself. Workers wake on the
+// NOTIFY each recorded event sends, and poll as a fallback (a notification missed while the
+// listening connection was down). Delivery is at least once: every attempt of an event carries
+// the same webhook-id, so receivers de-duplicate.
+
+/** A claimed delivery, with what sending it needs. */
+interface Claimed {
+  id: string;
+  message_id: string;
+  endpoint_id: string;
+  attempts: number;
+  event_type: string;
+  body: string;
+  url: string;
+  secret: string;
+  previous_secret: string | null;
+  previous_secret_until: Date | string | null;
+}
+
+export class WebhookWorker {
+  readonly #orm: MikroORM;
+  readonly #box: SecretBox;
+  readonly #s: WebhookSettings;
+  readonly #log: (line: string) => void;
+  #listener?: pg.Client;
+  #timer?: NodeJS.Timeout;
+  #draining = false;
+  #again = false;
+  #stopped = false;
+  readonly #inFlight = new Set<Promise<void>>();
+  /** Aborts attempts in flight on stop: left unrecorded, they are due again once their lease ends. */
+  readonly #stopping = new AbortController();
+
+  constructor(orm: MikroORM, box: SecretBox, settings: WebhookSettings, log: (line: string) => void) {
+    this.#orm = orm;
+    this.#box = box;
+    this.#s = settings;
+    this.#log = log;
+  }
+
+  async start(databaseUrl: string): Promise<void> {
+    await this.#listen(databaseUrl);
+    this.#timer = setInterval(() => this.kick(), this.#s.pollMs);
+    this.#timer.unref();
+    this.kick();
+  }
+
+  async #listen(databaseUrl: string): Promise<void> {
+    const client = new pg.Client({ connectionString: databaseUrl });
+    client.on("notification", () => this.kick());
+    // The poll keeps delivering meanwhile; listening resumes on a new connection.
+    client.on("error", () => {
+      if (this.#listener !== client || this.#stopped) return;
+      this.#listener = undefined;
+      setTimeout(() => void this.#listen(databaseUrl).catch(() => undefined), this.#s.pollMs).unref();
+    });
+    await client.connect();
+    await client.query(`LISTEN ${WEBHOOK_CHANNEL}`);
+    this.#listener = client;
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    clearInterval(this.#timer);
+    this.#stopping.abort();
+    await this.#listener?.end().catch(() => undefined);
+    await Promise.allSettled([...this.#inFlight]);
+  }
+
+  /** Looks for due deliveries now (again when a look is already under way). */
+  kick(): void {
+    if (this.#stopped) return;
+    if (this.#draining) {
+      this.#again = true;
+      return;
+    }
+    this.#draining = true;
+    void this.#drain()
+      .catch((err: unknown) => this.#log(`webhooks: claiming deliveries failed: ${String(err)}`))
+      .finally(() => {
+        this.#draining = false;
+        if (this.#again) {
+          this.#again = false;
+          this.kick();
+        }
+      });
+  }
+
+  async #drain(): Promise<void> {
+    while (!this.#stopped) {
+      const free = this.#s.concurrency - this.#inFlight.size;
+      if (free <= 0) return;
+      const jobs = await this.#claim(free);
+      for (const job of jobs) {
+        const p: Promise<void> = this.#deliver(job)
+          .catch((err: unknown) => this.#log(`webhooks: delivery ${job.id} failed to record: ${String(err)}`))
+          .finally(() => {
+            this.#inFlight.delete(p);
+            this.kick();
+          });
+        this.#inFlight.add(p);
+      }
+      if (jobs.length < free) return;
+    }
+  }
+
+  #claim(limit: number): Promise<Claimed[]> {
+    const leaseMs = this.#s.timeoutMs + 10_000;
+    return execIn(this.#orm.em.fork())(
+      `with due as (
+         select d.id from webhook_delivery d join webhook_endpoint e on e.id = d.endpoint_id
+          where d.status = 'pending' and d.next_attempt_at <= now() and e.enabled
+          order by d.next_attempt_at limit ? for update of d skip locked),
+       claimed as (
+         update webhook_delivery d set next_attempt_at = now() + ? * interval '1 millisecond'
+           from due where d.id = due.id
+         returning d.id, d.message_id, d.endpoint_id, d.attempts)
+       select c.id, c.message_id, c.endpoint_id, c.attempts, m.event_type, m.body,
+              e.url, e.secret, e.previous_secret, e.previous_secret_until
+         from claimed c join webhook_message m on m.id = c.message_id join webhook_endpoint e on e.id = c.endpoint_id`,
+      [limit, leaseMs],
+    ) as Promise<Claimed[]>;
+  }
+
+  async #deliver(job: Claimed): Promise<void> {
+    const now = new Date();
+    // While a rotation's grace lasts, the old secret signs too: a second `v1,` signature.
+    const secrets = [this.#box.open(job.secret)];
+    if (job.previous_secret && job.previous_secret_until && dateOf(job.previous_secret_until) > now) secrets.push(this.#box.open(job.previous_secret));
+    const signature = secrets.map((s) => new Webhook(s).sign(job.message_id, now, job.body)).join(" ");
+    const result = await send(
+      job.url,
+      {
+        "content-type": "application/json",
+        "user-agent": "Sandbar-Webhooks/1",
+        "webhook-id": job.message_id,
+        "webhook-timestamp": String(Math.floor(now.getTime() / 1000)),
+        "webhook-signature": signature,
+      },
+      job.body,
+      { timeoutMs: this.#s.timeoutMs, allowPrivate: this.#s.allowPrivate, signal: this.#stopping.signal },
+    );
+    if (this.#stopping.signal.aborted) return;
+    await this.#record(job, result, now);
+  }
+
+  /** The attempt, the delivery's next step, and the endpoint's failure record, in one transaction. */
+  async #record(job: Claimed, r: SendResult, startedAt: Date): Promise<void> {
+    const attempt = job.attempts + 1;
+    const success = r.error === undefined;
+    const delay = this.#s.retryDelaysMs[attempt - 1];
+    const next = success || delay === undefined ? null : new Date(Date.now() + delay);
+    const status = success ? "succeeded" : next ? "pending" : "failed";
+    await this.#orm.em.fork().transactional(async (em) => {
+      const exec = execIn(em);
+      // Gone when its endpoint was deleted meanwhile: nothing to record.
+      const updated = (await exec(
+        `update webhook_delivery set status = ?, attempts = ?, next_attempt_at = coalesce(?, next_attempt_at) where id = ? and status = 'pending' returning id`,
+        [status, attempt, next, job.id],
+      )) as unknown[];
+      if (!updated.length) return;
+      await exec(
+        `insert into webhook_attempt (id, delivery_id, endpoint_id, message_id, event_type, attempt, status_code, success, duration_ms, error, response_body, next_attempt_at, created_at)
+         values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        [randomUUID(), job.id, job.endpoint_id, job.message_id, job.event_type, attempt, r.statusCode ?? null, success, r.durationMs, r.error ?? null, r.responseBody ?? null, next, startedAt],
+      );
+      if (success) await exec(`update webhook_endpoint set failing_since = null where id = ? and failing_since is not null`, [job.endpoint_id]);
+      else await this.#failed(exec, job.endpoint_id, startedAt, status === "failed");
+    });
+  }
+
+  /**
+   * Sustained failure: when an event has exhausted its attempts and nothing has reached the
+   * endpoint for `disableAfterMs`, the endpoint is disabled and its queued deliveries dropped.
+   */
+  async #failed(exec: Exec, endpointId: string, at: Date, exhausted: boolean): Promise<void> {
+    const rows = (await exec(`update webhook_endpoint set failing_since = coalesce(failing_since, ?) where id = ? returning failing_since`, [at, endpointId])) as Array<{ failing_since: Date | string }>;
+    if (!exhausted || !rows[0]) return;
+    const since = dateOf(rows[0].failing_since);
+    if (Date.now() - since.getTime() < this.#s.disableAfterMs) return;
+    const reason = `Disabled after sustained delivery failure: every attempt since ${since.toISOString()} failed and an event exhausted its ${this.#s.retryDelaysMs.length + 1} attempts`;
+    await exec(`update webhook_endpoint set enabled = false, disabled_reason = ?, updated_at = now() where id = ? and enabled`, [reason, endpointId]);
+    await exec(`update webhook_delivery set status = 'cancelled' where endpoint_id = ? and status = 'pending'`, [endpointId]);
+    this.#log(`webhooks: endpoint ${endpointId} disabled after sustained delivery failure`);
+  }
+}
