@@ -24,13 +24,13 @@ for (const [net, bits] of [
 for (const [net, bits] of [
   ["::", 128], // unspecified
   ["::1", 128],
-  ["::ffff:0:0", 96], // IPv4-mapped: could name any of the above
   ["64:ff9b::", 96], // NAT64: likewise
   ["2002::", 16], // 6to4: likewise
   ["fc00::", 7], // unique local (also AWS's metadata address fd00:ec2::254)
   ["fe80::", 10], // link-local
   ["ff00::", 8], // multicast
 ] as const) internal.addSubnet(net, bits, "ipv6");
+// IPv4-mapped IPv6 addresses (::ffff:127.0.0.1) need no rule: BlockList checks them against the IPv4 rules.
 
 /** Is this IP address inside the operator's network (or otherwise no place for a webhook)? */
 export function isInternalAddress(address: string): boolean {

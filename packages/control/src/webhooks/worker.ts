@@ -37,6 +37,8 @@ export class WebhookWorker {
   readonly #log: (line: string) => void;
   #listener?: pg.Client;
   #timer?: NodeJS.Timeout;
+  /** Wakes the worker when the earliest queued delivery falls due (a retry, an expired lease). */
+  #wake?: NodeJS.Timeout;
   #draining = false;
   #again = false;
   #stopped = false;
@@ -75,6 +77,7 @@ export class WebhookWorker {
   async stop(): Promise<void> {
     this.#stopped = true;
     clearInterval(this.#timer);
+    clearTimeout(this.#wake);
     this.#stopping.abort();
     await this.#listener?.end().catch(() => undefined);
     await Promise.allSettled([...this.#inFlight]);
@@ -113,8 +116,21 @@ export class WebhookWorker {
           });
         this.#inFlight.add(p);
       }
-      if (jobs.length < free) return;
+      if (jobs.length < free) return this.#wakeAtNextDue();
     }
+  }
+
+  async #wakeAtNextDue(): Promise<void> {
+    const rows = (await execIn(this.#orm.em.fork())(
+      `select extract(epoch from min(d.next_attempt_at) - now()) * 1000 as ms
+         from webhook_delivery d join webhook_endpoint e on e.id = d.endpoint_id where d.status = 'pending' and e.enabled`,
+      [],
+    )) as Array<{ ms: string | number | null }>;
+    const ms = rows[0]?.ms;
+    if (ms === null || ms === undefined || this.#stopped) return;
+    clearTimeout(this.#wake);
+    this.#wake = setTimeout(() => this.kick(), Math.min(Math.max(0, Number(ms)), this.#s.pollMs) + 5);
+    this.#wake.unref();
   }
 
   #claim(limit: number): Promise<Claimed[]> {
