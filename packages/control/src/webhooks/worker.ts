@@ -16,6 +16,9 @@ import type { WebhookSettings } from "./settings.ts";
 // listening connection was down). Delivery is at least once: every attempt of an event carries
 // the same webhook-id, so receivers de-duplicate.
 
+/** How long delivered (or abandoned) events and their attempts are kept. */
+export const RETENTION_DAYS = 30;
+
 /** A claimed delivery, with what sending it needs. */
 interface Claimed {
   id: string;
@@ -43,6 +46,7 @@ export class WebhookWorker {
   #again = false;
   #stopped = false;
   readonly #inFlight = new Set<Promise<void>>();
+  #purgedAt = 0;
   /** Aborts attempts in flight on stop: left unrecorded, they are due again once their lease ends. */
   readonly #stopping = new AbortController();
 
@@ -55,7 +59,10 @@ export class WebhookWorker {
 
   async start(databaseUrl: string): Promise<void> {
     await this.#listen(databaseUrl);
-    this.#timer = setInterval(() => this.kick(), this.#s.pollMs);
+    this.#timer = setInterval(() => {
+      this.kick();
+      void this.#purge().catch((err: unknown) => this.#log(`webhooks: purging old events failed: ${String(err)}`));
+    }, this.#s.pollMs);
     this.#timer.unref();
     this.kick();
   }
@@ -131,6 +138,17 @@ export class WebhookWorker {
     clearTimeout(this.#wake);
     this.#wake = setTimeout(() => this.kick(), Math.min(Math.max(0, Number(ms)), this.#s.pollMs) + 5);
     this.#wake.unref();
+  }
+
+  /** At most hourly: events older than RETENTION_DAYS with nothing left to deliver go, their attempts with them. */
+  async #purge(): Promise<void> {
+    if (Date.now() - this.#purgedAt < 3600_000) return;
+    this.#purgedAt = Date.now();
+    await execIn(this.#orm.em.fork())(
+      `delete from webhook_message m where m.created_at < now() - ? * interval '1 day'
+          and not exists (select 1 from webhook_delivery d where d.message_id = m.id and d.status = 'pending')`,
+      [RETENTION_DAYS],
+    );
   }
 
   #claim(limit: number): Promise<Claimed[]> {

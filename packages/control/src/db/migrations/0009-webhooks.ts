@@ -33,6 +33,7 @@ export class Migration0009Webhooks extends Migration {
       "body" text not null,
       "created_at" timestamptz not null default now())`);
     this.addSql(`create index "webhook_message_organization_id_index" on "webhook_message" ("organization_id")`);
+    this.addSql(`create index "webhook_message_created_at_index" on "webhook_message" ("created_at")`);
 
     // The work queue: due rows are claimed with FOR UPDATE SKIP LOCKED; a claim pushes
     // next_attempt_at out by a lease, so a process that dies mid-delivery leaves the row due again.
