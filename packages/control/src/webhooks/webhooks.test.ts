@@ -1,4 +1,9 @@
 import { randomUUID } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import { ListValueSchema } from "@bufbuild/protobuf/wkt";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
 import pg from "pg";
 import { Webhook } from "standardwebhooks";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -151,6 +156,27 @@ describe("webhook endpoints", () => {
     ] as const) {
       expect((await api(t.url, mo, verb, path, body)).body, `${verb} ${path}`).toMatchObject({ statusCode: 403, message: "Access denied" });
     }
+  });
+});
+
+describe("webhook endpoints over gRPC", () => {
+  it("take the same calls and rules as REST", async () => {
+    const client = createClient(
+      WebhookService,
+      createGrpcTransport({ baseUrl: t.url, interceptors: [(next) => (req) => (req.header.set("authorization", `Bearer ${t.adminKey}`), next(req))] }),
+    );
+    const organizationId = await adminOrg();
+    const made = await client.createWebhookEndpoint({ organizationId, url: "https://hooks.example.com/grpc", eventTypes: ["sandbox.created"] });
+    expect(made.secret).toMatch(/^whsec_/);
+    const list = (types: string[]) => create(ListValueSchema, { values: types.map((v) => ({ kind: { case: "stringValue" as const, value: v } })) });
+    const changed = await client.updateWebhookEndpoint({ organizationId, endpointId: made.endpoint!.id, eventTypes: list(["sandbox.state.updated", "organization.member.added"]) });
+    expect(changed.eventTypes).toEqual(["sandbox.state.updated", "organization.member.added"]);
+    const refused = await client.updateWebhookEndpoint({ organizationId, endpointId: made.endpoint!.id, eventTypes: list(["nope"]) }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(ConnectError);
+    expect((refused as ConnectError).code).toBe(Code.InvalidArgument);
+    const missing = await client.getWebhookEndpoint({ organizationId, endpointId: randomUUID() }).catch((e: unknown) => e);
+    expect((missing as ConnectError).code).toBe(Code.NotFound);
+    await client.deleteWebhookEndpoint({ organizationId, endpointId: made.endpoint!.id });
   });
 });
 
