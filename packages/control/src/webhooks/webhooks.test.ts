@@ -1,4 +1,6 @@
 import { randomUUID } from "node:crypto";
+import { createServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { create } from "@bufbuild/protobuf";
 import { ListValueSchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
@@ -273,6 +275,46 @@ describe("webhook delivery", () => {
     await api(t.url, t.adminKey, "DELETE", `${base(org)}/${e.id}`);
   });
 
+  it("reads only a prefix of a receiver's answer and follows no redirect", async () => {
+    let closed = false;
+    let sent = 0;
+    const endless = createServer((req, res) => {
+      req.resume();
+      if (req.url === "/moved") return void res.writeHead(302, { location: "/elsewhere" }).end();
+      res.writeHead(200, { "content-type": "text/plain" });
+      const chunk = Buffer.alloc(64 * 1024, "x");
+      const pump = () => {
+        while (!closed && res.write(chunk)) sent += chunk.length;
+        if (!closed) res.once("drain", pump);
+      };
+      res.on("close", () => (closed = true));
+      pump();
+    });
+    await new Promise<void>((res) => endless.listen(0, "127.0.0.1", res));
+    const port = (endless.address() as AddressInfo).port;
+    try {
+      const org = await adminOrg();
+      const { endpoint: big } = await endpoint(org, `http://127.0.0.1:${port}/big`);
+      await api(t.url, t.adminKey, "POST", `${base(org)}/${big.id}/test`);
+      const [first] = await attemptsOf(org, big.id, 1);
+      expect(first).toMatchObject({ success: true, statusCode: 200, responseBody: "x".repeat(1024) });
+      // The connection was dropped after the prefix: the endless answer stopped.
+      await new Promise((res) => setTimeout(res, 200));
+      expect(closed).toBe(true);
+      expect(sent).toBeLessThan(64 * 1024 * 1024);
+
+      const { endpoint: moved } = await endpoint(org, `http://127.0.0.1:${port}/moved`);
+      await api(t.url, t.adminKey, "POST", `${base(org)}/${moved.id}/test`);
+      const [redirected] = await attemptsOf(org, moved.id, 1);
+      expect(redirected).toMatchObject({ success: false, statusCode: 302, error: "HTTP 302" });
+      await api(t.url, t.adminKey, "DELETE", `${base(org)}/${big.id}`);
+      await api(t.url, t.adminKey, "DELETE", `${base(org)}/${moved.id}`);
+    } finally {
+      endless.closeAllConnections();
+      endless.close();
+    }
+  });
+
   it("disables an endpoint after sustained failure, then delivers again once re-enabled", async () => {
     const r = await receiver();
     r.answer = () => 503;
@@ -339,10 +381,11 @@ describe("webhook delivery", () => {
     ]);
   });
 
-  it("two control processes on one database deliver each event exactly once between them", async () => {
+  it("two control processes on one database deliver each event exactly once between them, polling for what no notification announced", async () => {
     const r = await receiver();
     r.answer = () => 200;
-    const second = await startTestServer({ databaseUrl: t.server.databaseUrl, adminKey: t.adminKey, settings: { webhooks: SETTINGS } });
+    // The second process polls often; the first (a minute) relies on notifications.
+    const second = await startTestServer({ databaseUrl: t.server.databaseUrl, adminKey: t.adminKey, settings: { webhooks: { ...SETTINGS, pollMs: 250 } } });
     try {
       const org = await adminOrg();
       const { endpoint: e } = await endpoint(org, r.url);
@@ -352,6 +395,12 @@ describe("webhook delivery", () => {
       await r.until("forty events", () => r.accepted().length >= 40);
       await new Promise((res) => setTimeout(res, 500)); // time for a duplicate to show, were there one
       expect(r.got.map((g) => g.id).sort()).toEqual([...ids].sort());
+
+      // An event whose notification was lost (queued here without one) is found by polling.
+      const lost = randomUUID();
+      await db.query(`insert into webhook_message (id, organization_id, event_type, body) values ($1, $2, 'webhook.test', '{"event":"webhook.test"}')`, [lost, org]);
+      await db.query(`insert into webhook_delivery (id, message_id, endpoint_id) values ($1, $2, $3)`, [randomUUID(), lost, e.id]);
+      await r.until("the event without a notification", () => r.accepted().some((g) => g.id === lost), 5000);
       await api(t.url, t.adminKey, "DELETE", `${base(org)}/${e.id}`);
     } finally {
       await second.stop();
