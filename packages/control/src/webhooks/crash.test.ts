@@ -172,8 +172,20 @@ it("after kill -9 between the changes and their delivery, a restarted server del
     expect(events.filter((e) => e.id === b).map((e) => e.newState ?? e.state)).toEqual(["creating", "started", "stopping", "stopped"]);
 
     for (const id of ids) await call("DELETE", `/sandbox/${id}`);
-  } finally {
+    await receiver.until("the deletes' events", () => receiver.accepted().length >= final.length + 2 * ids.size);
+
+    // A graceful stop with an attempt in flight hands its claim back at once (no lease to wait out).
+    receiver.answer = () => "hang";
+    const hung = (await call("POST", `/webhooks/organizations/${org}/endpoints/${made.body.endpoint.id}/test`)).body.messageId as string;
+    await receiver.until("the attempt in flight", () => receiver.got.some((g) => g.id === hung));
     second.kill("SIGTERM");
     await new Promise((r) => second.once("exit", r));
+    const [row] = (await db.query(`select status, attempts, next_attempt_at <= now() as due from webhook_delivery where message_id = $1`, [hung])).rows;
+    expect(row).toEqual({ status: "pending", attempts: 0, due: true });
+  } finally {
+    if (second.exitCode === null && second.signalCode === null) {
+      second.kill("SIGTERM");
+      await new Promise((r) => second.once("exit", r));
+    }
   }
 });

@@ -1,4 +1,5 @@
 import { lookup, type LookupAddress } from "node:dns";
+import type { RequestOptions } from "node:http";
 import { BlockList, isIP } from "node:net";
 
 // Where webhooks may go. A webhook makes the server send requests to an address a customer
@@ -88,14 +89,12 @@ function resolveAll(host: string, timeoutMs: number): Promise<LookupAddress[]> {
   });
 }
 
-type LookupCallback = (err: NodeJS.ErrnoException | null, address: string | LookupAddress[], family?: number) => void;
-
 /**
  * A `lookup` for http.request that refuses internal addresses: the socket connects only to an
  * address this function answered, so what is checked is what is used.
  */
-export function guardedLookup(allowPrivate: boolean) {
-  return (hostname: string, options: { all?: boolean; family?: number | string }, callback: LookupCallback): void => {
+export function guardedLookup(allowPrivate: boolean): NonNullable<RequestOptions["lookup"]> {
+  return (hostname, options, callback) => {
     lookup(hostname, { all: true }, (err, addresses) => {
       if (err) return callback(err, []);
       const bad = allowPrivate ? undefined : addresses.find((a) => isInternalAddress(a.address));

@@ -34,7 +34,7 @@ export async function send(url: string, headers: Record<string, string>, body: s
       const req = request(target, {
         method: "POST",
         headers: { ...headers, "content-length": String(Buffer.byteLength(body)) },
-        lookup: guardedLookup(opts.allowPrivate) as never,
+        lookup: guardedLookup(opts.allowPrivate),
         signal,
         agent: false,
       });

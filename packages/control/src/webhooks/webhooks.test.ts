@@ -358,6 +358,13 @@ describe("webhook delivery", () => {
     const second = r.accepted()[1]!;
     expect(verified(second, fresh)).toMatchObject({ event: "webhook.test" });
     expect(() => verified(second, old)).toThrow();
+
+    // A secret sealed under another key cannot sign: the attempt says so, and a rotation mends it.
+    await db.query(`update webhook_endpoint set secret = $2 where id = $1`, [e.id, "v1:" + Buffer.alloc(48, 1).toString("base64")]);
+    await api(t.url, t.adminKey, "POST", `${base(org)}/${e.id}/test`);
+    const [unreadable] = await attemptsOf(org, e.id, 3);
+    expect(unreadable).toMatchObject({ success: false, statusCode: null, error: "the endpoint's signing secret cannot be read (was SANDBAR_ENCRYPTION_KEY changed?); rotate the secret" });
+    expect(r.got).toHaveLength(2);
     await api(t.url, t.adminKey, "DELETE", `${base(org)}/${e.id}`);
   });
 

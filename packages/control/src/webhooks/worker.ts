@@ -3,7 +3,7 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import pg from "pg";
 import { Webhook } from "standardwebhooks";
 import type { SecretBox } from "../auth/secret-box.ts";
-import { dateOf, type Exec, execIn } from "../db/exec.ts";
+import { dateOf, type Exec, execIn, pgArray } from "../db/exec.ts";
 import { WEBHOOK_CHANNEL } from "./events.ts";
 import { send, type SendResult } from "./send.ts";
 import type { WebhookSettings } from "./settings.ts";
@@ -46,6 +46,8 @@ export class WebhookWorker {
   #again = false;
   #stopped = false;
   readonly #inFlight = new Set<Promise<void>>();
+  /** Claimed deliveries whose attempt is not recorded yet: released on stop rather than left to their lease. */
+  readonly #unrecorded = new Set<string>();
   #purgedAt = 0;
   /** Aborts attempts in flight on stop: left unrecorded, they are due again once their lease ends. */
   readonly #stopping = new AbortController();
@@ -88,6 +90,9 @@ export class WebhookWorker {
     this.#stopping.abort();
     await this.#listener?.end().catch(() => undefined);
     await Promise.allSettled([...this.#inFlight]);
+    if (this.#unrecorded.size) {
+      await execIn(this.#orm.em.fork())(`update webhook_delivery set next_attempt_at = now() where id = any(?::uuid[]) and status = 'pending'`, [pgArray([...this.#unrecorded])]).catch(() => undefined);
+    }
   }
 
   /** Looks for due deliveries now (again when a look is already under way). */
@@ -115,6 +120,7 @@ export class WebhookWorker {
       if (free <= 0) return;
       const jobs = await this.#claim(free);
       for (const job of jobs) {
+        this.#unrecorded.add(job.id);
         const p: Promise<void> = this.#deliver(job)
           .catch((err: unknown) => this.#log(`webhooks: delivery ${job.id} failed to record: ${String(err)}`))
           .finally(() => {
@@ -171,10 +177,16 @@ export class WebhookWorker {
 
   async #deliver(job: Claimed): Promise<void> {
     const now = new Date();
-    // While a rotation's grace lasts, the old secret signs too: a second `v1,` signature.
-    const secrets = [this.#box.open(job.secret)];
-    if (job.previous_secret && job.previous_secret_until && dateOf(job.previous_secret_until) > now) secrets.push(this.#box.open(job.previous_secret));
-    const signature = secrets.map((s) => new Webhook(s).sign(job.message_id, now, job.body)).join(" ");
+    let signature: string;
+    try {
+      // While a rotation's grace lasts, the old secret signs too: a second `v1,` signature.
+      const secrets = [this.#box.open(job.secret)];
+      if (job.previous_secret && job.previous_secret_until && dateOf(job.previous_secret_until) > now) secrets.push(this.#box.open(job.previous_secret));
+      signature = secrets.map((s) => new Webhook(s).sign(job.message_id, now, job.body)).join(" ");
+    } catch {
+      // Sealed under another key (SANDBAR_ENCRYPTION_KEY changed): nothing can be signed; rotating the secret mends it.
+      return this.#record(job, { error: "the endpoint's signing secret cannot be read (was SANDBAR_ENCRYPTION_KEY changed?); rotate the secret", durationMs: 0 }, now);
+    }
     const result = await send(
       job.url,
       {
@@ -198,6 +210,7 @@ export class WebhookWorker {
     const delay = this.#s.retryDelaysMs[attempt - 1];
     const next = success || delay === undefined ? null : new Date(Date.now() + delay);
     const status = success ? "succeeded" : next ? "pending" : "failed";
+    this.#unrecorded.delete(job.id);
     await this.#orm.em.fork().transactional(async (em) => {
       const exec = execIn(em);
       // Gone when its endpoint was deleted meanwhile: nothing to record.
