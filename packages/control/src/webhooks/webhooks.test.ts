@@ -361,10 +361,16 @@ describe("webhook delivery", () => {
 
     // A secret sealed under another key cannot sign: the attempt says so, and a rotation mends it.
     await db.query(`update webhook_endpoint set secret = $2 where id = $1`, [e.id, "v1:" + Buffer.alloc(48, 1).toString("base64")]);
-    await api(t.url, t.adminKey, "POST", `${base(org)}/${e.id}/test`);
+    const stuck = (await api(t.url, t.adminKey, "POST", `${base(org)}/${e.id}/test`)).body.messageId as string;
     const [unreadable] = await attemptsOf(org, e.id, 3);
-    expect(unreadable).toMatchObject({ success: false, statusCode: null, error: "the endpoint's signing secret cannot be read (was SANDBAR_ENCRYPTION_KEY changed?); rotate the secret" });
+    expect(unreadable).toMatchObject({ messageId: stuck, success: false, statusCode: null, error: "the endpoint's signing secret cannot be read (was SANDBAR_ENCRYPTION_KEY changed?); rotate the secret" });
     expect(r.got).toHaveLength(2);
+    // The unreadable one is now the previous secret (within its grace): the new one signs alone.
+    const mended = (await api(t.url, t.adminKey, "POST", `${base(org)}/${e.id}/rotate-secret`)).body.secret as string;
+    await r.until("the retry after the rotation", () => r.accepted().some((g) => g.id === stuck));
+    const retried = r.accepted().find((g) => g.id === stuck)!;
+    expect(String(retried.headers["webhook-signature"]).split(" ")).toHaveLength(1);
+    expect(verified(retried, mended)).toMatchObject({ event: "webhook.test" });
     await api(t.url, t.adminKey, "DELETE", `${base(org)}/${e.id}`);
   });
 

@@ -177,16 +177,14 @@ export class WebhookWorker {
 
   async #deliver(job: Claimed): Promise<void> {
     const now = new Date();
-    let signature: string;
-    try {
-      // While a rotation's grace lasts, the old secret signs too: a second `v1,` signature.
-      const secrets = [this.#box.open(job.secret)];
-      if (job.previous_secret && job.previous_secret_until && dateOf(job.previous_secret_until) > now) secrets.push(this.#box.open(job.previous_secret));
-      signature = secrets.map((s) => new Webhook(s).sign(job.message_id, now, job.body)).join(" ");
-    } catch {
+    const secrets = [this.#open(job.secret)];
+    // While a rotation's grace lasts, the old secret signs too: a second `v1,` signature.
+    if (job.previous_secret && job.previous_secret_until && dateOf(job.previous_secret_until) > now) secrets.push(this.#open(job.previous_secret));
+    if (!secrets[0]) {
       // Sealed under another key (SANDBAR_ENCRYPTION_KEY changed): nothing can be signed; rotating the secret mends it.
       return this.#record(job, { error: "the endpoint's signing secret cannot be read (was SANDBAR_ENCRYPTION_KEY changed?); rotate the secret", durationMs: 0 }, now);
     }
+    const signature = secrets.flatMap((s) => (s ? [new Webhook(s).sign(job.message_id, now, job.body)] : [])).join(" ");
     const result = await send(
       job.url,
       {
@@ -201,6 +199,15 @@ export class WebhookWorker {
     );
     if (this.#stopping.signal.aborted) return;
     await this.#record(job, result, now);
+  }
+
+  /** A sealed secret in clear, or undefined when it was sealed under another key. */
+  #open(sealed: string): string | undefined {
+    try {
+      return this.#box.open(sealed);
+    } catch {
+      return undefined;
+    }
   }
 
   /** The attempt, the delivery's next step, and the endpoint's failure record, in one transaction. */
