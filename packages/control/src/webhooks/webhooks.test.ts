@@ -11,6 +11,8 @@ import { Webhook } from "standardwebhooks";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { issuerSettings, TestIssuer } from "../testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
+import { execIn } from "../db/exec.ts";
+import { recordEvent } from "./index.ts";
 import type { WebhookSettings } from "./settings.ts";
 import { Receiver, type Received } from "./testing/receiver.ts";
 
@@ -371,6 +373,30 @@ describe("webhook delivery", () => {
     const retried = r.accepted().find((g) => g.id === stuck)!;
     expect(String(retried.headers["webhook-signature"]).split(" ")).toHaveLength(1);
     expect(verified(retried, mended)).toMatchObject({ event: "webhook.test" });
+    await api(t.url, t.adminKey, "DELETE", `${base(org)}/${e.id}`);
+  });
+
+  it("records an event only with the transaction that makes the change: rolled back, nothing is sent", async () => {
+    const r = await receiver();
+    const org = await adminOrg();
+    const { endpoint: e, secret } = await endpoint(org, r.url, { eventTypes: ["volume.created"] });
+    const volume = { id: randomUUID(), name: "v1", organizationId: org, state: "ready", createdAt: new Date().toISOString() };
+    const before = (await db.query(`select count(*)::int as n from webhook_message`)).rows[0].n as number;
+    // What the volumes feature will do: record inside its own transaction.
+    const failed = await t.server.orm.em.fork().transactional(async (em) => {
+      await recordEvent(execIn(em), org, "volume.created", volume);
+      throw new Error("the change failed");
+    }).catch((err: Error) => err.message);
+    expect(failed).toBe("the change failed");
+    expect((await db.query(`select count(*)::int as n from webhook_message`)).rows[0].n).toBe(before);
+    // Not subscribed: nothing is written at all.
+    await t.server.orm.em.fork().transactional((em) => recordEvent(execIn(em), org, "snapshot.removed", { id: randomUUID(), name: "s", organizationId: org, removedAt: new Date().toISOString() }));
+    expect((await db.query(`select count(*)::int as n from webhook_message`)).rows[0].n).toBe(before);
+
+    const id = await t.server.orm.em.fork().transactional((em) => recordEvent(execIn(em), org, "volume.created", volume));
+    await r.until("the committed event", () => r.accepted().length === 1);
+    expect(r.got.map((g) => g.id)).toEqual([id]);
+    expect(verified(r.got[0]!, secret)).toEqual({ event: "volume.created", timestamp: expect.any(String), ...volume });
     await api(t.url, t.adminKey, "DELETE", `${base(org)}/${e.id}`);
   });
 
