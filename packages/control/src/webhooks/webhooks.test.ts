@@ -134,6 +134,7 @@ describe("webhook endpoints", () => {
     expect(await bad("PATCH", `${base(org)}/${e.id}`, { url: "gopher://x" })).toBe("url must use http or https");
     expect(await bad("GET", `${base(org)}/${e.id}/attempts?page=0`, undefined)).toBe("page must be a positive integer");
     expect(await bad("GET", `${base(org)}/${e.id}/attempts?limit=500`, undefined)).toBe("limit must be an integer from 1 to 200");
+    await api(t.url, t.adminKey, "DELETE", `${base(org)}/${e.id}`);
     for (const id of ["nope", randomUUID()]) {
       for (const [verb, suffix] of [["GET", ""], ["PATCH", ""], ["DELETE", ""], ["POST", "/rotate-secret"], ["POST", "/test"], ["GET", "/attempts"]] as const) {
         const res = await api(t.url, t.adminKey, verb, `${base(org)}/${id}${suffix}`, verb === "PATCH" ? {} : undefined);
@@ -378,25 +379,45 @@ describe("webhook delivery", () => {
 
   it("records an event only with the transaction that makes the change: rolled back, nothing is sent", async () => {
     const r = await receiver();
-    const org = await adminOrg();
-    const { endpoint: e, secret } = await endpoint(org, r.url, { eventTypes: ["volume.created"] });
+    // An organization of its own: its one endpoint is the only subscriber.
+    const vera = await jwt("vera");
+    const org = (await api(t.url, vera, "POST", "/organizations", { name: "vera's team", defaultRegionId: "local" })).body.id as string;
+    const { secret } = await endpoint(org, r.url, { eventTypes: ["volume.created"] }, vera);
     const volume = { id: randomUUID(), name: "v1", organizationId: org, state: "ready", createdAt: new Date().toISOString() };
-    const before = (await db.query(`select count(*)::int as n from webhook_message`)).rows[0].n as number;
+    const countOf = async () => (await db.query(`select count(*)::int as n from webhook_message where organization_id = $1`, [org])).rows[0].n as number;
+    const before = await countOf();
     // What the volumes feature will do: record inside its own transaction.
     const failed = await t.server.orm.em.fork().transactional(async (em) => {
       await recordEvent(execIn(em), org, "volume.created", volume);
       throw new Error("the change failed");
     }).catch((err: Error) => err.message);
     expect(failed).toBe("the change failed");
-    expect((await db.query(`select count(*)::int as n from webhook_message`)).rows[0].n).toBe(before);
+    expect((await countOf())).toBe(before);
     // Not subscribed: nothing is written at all.
     await t.server.orm.em.fork().transactional((em) => recordEvent(execIn(em), org, "snapshot.removed", { id: randomUUID(), name: "s", organizationId: org, removedAt: new Date().toISOString() }));
-    expect((await db.query(`select count(*)::int as n from webhook_message`)).rows[0].n).toBe(before);
+    expect((await countOf())).toBe(before);
 
     const id = await t.server.orm.em.fork().transactional((em) => recordEvent(execIn(em), org, "volume.created", volume));
     await r.until("the committed event", () => r.accepted().length === 1);
     expect(r.got.map((g) => g.id)).toEqual([id]);
     expect(verified(r.got[0]!, secret)).toEqual({ event: "volume.created", timestamp: expect.any(String), ...volume });
+  });
+
+  it("listens again after losing its PostgreSQL connection", async () => {
+    const r = await receiver();
+    const org = await adminOrg();
+    const { endpoint: e } = await endpoint(org, r.url);
+    const listeners = async () => (await db.query(`select pid from pg_stat_activity where query = 'LISTEN sandbar_webhooks'`)).rows.map((x) => x.pid as number);
+    const old = await listeners();
+    expect(old).toHaveLength(1);
+    await db.query(`select pg_terminate_backend($1)`, [old[0]]);
+    const until = Date.now() + 10_000;
+    while (!(await listeners()).some((pid) => pid !== old[0]) && Date.now() < until) await new Promise((res) => setTimeout(res, 100));
+    // Polling is a minute here: only a notification brings this event in time.
+    const started = Date.now();
+    await api(t.url, t.adminKey, "POST", `${base(org)}/${e.id}/test`);
+    await r.until("the event after reconnecting", () => r.accepted().length === 1, 5000);
+    expect(Date.now() - started).toBeLessThan(5000);
     await api(t.url, t.adminKey, "DELETE", `${base(org)}/${e.id}`);
   });
 

@@ -70,17 +70,31 @@ export class WebhookWorker {
   }
 
   async #listen(databaseUrl: string): Promise<void> {
+    if (this.#stopped) return;
     const client = new pg.Client({ connectionString: databaseUrl });
     client.on("notification", () => this.kick());
-    // The poll keeps delivering meanwhile; listening resumes on a new connection.
-    client.on("error", () => {
+    // Connection lost: the poll keeps delivering meanwhile, and listening resumes on a new connection.
+    const lost = () => {
       if (this.#listener !== client || this.#stopped) return;
       this.#listener = undefined;
-      setTimeout(() => void this.#listen(databaseUrl).catch(() => undefined), this.#s.pollMs).unref();
-    });
-    await client.connect();
-    await client.query(`LISTEN ${WEBHOOK_CHANNEL}`);
+      this.#listenLater(databaseUrl);
+    };
+    client.on("error", lost);
+    client.on("end", lost);
+    try {
+      await client.connect();
+      await client.query(`LISTEN ${WEBHOOK_CHANNEL}`);
+    } catch (err) {
+      await client.end().catch(() => undefined);
+      throw err;
+    }
+    if (this.#stopped) return void (await client.end().catch(() => undefined));
     this.#listener = client;
+    this.kick(); // whatever was announced while nobody listened
+  }
+
+  #listenLater(databaseUrl: string): void {
+    setTimeout(() => void this.#listen(databaseUrl).catch(() => this.#listenLater(databaseUrl)), Math.min(this.#s.pollMs, 1000)).unref();
   }
 
   async stop(): Promise<void> {
