@@ -52,6 +52,8 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
       return notBuilt();
     case "session_id":
       return { theirs: [B.session], nobody: "no-session", resource: true };
+    case "endpoint_id":
+      return { theirs: [B.webhookEndpoint], nobody: nobodyUuid, resource: true };
     case "command_id":
       return { theirs: [B.command], nobody: nobodyUuid, resource: true };
     // Not resources: values any caller may send.

@@ -7,7 +7,8 @@
  * B: bob's organization, holding one of each kind of resource the API can make: a started
  *    sandbox with a name, a process session, a command and a terminal in it, keys (bob's, one made by a
  *    managing key, and erin's), a role, members (dan, erin), a pending invitation, a custom
- *    region, an OpenTelemetry and an experimental config.
+ *    region, an OpenTelemetry and an experimental config, a webhook endpoint (disabled, so nothing
+ *    is delivered and B's rows stay still).
  * erin belongs to both: signed in with A's header she must not reach B's things either (a service
  * that filters by "organizations the user belongs to" instead of the call's organization fails).
  * The bootstrap admin key (the "Default" organization, a system admin) calls too.
@@ -48,6 +49,7 @@ export interface World {
     role: string;
     invitation: string;
     region: string;
+    webhookEndpoint: string;
     owner: string;
     members: string[];
   };
@@ -109,6 +111,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
   const bRegion = (await asBob("POST", "/regions", { name: "b-region", proxyUrl: "https://proxy.b.example.test" })).body.id as string;
   await asBob("PUT", `/organizations/${b.org}/otel-config`, { endpoint: "https://otel.b.example.test", headers: { "x-b": "secret-b" } });
   await asBob("PUT", `/organizations/${b.org}/experimental-config`, { tenant: "b" });
+  const bEndpoint = (await asBob("POST", `/webhooks/organizations/${b.org}/endpoints`, { url: "https://hooks.b.example.test/in", enabled: false })).body.endpoint.id as string;
 
   const asBKey = caller(t, bKey);
   const sandbox = (await asBKey("POST", "/sandbox", { name: "b-box", autoStopInterval: 0, labels: { tenant: "b" } })).body.id as string;
@@ -142,6 +145,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
       role: bRole,
       invitation: bInvitation,
       region: bRegion,
+      webhookEndpoint: bEndpoint,
       owner: "bob",
       members: ["dan", "erin"],
     },

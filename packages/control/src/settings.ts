@@ -1,6 +1,7 @@
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { parseTrustedProxies } from "./server/client-address.ts";
+import { loadWebhookSettings, type WebhookSettings } from "./webhooks/settings.ts";
 
 /** Server settings, read once from the environment (see README's configuration table). */
 export interface Settings {
@@ -40,6 +41,8 @@ export interface Settings {
   agentBundle?: string;
   /** Proxies whose X-Forwarded-For names the client (addresses or CIDRs); none by default. */
   trustedProxies: string[];
+  /** Webhook delivery: destinations allowed, retries, timeouts (SANDBAR_WEBHOOK_*). */
+  webhooks: WebhookSettings;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -71,6 +74,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
     trustedProxies: parseTrustedProxies(env.SANDBAR_TRUSTED_PROXIES),
+    webhooks: loadWebhookSettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

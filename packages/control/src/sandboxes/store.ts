@@ -1,13 +1,16 @@
-import type { MikroORM } from "@mikro-orm/postgresql";
+import type { EntityManager, MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import { SandboxRecord } from "../db/entities.ts";
 import { execIn } from "../db/exec.ts";
 import { admit, type Demand } from "../organizations/usage.ts";
+import { recordSandboxCreated, recordSandboxStateChange, type StateColumns } from "../webhooks/sandbox-events.ts";
 import type { ListFilter } from "./list-query.ts";
 
 // The sandbox table. Updates name the columns they change (never a whole-row write), so a
 // lifecycle operation and a labels or interval change made meanwhile never undo each other.
 // Times are written from JS Dates (millisecond precision), which keeps list cursors exact.
+// Every insert and every change of state or desiredState writes its webhook event in the same
+// transaction (the row is locked first, so the event names the state it really left).
 
 export type SandboxPatch = Partial<Omit<SandboxRecord, "id" | "organizationId" | "createdAt">>;
 
@@ -15,6 +18,8 @@ const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-
 
 /** Rows the API shows: not destroyed, and not an errored sandbox on its way out. */
 const VISIBLE = { state: { $ne: "destroyed" }, $not: { state: { $in: ["error", "build_failed"] }, desiredState: "destroyed" } } as const;
+
+const changesState = (patch: SandboxPatch) => patch.state !== undefined || patch.desiredState !== undefined;
 
 export class SandboxStore {
   readonly #orm: MikroORM;
@@ -33,6 +38,7 @@ export class SandboxStore {
       await this.#em().transactional(async (em) => {
         await admit(execIn(em), row.organizationId, row.regionId, row);
         await em.insert(SandboxRecord, row);
+        await recordSandboxCreated(execIn(em), row);
       });
     } catch (err) {
       if ((err as { code?: string }).code === "23505" || /unique/i.test(String(err))) {
@@ -72,21 +78,42 @@ export class SandboxStore {
   }
 
   async update(id: string, patch: SandboxPatch): Promise<void> {
-    await this.#em().nativeUpdate(SandboxRecord, { id }, { ...patch, updatedAt: new Date() });
+    await this.#write(id, {}, patch);
   }
 
   /** `update`, once the organization's quota admits what the change adds (starting a sandbox). */
   async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch): Promise<void> {
     await this.#em().transactional(async (em) => {
       await admit(execIn(em), row.organizationId, row.regionId, demand);
-      await em.nativeUpdate(SandboxRecord, { id: row.id }, { ...patch, updatedAt: new Date() });
+      await this.#apply(em, row.id, {}, patch);
     });
   }
 
   /** Updates only while `where` holds; says whether it did. */
   async updateIf(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<boolean> {
-    const n = await this.#em().nativeUpdate(SandboxRecord, { id, ...where }, { ...patch, updatedAt: new Date() });
-    return n > 0;
+    return (await this.#write(id, where, patch)) > 0;
+  }
+
+  /** A change of state runs in a transaction of its own (for its event); others are one statement. */
+  #write(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
+    if (!changesState(patch)) return this.#apply(this.#em(), id, where, patch);
+    return this.#em().transactional((em) => this.#apply(em, id, where, patch));
+  }
+
+  async #apply(em: EntityManager, id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
+    const exec = execIn(em);
+    let before: (StateColumns & { organizationId: string }) | undefined;
+    if (changesState(patch)) {
+      const rows = (await exec(`select organization_id, state, desired_state from sandbox where id = ? for update`, [id])) as Array<{ organization_id: string; state: string; desired_state: string }>;
+      if (rows[0]) before = { organizationId: rows[0].organization_id, state: rows[0].state, desiredState: rows[0].desired_state };
+    }
+    const updatedAt = new Date();
+    const n = await em.nativeUpdate(SandboxRecord, { id, ...where }, { ...patch, updatedAt });
+    if (n > 0 && before) {
+      const after = { state: patch.state ?? before.state, desiredState: patch.desiredState ?? before.desiredState };
+      await recordSandboxStateChange(exec, id, before.organizationId, before, after, updatedAt);
+    }
+    return n;
   }
 
   /** Activity stamp: no updatedAt change, and nothing for destroyed rows. */

@@ -17,6 +17,7 @@ import {
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { RegionService } from "@sandbar/protocol/gen/sandbar/control/v1/region_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
+import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
 import { SecretBox } from "../auth/secret-box.ts";
@@ -44,6 +45,7 @@ import { clientAddress, clientAddressKey, trustProxies } from "./client-address.
 import { listenOnePort } from "./listener.ts";
 import type { AgentLocator } from "../toolbox/agent-locator.ts";
 import { mountToolbox, TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
+import { startWebhooks } from "../webhooks/index.ts";
 import { toolboxRest } from "../toolbox/rest/index.ts";
 
 export const API_BASE = "/api";
@@ -83,6 +85,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const identity = await startIdentity(settings, databaseUrl, credentials, log);
   const guard = new Guard(credentials);
   const sandboxes = await startSandboxes(settings, orm, log);
+  const box = await SecretBox.open(orm, settings.encryptionKey);
+  const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
 
   // Every service of the control contract is served; those without an implementation
   // yet answer UNIMPLEMENTED (REST 501).
@@ -92,11 +96,12 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
     [SandboxService.typeName, sandboxes.impl as Impl],
     [UserService.typeName, userService(orm) as Impl],
-    [OrganizationService.typeName, organizationService(orm, credentials, await SecretBox.open(orm, settings.encryptionKey)) as Impl],
+    [OrganizationService.typeName, organizationService(orm, credentials, box) as Impl],
     [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],
     [OrganizationMemberService.typeName, organizationMemberService(orm, credentials) as Impl],
     [OrganizationInvitationService.typeName, organizationInvitationService(orm, credentials) as Impl],
     [RegionService.typeName, regionService(orm) as Impl],
+    [WebhookService.typeName, webhooks.impl as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   const impls: ImplIndex = new Map();
@@ -148,6 +153,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
         rest.close();
         await listener.close();
         await sandboxes.stop();
+        await webhooks.stop();
         toolbox.clients.close();
         await identity.stop();
         await credentials.stop();

@@ -17,6 +17,7 @@ import { changeAccess } from "../organizations/access-changes.ts";
 import { assignedRoles, resolveRoles, toRole } from "../organizations/roles.ts";
 import { memberRoleOf, requiredRole } from "./organization-members.ts";
 import { Checks } from "./validate.ts";
+import { recordEvent } from "../webhooks/events.ts";
 
 // Invitations: made, changed and cancelled by an organization's owners; listed, accepted and
 // declined by the person whose (verified) e-mail they name. Only a pending invitation before its
@@ -138,6 +139,13 @@ export function organizationInvitationService(orm: MikroORM, credentials: Creden
           [inv.organization_id, caller.userId, inv.id],
         );
         await exec(`update organization_invitation set status = 'accepted' where id = ?`, [inv.id]);
+        const assigned = (await exec(`select role_id from organization_invitation_role where invitation_id = ? order by role_id`, [inv.id])) as Array<{ role_id: string }>;
+        await recordEvent(exec, inv.organization_id, "organization.member.added", {
+          organizationId: inv.organization_id,
+          userId: caller.userId,
+          role: inv.role,
+          assignedRoleIds: assigned.map((r) => r.role_id),
+        });
         changes.push({ kind: "member", organizationId: inv.organization_id, userId: caller.userId });
         return { ...inv, status: "accepted" };
       });

@@ -15,6 +15,7 @@ import { ALL_SCOPES } from "../auth/scopes.ts";
 import { dateOf, type Exec, execIn, pgArray } from "../db/exec.ts";
 import { changeAccess, deleteKeys, lockOwners } from "../organizations/access-changes.ts";
 import { assignedRoles, permissionsOf, resolveRoles, type RoleRow, toRole } from "../organizations/roles.ts";
+import { recordEvent } from "../webhooks/events.ts";
 
 // Members of an organization and their access: the member role (owner or member) and assigned
 // roles. An organization always keeps an owner; a member whose permissions shrink loses the API
@@ -90,6 +91,7 @@ export function organizationMemberService(orm: MikroORM, credentials: Credential
         await exec(`delete from organization_member_role where organization_id = ? and user_id = ?`, [organizationId, userId]);
         for (const r of nextRoles) await exec(`insert into organization_member_role (organization_id, user_id, role_id) values (?, ?, ?)`, [organizationId, userId, r.id]);
       }
+      await recordEvent(exec, organizationId, "organization.member.updated", { organizationId, userId, role: nextRole, assignedRoleIds: nextRoles.map((r) => r.id) });
     });
     return (await members(execIn(orm.em.fork()), organizationId, userId))[0]!;
   }
@@ -120,6 +122,7 @@ export function organizationMemberService(orm: MikroORM, credentials: Credential
         if (found[0].role === "owner" && owners.length === 1) throw errors.permissionDenied(`Organization with ID ${organizationId} must have at least one owner`);
         await deleteKeys(exec, changes, "organization_id = ? and user_id = ?", [organizationId, userId]);
         await exec(`delete from organization_member where organization_id = ? and user_id = ?`, [organizationId, userId]);
+        await recordEvent(exec, organizationId, "organization.member.removed", { organizationId, userId });
       });
       return {};
     },

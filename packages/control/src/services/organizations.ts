@@ -23,6 +23,7 @@ import { insertOrganization, insertRegionQuota } from "../organizations/new-orga
 import { applyQuota, checkQuota } from "../organizations/quota.ts";
 import { regionUsage } from "../organizations/usage.ts";
 import { Checks } from "./validate.ts";
+import { recordEvent } from "../webhooks/events.ts";
 
 // Organizations (spec 4.3). Who may call what is declared on each RPC (owner, operator, member);
 // the guard has already resolved the organization named in the path, so a handler only ever
@@ -192,6 +193,7 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
         }
         await deleteKeys(exec, changes, "organization_id = ? and user_id = ?", [req.organizationId, caller.userId]);
         await exec(`delete from organization_member where organization_id = ? and user_id = ?`, [req.organizationId, caller.userId]);
+        await recordEvent(exec, req.organizationId, "organization.member.removed", { organizationId: req.organizationId, userId: caller.userId });
       });
       return {};
     },
