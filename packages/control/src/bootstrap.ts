@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { EntityManager, MikroORM } from "@mikro-orm/postgresql";
 import { generateApiKey, hashApiKey, keyEnds } from "./auth/key-material.ts";
@@ -26,6 +26,8 @@ export async function bootstrap(
   password: { preset?: string } | false = false,
 ): Promise<void> {
   const keyFile = join(dataDir, "admin-api-key");
+  // With an external database nothing else has made the data dir yet.
+  await mkdir(dataDir, { recursive: true, mode: 0o700 });
   await orm.em.fork().transactional(async (em) => {
     await bootstrapKey(em);
     if (password) await bootstrapPassword(em, password.preset);

@@ -48,6 +48,19 @@ describe("persistence", () => {
     await rm(dataDir, { recursive: true, force: true });
   });
 
+  it("starts on an external database with a data dir that does not exist yet (made 0700 for the admin's files)", async () => {
+    const db = await startTestServer();
+    const dataDir = join(db.dataDir, "not", "yet");
+    const other = await startTestServer({ databaseUrl: db.server.databaseUrl, dataDir, adminKey: db.adminKey });
+    try {
+      expect((await stat(dataDir)).mode & 0o777).toBe(0o700);
+      expect((await api(other.url, db.adminKey, "GET", "/api-keys/current")).status).toBe(200);
+    } finally {
+      await other.stop();
+      await db.stop();
+    }
+  });
+
   it("revokes a deleted key at once in every control process sharing the database", async () => {
     const a = await startTestServer();
     const b = await startTestServer({ databaseUrl: a.server.databaseUrl, adminKey: a.adminKey });
