@@ -258,6 +258,10 @@ describe("audit log", () => {
     expect(entry!.userAgent).toContain("grpc-test/2");
     expect(entry!.metadata).toMatchObject({ protocol: "grpc", body: { name: "over-grpc" } });
     await expect(logs.listAuditLogs({ organizationId: randomUUID() }, { headers })).rejects.toMatchObject({ code: 5 });
+    // A failed gRPC call is recorded with the HTTP status its code maps to.
+    await expect(createClient(ApiKeyService, transport).deleteApiKey({ name: "never-there" }, { headers })).rejects.toMatchObject({ code: 5 });
+    const failed = await logs.listAuditLogs({ organizationId: adminOrg, targetId: "never-there" }, { headers });
+    expect(failed.items[0]).toMatchObject({ action: "delete", statusCode: 404, errorMessage: "API key not found", metadata: { protocol: "grpc" } });
   });
 
   it("costs one insert and one update per call: measured in place and end to end", async () => {
@@ -322,13 +326,16 @@ describe("audit log: toolbox switch, retention and abandoned entries", () => {
 
   it("records toolbox calls with SANDBAR_AUDIT_TOOLBOX=true, on the sandbox, without passwords", async () => {
     const sandbox = randomUUID();
-    expect((await api(t.url, t.adminKey, "POST", `/toolbox/${sandbox}/toolbox/git/clone`, { url: "https://git.example.test/r.git", path: "/tmp/r", username: "u", password: "git-s3cret-value" })).status).toBe(404);
+    const clone = { url: "https://x-access-token:url-s3cret-value@git.example.test/r.git", path: "/tmp/r", username: "u", password: "git-s3cret-value" };
+    expect((await api(t.url, t.adminKey, "POST", `/toolbox/${sandbox}/toolbox/git/clone`, clone)).status).toBe(404);
     expect((await api(t.url, t.adminKey, "GET", `/toolbox/${sandbox}/toolbox/files?path=/`)).status).toBe(404);
     const rows = (await db.query(`select * from audit_log where target_id = $1`, [sandbox])).rows;
     expect(rows).toHaveLength(1); // the read is not recorded
     expect(rows[0]).toMatchObject({ action: "toolbox_git_clone_repository", target_type: "sandbox", status_code: 404 });
-    expect(rows[0].metadata.body).toMatchObject({ url: "https://git.example.test/r.git", username: "u" });
+    // A credential written into a URL is masked too.
+    expect(rows[0].metadata.body).toMatchObject({ url: "https://***@git.example.test/r.git", username: "u", path: "/tmp/r" });
     expect(JSON.stringify(rows)).not.toContain("git-s3cret-value");
+    expect(JSON.stringify(rows)).not.toContain("url-s3cret-value");
   });
 
   it("deletes entries past the retention period and closes entries a crash left pending", async () => {

@@ -55,10 +55,13 @@ export function storable(text: string): string {
   return text.replace(/\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, "\ufffd");
 }
 
-/** Cuts long strings, and removes what PostgreSQL's jsonb refuses. */
+/** The user information of a URL (`https://user:token@host/...`): a credential in any field. */
+const URL_USERINFO = /\b([a-z][a-z0-9+.-]*:\/\/)[^\s/?#@]*@/gi;
+
+/** Cuts long strings, masks credentials written into URLs, removes what PostgreSQL's jsonb refuses. */
 function tidy(value: unknown): unknown {
   if (typeof value === "string") {
-    const clean = storable(value);
+    const clean = storable(value).replace(URL_USERINFO, "$1***@");
     return clean.length > MAX_STRING ? `${clean.slice(0, MAX_STRING)}... (${clean.length} characters)` : clean;
   }
   if (Array.isArray(value)) return value.map(tidy);
