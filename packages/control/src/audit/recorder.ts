@@ -62,8 +62,15 @@ export class AuditRecorder implements CallRecorder {
     const request = input === undefined ? undefined : requestMetadata(method.input, input);
     const metadata = { protocol: ctx.protocolName, ...(request ? { body: request } : {}) };
     const id = randomUUID();
+    // Committed without waiting for its WAL flush (as the outcome below): anything the handler
+    // then commits durably flushes the WAL up to its own commit, this row included, so no change
+    // outlives its entry; what a crash of PostgreSQL itself can lose is the entry of a call that
+    // had changed nothing durable yet. The row is visible to every process before the handler
+    // runs, and survives a crash of this one. Two statements in one query are one implicit
+    // transaction, which SET LOCAL applies to and an error ends.
     await this.#orm.em.getConnection().execute(
-      `insert into "audit_log" ("id", "actor_id", "actor_email", "actor_api_key_prefix", "actor_api_key_suffix", "organization_id",
+      `set local synchronous_commit = off;
+       insert into "audit_log" ("id", "actor_id", "actor_email", "actor_api_key_prefix", "actor_api_key_suffix", "organization_id",
         "action", "target_type", "target_id", "ip_address", "user_agent", "source", "metadata")
        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?::jsonb)`,
       [
@@ -94,9 +101,7 @@ export class AuditRecorder implements CallRecorder {
       const resultOrganization = error ? null : uuidOrNull(stringField(result, "organizationId"));
       const ownOrganization = !error && audit.targetType === "organization" ? uuidOrNull(resultTarget ?? target) : null;
       try {
-        // The outcome is committed without waiting for the WAL flush (the call has already run;
-        // an outcome lost with the database itself reads as abandoned, status 0). Two statements
-        // in one query are one implicit transaction, which SET LOCAL applies to and an error ends.
+        // Also without waiting for the flush: an outcome lost with the database reads as abandoned (status 0).
         await this.#orm.em.getConnection().execute(
           `set local synchronous_commit = off;
            update "audit_log" set "status_code" = ?, "error_message" = ?, "target_id" = coalesce(?, "target_id"),
