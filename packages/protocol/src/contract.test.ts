@@ -528,7 +528,8 @@ describe("audit: every state-changing call is declared, and no secret reaches an
   it("names actions and targets as the reference does, and targets by fields that exist", () => {
     const problems: string[] = [];
     for (const m of methods.filter(changesState)) {
-      const a = auditOf(m)!;
+      const a = auditOf(m);
+      if (!a) continue; // reported by the test above
       const name = `${m.parent.name}.${m.name}`;
       if (!/^[a-z][a-z0-9_]*$/.test(a.action)) problems.push(`${name}: action "${a.action}" is not snake_case`);
       if (a.targetType && !targetTypes.has(a.targetType)) problems.push(`${name}: unknown target type "${a.targetType}"`);
