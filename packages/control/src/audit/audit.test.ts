@@ -338,6 +338,31 @@ describe("audit log: toolbox switch, retention and abandoned entries", () => {
     expect(JSON.stringify(rows)).not.toContain("url-s3cret-value");
   });
 
+  it("records a real sandbox's toolbox calls with their outcome, streams included", { timeout: 120_000 }, async () => {
+    const created = await api(t.url, t.adminKey, "POST", "/sandbox", { labels: { suite: "audit" } });
+    expect(created.status, JSON.stringify(created.body)).toBe(200);
+    const id = created.body.id as string;
+    try {
+      const exec = await api(t.url, t.adminKey, "POST", `/toolbox/${id}/toolbox/process/execute`, { command: "echo audited" });
+      expect(exec.body).toMatchObject({ exitCode: 0 });
+      // A bulk download is a server stream: its entry is completed when the stream ends. (A
+      // single file's GET is a read: not recorded.)
+      const res = await fetch(`${t.url}/api/toolbox/${id}/toolbox/files/bulk-download`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${t.adminKey}`, "content-type": "application/json" },
+        body: JSON.stringify({ paths: ["/etc/hostname"] }),
+      });
+      expect(res.status).toBe(200);
+      expect(await res.text()).toContain("hostname");
+      expect((await api(t.url, t.adminKey, "GET", `/toolbox/${id}/toolbox/files/download?path=/etc/hostname`)).status).toBe(200);
+      const rows = (await db.query(`select action, status_code, metadata from audit_log where target_id = $1 and target_type = 'sandbox' order by created_at`, [id])).rows;
+      expect(rows.map((r) => `${r.action} ${r.status_code}`)).toEqual(["create 200", "toolbox_execute_command 200", "toolbox_bulk_download_files 200"]);
+      expect(rows[1].metadata.body).toMatchObject({ command: "echo audited" });
+    } finally {
+      expect((await api(t.url, t.adminKey, "DELETE", `/sandbox/${id}`)).status).toBe(200);
+    }
+  });
+
   it("deletes entries past the retention period and closes entries a crash left pending", async () => {
     const ids = { old: randomUUID(), recent: randomUUID(), abandoned: randomUUID(), running: randomUUID() };
     const insert = (id: string, age: string, status: number | null) =>
