@@ -57,8 +57,10 @@ export class AuditRecorder implements CallRecorder {
     const { principal, organizationId } = ctx.values.get(authContextKey);
     const fieldName = audit.targetId ? method.input.fields.find((f) => f.name === audit.targetId)?.localName : undefined;
     let target = fieldName ? stringField(input, fieldName) : undefined;
-    // Toolbox calls name their sandbox in the path or the RPC metadata, not in the request.
-    if (!target && audit.targetType === "sandbox") target = ctx.values.get(sandboxIdKey) ?? ctx.requestHeader.get(SANDBOX_ID_HEADER) ?? undefined;
+    // Toolbox calls name their sandbox in the path or the RPC metadata, not in the request (and
+    // their results' ids are the agent's: sessions, terminals).
+    const routed = !target && audit.targetType === "sandbox" ? (ctx.values.get(sandboxIdKey) ?? ctx.requestHeader.get(SANDBOX_ID_HEADER) ?? undefined) : undefined;
+    target ??= routed;
     const request = input === undefined ? undefined : requestMetadata(method.input, input);
     const metadata = { protocol: ctx.protocolName, ...(request ? { body: request } : {}) };
     const id = randomUUID();
@@ -97,7 +99,7 @@ export class AuditRecorder implements CallRecorder {
       const status = error ? (statusOverride(error) ?? httpStatusOf(error.code)) : route.status || 200;
       // A result names what a create made (and the sandbox a name addressed), and the
       // organization it belongs to; an organization acted on outside one is its own.
-      const resultTarget = error ? undefined : stringField(result, "id");
+      const resultTarget = error || routed ? undefined : stringField(result, "id");
       const resultOrganization = error ? null : uuidOrNull(stringField(result, "organizationId"));
       const ownOrganization = !error && audit.targetType === "organization" ? uuidOrNull(resultTarget ?? target) : null;
       try {
