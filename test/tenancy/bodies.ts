@@ -95,6 +95,11 @@ export const NOT_FOREIGN: Record<string, string> = {
   "UserService.CreateUser id": "an operator names the new user",
   "UserService.CreateUser personal_organization_default_region_id": "operator only: a system admin acts on any organization",
   "UserService.LinkAccount user_id": "the person's id at the identity provider, not a user of ours",
+  "AuditService.ListAuditLogs actor_id": "a filter over the caller's organization's log: the list suite checks B's entries never show",
+  "AuditService.ListAuditLogs target_id": "a filter over the caller's organization's log: the list suite checks B's entries never show",
+  "AuditService.ListAllAuditLogs organization_id": "operator only: a system admin reads every organization's log",
+  "AuditService.ListAllAuditLogs actor_id": "operator only: a system admin reads every organization's log",
+  "AuditService.ListAllAuditLogs target_id": "operator only: a system admin reads every organization's log",
 };
 
 /** The contract's request fields that look like ids, outside the path: `Service.Method field.path`. */

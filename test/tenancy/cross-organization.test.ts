@@ -306,6 +306,17 @@ describe.skipIf(!root)("another organization's resources", () => {
     expect(problems).toEqual([]);
   }, 60_000);
 
+  /**
+   * The caller's audit log echoes the caller: each entry's metadata is the request it sent, and
+   * the sweep's refused attempts name the ids it tried (B's, which it knew already). Those are
+   * left out; everything else an entry says (targets of calls that went through, actors,
+   * organizations) is scanned like any list.
+   */
+  const echoesLeftOut = (page: { items?: Array<{ statusCode?: number | null; metadata?: unknown }> }) => ({
+    ...page,
+    items: (page.items ?? []).filter((e) => e.statusCode == null || (e.statusCode > 0 && e.statusCode < 400)).map((e) => ({ ...e, metadata: undefined })),
+  });
+
   it("are left out of every list", async () => {
     const secrets = [w.B.org, w.B.sandbox, w.B.sandboxName, w.B.role, w.B.invitation, w.B.region, w.B.session, ...w.B.keyNames, "b-region", "b-role", "carol@example.test"];
     const lists = restCases().filter((c) => c.verb === "GET" && paramsOf(c.template).every((p) => p === "organization_id") && c.route.auth !== Auth.PUBLIC);
@@ -324,7 +335,7 @@ describe.skipIf(!root)("another organization's resources", () => {
           const r = await api(t.url, caller.token, "GET", path, undefined, caller.header);
           calls++;
           if (r.status >= 500 && r.status !== 501) problems.push(`${caller.name}: GET ${path} → ${r.status}`);
-          const text = JSON.stringify(r.body);
+          const text = JSON.stringify(c.service === "AuditService" ? echoesLeftOut(r.body) : r.body);
           for (const s of secrets) if (text.includes(s)) problems.push(`${caller.name}: GET ${path} shows ${s}`);
         }
       }

@@ -6,6 +6,12 @@
  */
 import type { TestServer } from "../../packages/control/src/testing/server.ts";
 
+/**
+ * The audit log records every caller's attempts in the caller's own organization, naming B's ids
+ * as targets: only B's own log (its organization_id) is B's. An entry landing there is a change.
+ */
+const BY_ORGANIZATION_ONLY: Record<string, string[]> = { audit_log: ["organization_id"] };
+
 /** Written by B's own running sandbox and the server's timers, not by callers. */
 const VOLATILE = new Set(["last_activity_at", "last_heartbeat_at", "last_seen_at"]);
 
@@ -19,8 +25,9 @@ export async function rowsOf(t: TestServer, ids: string[]): Promise<Record<strin
   const byTable = new Map<string, string[]>();
   for (const c of columns) byTable.set(c.table_name, [...(byTable.get(c.table_name) ?? []), c.column_name]);
   const out: Record<string, unknown[]> = {};
-  for (const [table, cols] of byTable) {
+  for (const [table, all] of byTable) {
     if (table.startsWith("mikro_orm")) continue;
+    const cols = BY_ORGANIZATION_ONLY[table] ?? all;
     const where = cols.map((c) => `"${c}"::text = any(?::text[])`).join(" or ");
     const rows = (await exec(`select * from "${table}" where ${where}`, cols.map(() => `{${ids.map((i) => `"${i}"`).join(",")}}`))) as Array<Record<string, unknown>>;
     if (!rows.length) continue;

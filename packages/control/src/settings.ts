@@ -43,6 +43,10 @@ export interface Settings {
   trustedProxies: string[];
   /** Webhook delivery: destinations allowed, retries, timeouts (SANDBAR_WEBHOOK_*). */
   webhooks: WebhookSettings;
+  /** Audit entries older than this many days are deleted (SANDBAR_AUDIT_RETENTION_DAYS); unset: kept forever. */
+  auditRetentionDays?: number;
+  /** Whether toolbox (agent) calls are audited too (SANDBAR_AUDIT_TOOLBOX=true), as the reference's switch. */
+  auditToolbox: boolean;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -75,6 +79,8 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
     trustedProxies: parseTrustedProxies(env.SANDBAR_TRUSTED_PROXIES),
     webhooks: loadWebhookSettings(env),
+    auditRetentionDays: env.SANDBAR_AUDIT_RETENTION_DAYS ? positiveDays(env, "SANDBAR_AUDIT_RETENTION_DAYS") : undefined,
+    auditToolbox: booleanFlag(env, "SANDBAR_AUDIT_TOOLBOX"),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }
@@ -83,6 +89,19 @@ function nonNegativeInt(env: NodeJS.ProcessEnv, name: string): number {
   const n = Number(env[name]);
   if (!Number.isInteger(n) || n < 0) throw new Error(`${name} must be a whole number >= 0, got "${env[name]}"`);
   return n;
+}
+
+function positiveDays(env: NodeJS.ProcessEnv, name: string): number {
+  const n = Number(env[name]);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a whole number of days >= 1, got "${env[name]}"`);
+  return n;
+}
+
+function booleanFlag(env: NodeJS.ProcessEnv, name: string): boolean {
+  const raw = (env[name] ?? "").trim().toLowerCase();
+  if (raw === "" || raw === "false" || raw === "0") return false;
+  if (raw === "true" || raw === "1") return true;
+  throw new Error(`${name} must be true or false, got "${env[name]}"`);
 }
 
 function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): number {

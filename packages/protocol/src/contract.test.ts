@@ -70,6 +70,9 @@ const organizationRows: SpecRow[] = [
   ["GET", "/regions", 200],
   // The spec leaves this status open; the reference sends 201.
   ["POST", "/regions", 201],
+  // Reference section 3.9.
+  ["GET", "/audit/organizations/{organizationId}", 200],
+  ["GET", "/admin/audit", 200],
 ];
 
 // 4.4 (linked-accounts: the reference sends 201 / 200).
@@ -220,6 +223,7 @@ const scopeTable: Record<string, { write: string; delete: string; read?: string 
   "docker-registry": { write: "write:registries", delete: "delete:registries" },
   volumes: { write: "write:volumes", delete: "delete:volumes", read: "read:volumes" },
   regions: { write: "write:regions", delete: "delete:regions" },
+  audit: { write: "", delete: "", read: "read:audit_logs" },
   runners: { write: "write:runners", delete: "delete:runners", read: "read:runners" },
   nodes: { write: "write:runners", delete: "delete:runners", read: "read:runners" },
 };
@@ -307,7 +311,8 @@ const label = (b: Binding): string => `${b.method} ${b.path} (${b.rpc.parent.nam
 const controlFiles = await loadFiles("control");
 const controlServices = servicesOf(controlFiles, "sandbar.control.v1");
 const controlBindings = bindingsOfServices(controlServices);
-const agentBindings = bindingsOfServices(servicesOf(await loadFiles("agent"), "sandbar.agent.v1"));
+const agentFiles = await loadFiles("agent");
+const agentBindings = bindingsOfServices(servicesOf(agentFiles, "sandbar.agent.v1"));
 const runnerFiles = await loadFiles("runner");
 
 function servedBy(bindings: Binding[], method: HttpMethod, path: string): Binding[] {
@@ -335,6 +340,7 @@ describe("control contract: every RPC is a REST route", () => {
       "DockerRegistryService",
       "ObjectStorageService",
       "RunnerService",
+      "AuditService",
     ]) {
       expect(names).toContain(expected);
     }
@@ -493,6 +499,77 @@ describe("control contract: enum wire values", () => {
     const e = enums.get(name);
     expect(e, name).toBeDefined();
     expect(wire(e!)).toEqual(reference[name]);
+  });
+});
+
+describe("audit: every state-changing call is declared, and no secret reaches an entry", () => {
+  // The agent's methods too: toolbox calls are audited when the operator asks for it.
+  const agentServices = servicesOf(agentFiles, "sandbar.agent.v1");
+  const methods = [...controlServices, ...agentServices].flatMap((s) => s.methods);
+  const changesState = (m: DescMethod) => {
+    const rule = hasOption(m, http) ? getOption(m, http) : undefined;
+    // No REST binding (an RPC-only method) counts as state-changing: nothing says it only reads.
+    return !rule || rule.pattern.case !== "get";
+  };
+  const auditOf = (m: DescMethod) => getOption(m, route).audit;
+  // The reference's target types (account digest section 8), and ours for what it has not (webhook endpoints).
+  const targetTypes = new Set([
+    "api_key", "organization", "organization_invitation", "organization_role", "organization_user", "docker_registry",
+    "runner", "sandbox", "snapshot", "user", "volume", "region", "webhook_endpoint",
+  ]);
+
+  it("declares an action on every method whose REST binding is not a GET, and none on reads", () => {
+    const missing = methods.filter((m) => changesState(m) && !auditOf(m)?.action).map((m) => `${m.parent.name}.${m.name}`);
+    expect(missing).toEqual([]);
+    const onReads = methods.filter((m) => !changesState(m) && auditOf(m)).map((m) => `${m.parent.name}.${m.name}`);
+    expect(onReads).toEqual([]);
+  });
+
+  it("names actions and targets as the reference does, and targets by fields that exist", () => {
+    const problems: string[] = [];
+    for (const m of methods.filter(changesState)) {
+      const a = auditOf(m);
+      if (!a) continue; // reported by the test above
+      const name = `${m.parent.name}.${m.name}`;
+      if (!/^[a-z][a-z0-9_]*$/.test(a.action)) problems.push(`${name}: action "${a.action}" is not snake_case`);
+      if (a.targetType && !targetTypes.has(a.targetType)) problems.push(`${name}: unknown target type "${a.targetType}"`);
+      if (a.targetId && !m.input.fields.some((f) => f.name === a.targetId)) problems.push(`${name}: no request field ${a.targetId}`);
+      if (a.targetId && !a.targetType) problems.push(`${name}: a target id without a target type`);
+    }
+    expect(problems).toEqual([]);
+  });
+
+  // Fields whose name says they carry a credential or a value meant to stay private.
+  const SECRET_NAME = /(^|_)(password|passwords|secret|secrets|token|tokens|headers|env|envs|credentials)(_|$)|api_key|private_key|key_value/;
+  // Names that match but are not secret: the audit list's own pagination cursor.
+  const NOT_SECRET = new Set(["sandbar.control.v1.ListAuditLogsRequest.next_token", "sandbar.control.v1.ListAllAuditLogsRequest.next_token"]);
+
+  it("marks every request field whose name looks secret with [debug_redact = true], at any depth", () => {
+    const unmarked = new Set<string>();
+    const marked = new Set<string>();
+    const seen = new Set<string>();
+    const walk = (desc: DescMethod["input"]) => {
+      if (seen.has(desc.typeName) || desc.typeName.startsWith("google.")) return;
+      seen.add(desc.typeName);
+      for (const f of desc.fields) {
+        const id = `${desc.typeName}.${f.name}`;
+        if (SECRET_NAME.test(f.name) && !NOT_SECRET.has(id)) (f.proto.options?.debugRedact === true ? marked : unmarked).add(id);
+        if (f.message) walk(f.message);
+      }
+    };
+    for (const m of methods) walk(m.input);
+    expect([...unmarked]).toEqual([]);
+    // The walk reaches what it must: nested messages and the agent's requests included.
+    expect([...marked]).toEqual(
+      expect.arrayContaining([
+        "sandbar.control.v1.OtelConfig.headers",
+        "sandbar.control.v1.CreateRegistryRequest.password",
+        "sandbar.control.v1.CreateRunnerRequest.api_key",
+        "sandbar.control.v1.CreateSandboxRequest.env",
+        "sandbar.agent.v1.CloneRequest.password",
+        "sandbar.agent.v1.ExecuteRequest.envs",
+      ]),
+    );
   });
 });
 

@@ -1,6 +1,7 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { createContextKey, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
-import { asConnectError, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
+import { asConnectError, Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
+import type { CallRecorder, CompleteCall } from "../audit/recorder.ts";
 import type { Guard } from "../auth/guard.ts";
 import { authContextKey } from "../auth/principal.ts";
 import { stringProblems } from "../services/validate.ts";
@@ -25,28 +26,38 @@ export const inputProblemsKey = createContextKey<string[]>([]);
  * Wraps a service implementation so that every method passes the guard first. Both the
  * Connect/gRPC router and the REST gateway call the wrapped methods: one enforcement path.
  * Methods without an implementation still pass the guard, then answer UNIMPLEMENTED.
- * Unexpected failures become INTERNAL without leaking their text.
+ * Unexpected failures become INTERNAL without leaking their text. With a recorder, every method
+ * whose route declares an `audit` (the state-changing ones) is recorded once the guard let it in.
  */
 export function secure<S extends DescService>(
   service: S,
   impl: Partial<ServiceImpl<S>>,
   guard: Guard,
   routeFor: (method: DescMethod) => Route = routeOf,
+  recorder?: CallRecorder,
 ): Partial<ServiceImpl<S>> {
   const wrapped: Record<string, AnyImpl> & { [precheck]?: Precheck } = {};
   for (const method of service.methods) {
     const fn = (impl as Record<string, AnyImpl | undefined>)[method.localName]?.bind(impl) ?? notYet(method);
-    wrapped[method.localName] = wrap(method, fn, guard, routeFor(method));
+    const route = routeFor(method);
+    wrapped[method.localName] = wrap(method, fn, guard, route, route.audit?.action ? recorder : undefined);
   }
   wrapped[precheck] = async (method, header, partial) => void (await guard.check(method, header, partial, routeFor(method)));
   return wrapped as Partial<ServiceImpl<S>>;
 }
 
-function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route): AnyImpl {
-  const enter = async (input: unknown, ctx: HandlerContext) => {
+/** A call's audit entry, once written: completed exactly once with the outcome. */
+interface Call {
+  complete?: CompleteCall;
+}
+
+function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route, recorder: CallRecorder | undefined): AnyImpl {
+  const enter = async (input: unknown, ctx: HandlerContext, call: Call) => {
     // Streaming requests are authorized on their headers alone.
     const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
     ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route));
+    // The entry is written before anything else runs (input refused as 400 is recorded too).
+    if (recorder) call.complete = await recorder.begin(method, route, message, ctx);
     // Decoding problems (REST), then every string of the request: the one check both protocols pass.
     const problems = [...ctx.values.get(inputProblemsKey), ...(message === undefined ? [] : stringProblems(method.input, message))];
     if (problems.length) throw errors.invalidArgument(problems.join(", "));
@@ -76,20 +87,32 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route): AnyI
   });
   if (method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming") {
     return async function* (input: unknown, ctx: HandlerContext) {
+      const call: Call = {};
       try {
-        await enter(input, ctx);
+        await enter(input, ctx, call);
         yield* fn(method.methodKind === "bidi_streaming" ? checked(input) : input, ctx) as AsyncIterable<unknown>;
+        await call.complete?.({});
       } catch (err) {
-        throw failure(method, err);
+        const e = failure(method, err);
+        await call.complete?.({ error: e });
+        throw e;
+      } finally {
+        // The caller went away mid-stream: the call was cancelled.
+        await call.complete?.({ error: new ConnectError("The client closed the stream", Code.Canceled) });
       }
     };
   }
   return async (input: unknown, ctx: HandlerContext) => {
+    const call: Call = {};
     try {
-      await enter(input, ctx);
-      return await fn(method.methodKind === "client_streaming" ? checked(input) : input, ctx);
+      await enter(input, ctx, call);
+      const result = await fn(method.methodKind === "client_streaming" ? checked(input) : input, ctx);
+      await call.complete?.({ result });
+      return result;
     } catch (err) {
-      throw failure(method, err);
+      const e = failure(method, err);
+      await call.complete?.({ error: e });
+      throw e;
     }
   };
 }

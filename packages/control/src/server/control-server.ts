@@ -7,6 +7,7 @@ import { filesIn } from "@sandbar/protocol";
 import { file_grpc_health_v1_health, Health } from "@sandbar/protocol/gen/grpc/health/v1/health_pb.js";
 import { file_grpc_reflection_v1_reflection, ServerReflection } from "@sandbar/protocol/gen/grpc/reflection/v1/reflection_pb.js";
 import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
+import { AuditService } from "@sandbar/protocol/gen/sandbar/control/v1/audit_pb.js";
 import { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
 import { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import {
@@ -18,6 +19,9 @@ import {
 import { RegionService } from "@sandbar/protocol/gen/sandbar/control/v1/region_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
+import { AuditRecorder } from "../audit/recorder.ts";
+import { AuditRetention } from "../audit/retention.ts";
+import { auditService } from "../audit/service.ts";
 import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
 import { SecretBox } from "../auth/secret-box.ts";
@@ -87,6 +91,10 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const sandboxes = await startSandboxes(settings, orm, log);
   const box = await SecretBox.open(orm, settings.encryptionKey);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
+  // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
+  const recorder = new AuditRecorder(orm, log);
+  const auditRetention = new AuditRetention(orm, { retentionDays: settings.auditRetentionDays, minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
+  auditRetention.start();
 
   // Every service of the control contract is served; those without an implementation
   // yet answer UNIMPLEMENTED (REST 501).
@@ -102,14 +110,15 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [OrganizationInvitationService.typeName, organizationInvitationService(orm, credentials) as Impl],
     [RegionService.typeName, regionService(orm) as Impl],
     [WebhookService.typeName, webhooks.impl as Impl],
+    [AuditService.typeName, auditService(orm) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   const impls: ImplIndex = new Map();
-  for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard) as never);
+  for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard, undefined, recorder) as never);
 
   // The toolbox: the agent's services, forwarded to the sandbox each call names.
   const agentLocator: AgentLocator = options.agentLocator ?? sandboxes.manager;
-  const toolbox = await mountToolbox(agentLocator, guard, sandboxes.agentClients);
+  const toolbox = await mountToolbox(agentLocator, guard, sandboxes.agentClients, settings.auditToolbox ? recorder : undefined);
   for (const [name, impl] of toolbox.impls) impls.set(name, impl as never);
 
   const serviceNames = [...services, ...toolbox.services].map((s) => s.typeName).concat(Health.typeName, ServerReflection.typeName);
@@ -152,6 +161,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
       (stopped ??= (async () => {
         rest.close();
         await listener.close();
+        await auditRetention.stop();
         await sandboxes.stop();
         await webhooks.stop();
         toolbox.clients.close();

@@ -2,6 +2,7 @@ import type { DescFile, DescMethod, DescService } from "@bufbuild/protobuf";
 import { create } from "@bufbuild/protobuf";
 import { Auth, filesIn, routeOf, type Route } from "@sandbar/protocol";
 import { RouteSchema } from "@sandbar/protocol/gen/sandbar/options/v1/options_pb.js";
+import type { CallRecorder } from "../audit/recorder.ts";
 import type { Guard } from "../auth/guard.ts";
 import { secure } from "../rpc/secure.ts";
 import { AgentClients } from "./agent-clients.ts";
@@ -27,13 +28,16 @@ export interface Toolbox {
   clients: AgentClients;
 }
 
-/** The agent's services, forwarded to sandboxes, guarded by the toolbox's rule. */
-export async function mountToolbox(locator: AgentLocator, guard: Guard, clients = new AgentClients()): Promise<Toolbox> {
+/**
+ * The agent's services, forwarded to sandboxes, guarded by the toolbox's rule; with a recorder
+ * (SANDBAR_AUDIT_TOOLBOX), the calls whose contract declares an audit entry are recorded.
+ */
+export async function mountToolbox(locator: AgentLocator, guard: Guard, clients = new AgentClients(), recorder?: CallRecorder): Promise<Toolbox> {
   const files = await filesIn("sandbar/agent/v1");
   const services = files.flatMap((f) => f.services);
   const policy = (method: DescMethod): Route =>
-    create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED });
+    create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED, audit: routeOf(method).audit });
   const impls = new Map<string, object>();
-  for (const service of services) impls.set(service.typeName, secure(service, forwardingImpl(service, locator, clients), guard, policy));
+  for (const service of services) impls.set(service.typeName, secure(service, forwardingImpl(service, locator, clients), guard, policy, recorder));
   return { files, services, impls, clients };
 }

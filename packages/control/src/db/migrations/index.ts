@@ -4,6 +4,7 @@ import { Migration0004Identity } from "./0004-identity.ts";
 import { Migration0005Users } from "./0005-users.ts";
 import { Migration0006Organizations } from "./0006-organizations.ts";
 import { Migration0009Webhooks } from "./0009-webhooks.ts";
+import { Migration0010Audit } from "./0010-audit.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -13,4 +14,5 @@ export const migrations = [
   { name: "0005-users", class: Migration0005Users },
   { name: "0006-organizations", class: Migration0006Organizations },
   { name: "0009-webhooks", class: Migration0009Webhooks },
+  { name: "0010-audit", class: Migration0010Audit },
 ];

@@ -53,6 +53,15 @@ export declare type Route = Message<"sandbar.options.v1.Route"> & {
    * @generated from field: bool owner = 5;
    */
   owner: boolean;
+
+  /**
+   * How a call appears in the audit log: required on every method whose REST binding is not a
+   * GET (a contract test holds it), absent on reads. Numbered apart so fields others add to
+   * Route (6, 7, ...) do not collide with it.
+   *
+   * @generated from field: sandbar.options.v1.Audit audit = 10;
+   */
+  audit?: Audit | undefined;
 };
 
 /**
@@ -60,6 +69,42 @@ export declare type Route = Message<"sandbar.options.v1.Route"> & {
  * Use `create(RouteSchema)` to create a new message.
  */
 export declare const RouteSchema: GenMessage<Route>;
+
+/**
+ * A state-changing call's audit entry: what it does to what. Request fields marked
+ * [debug_redact = true] never reach the entry's metadata.
+ *
+ * @generated from message sandbar.options.v1.Audit
+ */
+export declare type Audit = Message<"sandbar.options.v1.Audit"> & {
+  /**
+   * The reference's action name where it has one: "create", "delete", "update_quota", "start"...
+   *
+   * @generated from field: string action = 1;
+   */
+  action: string;
+
+  /**
+   * What the call acts on: "sandbox", "organization", "api_key"... Empty: nothing in particular.
+   *
+   * @generated from field: string target_type = 2;
+   */
+  targetType: string;
+
+  /**
+   * The request field that names the target (e.g. "sandbox_id"). A result's `id` takes
+   * precedence once the call succeeded (creates, and a sandbox addressed by name).
+   *
+   * @generated from field: string target_id = 3;
+   */
+  targetId: string;
+};
+
+/**
+ * Describes the message sandbar.options.v1.Audit.
+ * Use `create(AuditSchema)` to create a new message.
+ */
+export declare const AuditSchema: GenMessage<Audit>;
 
 /**
  * Which credentials a method accepts.

@@ -14,7 +14,7 @@ import { file_google_protobuf_descriptor } from "@bufbuild/protobuf/wkt";
  * Describes the file sandbar/options/v1/options.proto.
  */
 export const file_sandbar_options_v1_options = /*@__PURE__*/
-  fileDesc("CiBzYW5kYmFyL29wdGlvbnMvdjEvb3B0aW9ucy5wcm90bxISc2FuZGJhci5vcHRpb25zLnYxInEKBVJvdXRlEg4KBnN0YXR1cxgBIAEoDRINCgVzY29wZRgCIAEoCRImCgRhdXRoGAMgASgOMhguc2FuZGJhci5vcHRpb25zLnYxLkF1dGgSEgoKdXNlcl9sZXZlbBgEIAEoCBINCgVvd25lchgFIAEoCCpkCgRBdXRoEhQKEEFVVEhfVU5TUEVDSUZJRUQQABIPCgtBVVRIX1BVQkxJQxABEhAKDEFVVEhfQVBJX0tFWRACEgwKCEFVVEhfSldUEAMSFQoRQVVUSF9TWVNURU1fQURNSU4QBDpRCgVyb3V0ZRIeLmdvb2dsZS5wcm90b2J1Zi5NZXRob2RPcHRpb25zGLmOAyABKAsyGS5zYW5kYmFyLm9wdGlvbnMudjEuUm91dGVSBXJvdXRlOjcKBGpzb24SIS5nb29nbGUucHJvdG9idWYuRW51bVZhbHVlT3B0aW9ucxi6jgMgASgJUgRqc29uYgZwcm90bzM", [file_google_protobuf_descriptor]);
+  fileDesc("CiBzYW5kYmFyL29wdGlvbnMvdjEvb3B0aW9ucy5wcm90bxISc2FuZGJhci5vcHRpb25zLnYxIpsBCgVSb3V0ZRIOCgZzdGF0dXMYASABKA0SDQoFc2NvcGUYAiABKAkSJgoEYXV0aBgDIAEoDjIYLnNhbmRiYXIub3B0aW9ucy52MS5BdXRoEhIKCnVzZXJfbGV2ZWwYBCABKAgSDQoFb3duZXIYBSABKAgSKAoFYXVkaXQYCiABKAsyGS5zYW5kYmFyLm9wdGlvbnMudjEuQXVkaXQiPwoFQXVkaXQSDgoGYWN0aW9uGAEgASgJEhMKC3RhcmdldF90eXBlGAIgASgJEhEKCXRhcmdldF9pZBgDIAEoCSpkCgRBdXRoEhQKEEFVVEhfVU5TUEVDSUZJRUQQABIPCgtBVVRIX1BVQkxJQxABEhAKDEFVVEhfQVBJX0tFWRACEgwKCEFVVEhfSldUEAMSFQoRQVVUSF9TWVNURU1fQURNSU4QBDpRCgVyb3V0ZRIeLmdvb2dsZS5wcm90b2J1Zi5NZXRob2RPcHRpb25zGLmOAyABKAsyGS5zYW5kYmFyLm9wdGlvbnMudjEuUm91dGVSBXJvdXRlOjcKBGpzb24SIS5nb29nbGUucHJvdG9idWYuRW51bVZhbHVlT3B0aW9ucxi6jgMgASgJUgRqc29uYgZwcm90bzM", [file_google_protobuf_descriptor]);
 
 /**
  * Describes the message sandbar.options.v1.Route.
@@ -22,6 +22,13 @@ export const file_sandbar_options_v1_options = /*@__PURE__*/
  */
 export const RouteSchema = /*@__PURE__*/
   messageDesc(file_sandbar_options_v1_options, 0);
+
+/**
+ * Describes the message sandbar.options.v1.Audit.
+ * Use `create(AuditSchema)` to create a new message.
+ */
+export const AuditSchema = /*@__PURE__*/
+  messageDesc(file_sandbar_options_v1_options, 1);
 
 /**
  * Describes the enum sandbar.options.v1.Auth.
