@@ -15,6 +15,7 @@ import {
   OrganizationRoleService,
   OrganizationService,
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
+import { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/preview_pb.js";
 import { RegionService } from "@sandbar/protocol/gen/sandbar/control/v1/region_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { Credentials } from "../auth/credentials.ts";
@@ -27,6 +28,7 @@ import { createGateway, type ImplIndex } from "../gateway/handler.ts";
 import { MAX_JSON_BODY } from "../gateway/http-io.ts";
 import { RouteTable } from "../gateway/route-table.ts";
 import { startIdentity, type Identity } from "../identity/index.ts";
+import { startPreview } from "../preview/index.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
@@ -83,6 +85,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const identity = await startIdentity(settings, databaseUrl, credentials, log);
   const guard = new Guard(credentials);
   const sandboxes = await startSandboxes(settings, orm, log);
+  const impls: ImplIndex = new Map();
+  const preview = await startPreview({ orm, settings, manager: sandboxes.manager, credentials, impls, basePath: API_BASE });
 
   // Every service of the control contract is served; those without an implementation
   // yet answer UNIMPLEMENTED (REST 501).
@@ -90,7 +94,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const implemented = new Map<string, Impl>([
     [ConfigService.typeName, configService(settings, identity.oidc) as Impl],
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
-    [SandboxService.typeName, sandboxes.impl as Impl],
+    [SandboxService.typeName, ({ ...sandboxes.impl, ...preview.sandboxMethods }) as unknown as Impl],
+    [PreviewService.typeName, preview.service as Impl],
     [UserService.typeName, userService(orm) as Impl],
     [OrganizationService.typeName, organizationService(orm, credentials, await SecretBox.open(orm, settings.encryptionKey)) as Impl],
     [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],
@@ -99,7 +104,6 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [RegionService.typeName, regionService(orm) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
-  const impls: ImplIndex = new Map();
   for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard) as never);
 
   // The toolbox: the agent's services, forwarded to the sandbox each call names.
@@ -120,19 +124,24 @@ export async function startControlServer(settings: Settings, log: (line: string)
   // One route table: the contract's routes, the toolbox's agent routes under each prefix, and
   // the toolbox routes written by hand (multipart, raw streams, WebSockets).
   const rest = toolboxRest({ impls, locator: agentLocator, clients: toolbox.clients, prefixes: TOOLBOX_PREFIXES });
-  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], rest);
+  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], {
+    handwritten: [...rest.handwritten, ...preview.routes.handwritten],
+    upgrades: [...rest.upgrades, ...preview.routes.upgrades],
+  });
   const gateway = createGateway(routes, impls, API_BASE);
 
   const listener = await listenOnePort(
     (req, res) => {
       const url = req.url ?? "";
-      if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway.handle(req as never, res as never);
+      // The preview proxy's host form owns its hosts whole, /api included.
+      if (preview.ownsHost(req)) preview.serveHost(req as never, res as never);
+      else if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway.handle(req as never, res as never);
       else if (identity.owns(url)) identity.handle(req as never, res as never);
       else rpc(req as never, res as never);
     },
     settings.port,
     settings.host,
-    gateway.upgrade,
+    (req, socket, head) => preview.upgradeHost(req, socket, head) || gateway.upgrade(req, socket, head),
   );
   const port = listener.port;
   let stopped: Promise<void> | undefined;
@@ -146,6 +155,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     stop: () =>
       (stopped ??= (async () => {
         rest.close();
+        preview.close();
         await listener.close();
         await sandboxes.stop();
         toolbox.clients.close();
