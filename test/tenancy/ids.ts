@@ -57,6 +57,9 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
     // Not resources: values any caller may send.
     case "port":
       return plain("3000");
+    // A signed preview URL's token: opens nothing of B's without B's sandbox in the same path.
+    case "token":
+      return plain("abcdefghijklmnop");
     case "is_public":
       return plain("true");
     case "interval":

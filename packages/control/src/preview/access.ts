@@ -1,6 +1,6 @@
-import { createHash, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage } from "node:http";
 import { ConnectError, errors } from "@sandbar/protocol";
+import { isAuthToken } from "../sandboxes/manager.ts";
 import type { PreviewAddress } from "./address.ts";
 import { cookieValue, COOKIE_MAX_AGE_S, type PreviewCookies } from "./cookie.ts";
 import type { PreviewSandbox } from "./lookup.ts";
@@ -29,7 +29,6 @@ export interface AccessCheck {
   secure: boolean;
 }
 
-const equal = (a: string, b: string) => timingSafeEqual(createHash("sha256").update(a).digest(), createHash("sha256").update(b).digest());
 
 /**
  * Who may reach a sandbox port (reference proxy rules): a public sandbox's ports, except the
@@ -57,12 +56,12 @@ export async function authorize(check: AccessCheck, req: IncomingMessage, query:
   const header = PREVIEW_TOKEN_HEADERS.map((h) => req.headers[h]).find((v) => v !== undefined);
   const headerToken = Array.isArray(header) ? header[0] : header;
   if (headerToken !== undefined) {
-    if (equal(headerToken, sandbox.authToken)) return grant("token");
+    if (isAuthToken(sandbox.authToken, headerToken)) return grant("token");
     failures.push(wrongToken("The preview token header"));
   }
   const queryToken = query.get(PREVIEW_TOKEN_QUERY);
   if (queryToken !== null) {
-    if (equal(queryToken, sandbox.authToken)) return grant("query", { setCookie: setCookie(check, sandbox, address) });
+    if (isAuthToken(sandbox.authToken, queryToken)) return grant("query", { setCookie: setCookie(check, sandbox, address) });
     failures.push(wrongToken(`The ${PREVIEW_TOKEN_QUERY} parameter`));
   }
   const cookie = cookieValue(headerString(req.headers.cookie), check.cookies.name(sandbox.id));

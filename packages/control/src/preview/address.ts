@@ -53,7 +53,15 @@ export function pathAddress(url: string, base: string): PreviewAddress {
   const [rawId = "", rawPort = ""] = parts;
   const prefix = `${base}${PATH_PREFIX}/${rawId}/${rawPort}`;
   const rest = target.slice(prefix.length);
-  return { ...idAndPort(decodeURIComponent(rawId), rawPort), path: rest.startsWith("/") ? rest : "/" + rest, prefix };
+  return { ...idAndPort(decoded(rawId), rawPort), path: rest.startsWith("/") ? rest : "/" + rest, prefix };
+}
+
+function decoded(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    throw errors.invalidArgument("Malformed URL encoding in path");
+  }
 }
 
 function idAndPort(id: string, rawPort: string): { id: string; signed: boolean; port: number } {

@@ -1,16 +1,14 @@
-import { createHash, timingSafeEqual } from "node:crypto";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import type { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/preview_pb.js";
 import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import type { Credentials } from "../auth/credentials.ts";
 import { callerOf, organizationOf } from "../auth/principal.ts";
-import type { SandboxManager } from "../sandboxes/manager.ts";
+import { isAuthToken, type SandboxManager } from "../sandboxes/manager.ts";
 import type { SignedPreviewUrls } from "./signed-urls.ts";
 import { SIGNED_TOKEN } from "./address.ts";
 import type { PreviewUrls } from "./urls.ts";
 
-const equal = (a: string, b: string) => timingSafeEqual(createHash("sha256").update(a).digest(), createHash("sha256").update(b).digest());
 
 function checkPort(port: number): void {
   if (!Number.isInteger(port) || port < 1 || port > 65535) throw errors.invalidArgument("Invalid port");
@@ -34,7 +32,7 @@ export function previewService(manager: SandboxManager, credentials: Credentials
     },
     async validateAuthToken(req) {
       const row = await live(req.sandboxId);
-      if (!equal(req.authToken, row.authToken)) throw errors.notFound(`Sandbox with ID ${req.sandboxId} not found`);
+      if (!isAuthToken(row.authToken, req.authToken)) throw errors.notFound(`Sandbox with ID ${req.sandboxId} not found`);
       return { ok: true };
     },
     async hasSandboxAccess(req, ctx) {
