@@ -30,6 +30,8 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
       return { theirs: [B.org], nobody: nobodyUuid, resource: true };
     case "sandbox_id":
     case "sandbox_id_or_name":
+      // The preview proxy's checks take ids only, as the reference's do.
+      if (service === "PreviewService") return { theirs: [B.sandbox], nobody: nobodyUuid, resource: true };
       return { theirs: [B.sandbox, B.sandboxName], nobody: nobodyUuid, resource: true };
     case "role_id":
       return { theirs: [B.role], nobody: nobodyUuid, resource: true };

@@ -42,6 +42,9 @@ export interface PreviewDeps {
   basePath: string;
 }
 
+/** How often an open WebSocket counts as activity. */
+const WS_ACTIVITY_MS = 30_000;
+
 /** The verbs the path form forwards (HEAD is served by the GET route). */
 const VERBS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 
@@ -95,7 +98,11 @@ export async function startPreview(deps: PreviewDeps): Promise<Preview> {
   async function upgrade(req: IncomingMessage, socket: Duplex, head: Buffer, address: PreviewAddress): Promise<void> {
     const { endpoint, grant, path } = await admit(req, address);
     const headers = { ...upstreamHeaders(req, address.port, grant, origin(address.prefix), new Set(["upgrade"])), connection: "Upgrade" };
-    await forwardUpgrade(req, socket, head, endpoint, path, headers, () => manager.touch(endpoint.sandboxId));
+    const touch = () => manager.touch(endpoint.sandboxId);
+    await forwardUpgrade(req, socket, head, endpoint, path, headers, touch);
+    // An open connection is activity even while quiet (the reference stamps every 50 s).
+    const timer = setInterval(touch, WS_ACTIVITY_MS);
+    socket.once("close", () => clearInterval(timer));
   }
 
   const pathRoute = `${PATH_PREFIX}/{sandbox_id}/{port}/{path=**}`;

@@ -3,6 +3,7 @@ import { errors } from "@sandbar/protocol";
 import type { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/preview_pb.js";
 import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import type { Credentials } from "../auth/credentials.ts";
+import { ORG_HEADERS } from "../auth/guard.ts";
 import { callerOf, organizationOf } from "../auth/principal.ts";
 import { isAuthToken, type SandboxManager } from "../sandboxes/manager.ts";
 import type { SignedPreviewUrls } from "./signed-urls.ts";
@@ -38,8 +39,12 @@ export function previewService(manager: SandboxManager, credentials: Credentials
     async hasSandboxAccess(req, ctx) {
       const caller = callerOf(ctx);
       const row = await live(req.sandboxId);
-      // A key acts in its own organization only; a signed-in person in any they are a member of.
-      const member = caller.apiKey ? caller.apiKey.organizationId === row.organizationId : (await credentials.memberAccess(row.organizationId, caller.userId)) !== null;
+      // A key acts in its own organization only; a signed-in person in the organization their
+      // header chooses, or without one in any they are a member of.
+      const chosen = ORG_HEADERS.map((h) => ctx.requestHeader.get(h)).find(Boolean);
+      const member = caller.apiKey
+        ? caller.apiKey.organizationId === row.organizationId
+        : (!chosen || chosen === row.organizationId) && (await credentials.memberAccess(row.organizationId, caller.userId)) !== null;
       if (!member) throw errors.notFound(`Sandbox with ID ${req.sandboxId} not found`);
       return { ok: true };
     },
