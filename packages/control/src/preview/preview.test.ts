@@ -246,7 +246,21 @@ describe.skipIf(!root)("the preview proxy", () => {
     const sha = createHash("sha256").update(body).digest("hex");
     const r = await send(pathOf(priv.id, APP_PORT, "/sum"), { method: "POST", headers: { "x-sandbar-preview-token": priv.token, "content-length": String(body.length) }, body });
     expect(r.status, r.text).toBe(200);
-    expect(r.json).toEqual({ length: body.length, sha256: sha, path: "/sum" });
+    expect(r.json).toEqual({ length: body.length, sha256: sha, path: "/sum", te: null });
+    // Chunked, written piece by piece: forwarded chunked.
+    for (const method of ["POST", "PUT"]) {
+      const chunked = await new Promise<any>((resolve, reject) => {
+        const req = request({ host: "127.0.0.1", port, method, path: "/sum", headers: { host: hostOf(priv.id), "x-sandbar-preview-token": priv.token, "transfer-encoding": "chunked" } }, (res) => {
+          let text = "";
+          res.on("data", (c) => (text += c));
+          res.on("end", () => resolve(JSON.parse(text)));
+        });
+        req.on("error", reject);
+        for (let i = 0; i < body.length; i += 1 << 20) req.write(body.subarray(i, i + (1 << 20)));
+        req.end();
+      });
+      expect(chunked).toEqual({ length: body.length, sha256: sha, path: "/sum", te: "chunked" });
+    }
   }, 60_000);
 
   it("carries WebSockets in both forms with a token, and refuses them without", async () => {

@@ -3,7 +3,7 @@
  * snapshot has), serving on one port:
  *   GET  /page          an HTML page whose script calls /info and the WebSocket below (browser test)
  *   GET  /big?mb=N      N MiB of bytes, written as fast as the connection takes them
- *   POST /sum           reads the body (Content-Length) and answers its length and SHA-256
+ *   POST /sum           reads the body (Content-Length or chunked) and answers its length and SHA-256
  *   GET  (Upgrade)      a WebSocket echo (text, binary, ping; close answered)
  *   anything else       JSON: the method, path and headers the app received
  */
@@ -50,13 +50,24 @@ class App(BaseHTTPRequestHandler):
     do_OPTIONS = do_GET
 
     def do_POST(self):
-        left = int(self.headers.get("Content-Length", "0"))
         digest, total = hashlib.sha256(), 0
-        while left > 0:
-            chunk = self.rfile.read(min(left, 1 << 16))
-            if not chunk: break
-            digest.update(chunk); total += len(chunk); left -= len(chunk)
-        self.send(200, json.dumps({"length": total, "sha256": digest.hexdigest(), "path": self.path}).encode())
+        def take(left):
+            nonlocal total
+            while left > 0:
+                chunk = self.rfile.read(min(left, 1 << 16))
+                if not chunk: break
+                digest.update(chunk); total += len(chunk); left -= len(chunk)
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""): pass
+                    break
+                take(size)
+                self.rfile.readline()
+        else:
+            take(int(self.headers.get("Content-Length", "0")))
+        self.send(200, json.dumps({"length": total, "sha256": digest.hexdigest(), "path": self.path, "te": self.headers.get("Transfer-Encoding")}).encode())
     do_PUT = do_POST
 
     def websocket(self):
