@@ -117,7 +117,8 @@ export function forwardHttp(req: IncomingMessage, res: ServerResponse, e: PortEn
       });
     });
     up.on("error", (err) => {
-      if (responded || res.headersSent) {
+      // The client went away (or the answer had begun): nothing left to tell anyone.
+      if (responded || res.headersSent || res.destroyed) {
         res.destroy();
         return resolve();
       }
