@@ -188,6 +188,9 @@ describe.skipIf(!root)("the preview proxy", () => {
     // the buffers alive after a full GC (what the process holds, not garbage awaiting collection),
     // sampled through the transfer; RSS is reported beside it.
     v8.setFlagsFromString("--expose-gc");
+    // Buffers a GC found dead are freed at once rather than by a background sweeper, so the
+    // figure right after gc() is what is alive.
+    v8.setFlagsFromString("--no-concurrent-array-buffer-sweeping");
     const gc = runInNewContext("gc") as () => void;
     gc();
     const before = process.memoryUsage();
@@ -214,7 +217,7 @@ describe.skipIf(!root)("the preview proxy", () => {
     expect(out).toBe(`200 ${100 << 20}`);
     expect(seconds).toBeGreaterThan(3); // the reader really was slow
     // Held, the app's 100 MB would show here (it writes them within a second or two).
-    expect((peakBuffers - before.arrayBuffers) / (1 << 20)).toBeLessThan(16);
+    expect((peakBuffers - before.arrayBuffers) / (1 << 20)).toBeLessThan(4);
   }, 120_000);
 
   it("streams 100 MB at full speed, intact", async () => {
@@ -262,6 +265,20 @@ describe.skipIf(!root)("the preview proxy", () => {
       expect(chunked).toEqual({ length: body.length, sha256: sha, path: "/sum", te: "chunked" });
     }
   }, 60_000);
+
+  it("serves a stock `python3 -m http.server` (HTTP/1.0: one answer per connection), again and again", async () => {
+    await f.call("POST", `/toolbox/${priv.id}/toolbox/process/session`, { sessionId: "stock" });
+    await f.call("POST", `/toolbox/${priv.id}/toolbox/process/session/stock/exec`, { command: "cd /tmp && exec python3 -m http.server 8001 --bind 127.0.0.1", runAsync: true });
+    await eventually("http.server to listen", async () => (await send(pathOf(priv.id, 8001, "/"), { headers: { "x-sandbar-preview-token": priv.token } })).status === 200);
+    for (let i = 0; i < 5; i++) {
+      const r = await send(pathOf(priv.id, 8001, "/"), { headers: { "x-sandbar-preview-token": priv.token } });
+      expect(r.status).toBe(200);
+      expect(r.text).toContain("app.py");
+      const file = await send("/app.py", { host: hostOf(priv.id, 8001), headers: { "x-sandbar-preview-token": priv.token } });
+      expect(file.status).toBe(200);
+      expect(file.text).toContain("ThreadingHTTPServer");
+    }
+  });
 
   it("carries WebSockets in both forms with a token, and refuses them without", async () => {
     for (const url of [`ws://127.0.0.1:${port}/ws`, `ws://127.0.0.1:${port}${pathOf(priv.id, APP_PORT, "/ws")}`]) {

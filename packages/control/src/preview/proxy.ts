@@ -1,4 +1,4 @@
-import { request, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type ServerResponse } from "node:http";
+import { request, type ClientRequest, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders, type ServerResponse } from "node:http";
 import type { Duplex } from "node:stream";
 import { ConnectError, errors } from "@sandbar/protocol";
 import { clientAddress } from "../server/client-address.ts";
@@ -78,7 +78,7 @@ export function withoutTokenParameter(path: string): string {
 export function unreachable(err: unknown, e: PortEndpoint): ConnectError {
   if (err instanceof TunnelError) {
     if (err.reason === "refused") return badGateway(`Nothing listens on port ${e.port} in sandbox ${e.sandboxId}`);
-    if (err.reason === "agent") return errors.unavailable(`Sandbox ${e.sandboxId} is not running: ${err.message}`);
+    if (err.reason === "agent") return errors.unavailable(`Sandbox ${e.sandboxId} cannot be reached: ${err.message}`);
     return badGateway(`Port ${e.port} of sandbox ${e.sandboxId} cannot be reached: ${err.message}`);
   }
   const code = (err as NodeJS.ErrnoException).code;
@@ -100,7 +100,13 @@ export function forwardHttp(req: IncomingMessage, res: ServerResponse, e: PortEn
   return new Promise((resolve, reject) => {
     // A chunked body is forwarded chunked whatever the method (Node would send a GET's body unframed).
     if (req.headers["transfer-encoding"] !== undefined) headers["transfer-encoding"] = "chunked";
-    const up = request({ method: req.method, path, headers, agent: upstreams.agentFor(e), setHost: false });
+    let up: ClientRequest;
+    try {
+      up = request({ method: req.method, path, headers, agent: upstreams.agentFor(e), setHost: false });
+    } catch (err) {
+      // What node's server took but its client will not send (a header it finds invalid).
+      return reject(errors.invalidArgument(`The request cannot be forwarded: ${(err as Error).message}`));
+    }
     let responded = false;
     up.on("response", (upRes) => {
       responded = true;

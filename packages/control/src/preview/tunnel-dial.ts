@@ -29,7 +29,16 @@ export function dialTunnel(tunnelSocket: string, secret: string, port: number): 
     };
     const timer = setTimeout(() => fail(new TunnelError("unreachable", `the sandbox did not connect to port ${port} within ${DIAL_TIMEOUT_MS} ms`)), DIAL_TIMEOUT_MS);
     const onError = (err: NodeJS.ErrnoException) =>
-      fail(new TunnelError("agent", err.code === "ENOENT" || err.code === "ECONNREFUSED" ? "the sandbox's agent is not listening" : `the sandbox's agent: ${err.message}`));
+      fail(
+        new TunnelError(
+          "agent",
+          err.code === "ENOENT"
+            ? "its agent offers no tunnel (an agent started before the preview proxy existed: restart the sandbox)"
+            : err.code === "ECONNREFUSED"
+              ? "its agent is not listening"
+              : `its agent: ${err.message}`,
+        ),
+      );
     const onEnd = () => fail(new TunnelError("protocol", "the sandbox's agent closed the tunnel"));
     const onData = (chunk: Buffer) => {
       buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
