@@ -1,8 +1,10 @@
+import { createHash } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Duplex } from "node:stream";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/preview_pb.js";
 import type { Credentials } from "../auth/credentials.ts";
+import { ORG_HEADERS } from "../auth/guard.ts";
 import { refuse, sendError } from "../gateway/handler.ts";
 import { callContext, type HandwrittenRoute, type ImplIndex, type UpgradeRoute } from "../gateway/rest-route.ts";
 import type { SandboxManager } from "../sandboxes/manager.ts";
@@ -10,7 +12,7 @@ import type { Settings } from "../settings.ts";
 import { authorize, type AccessCheck } from "./access.ts";
 import { hostAddress, hostLabel, PATH_PREFIX, pathAddress, type PreviewAddress } from "./address.ts";
 import { PreviewCookies } from "./cookie.ts";
-import { PreviewLookup } from "./lookup.ts";
+import { LOOKUP_TTL_MS, PreviewLookup } from "./lookup.ts";
 import { forwardHttp, forwardUpgrade, refuseAmbiguous, upstreamHeaders, withoutTokenParameter, type Origin } from "./proxy.ts";
 import { previewService, previewUrlMethods } from "./service.ts";
 import { SignedPreviewUrls } from "./signed-urls.ts";
@@ -60,14 +62,22 @@ export async function startPreview(deps: PreviewDeps): Promise<Preview> {
   const lookup = new PreviewLookup(manager, signed);
   const upstreams = new Upstreams();
   const hasAccess = PreviewService.method.hasSandboxAccess;
+  const granted = new Map<string, number>();
   const check: AccessCheck = {
     cookies: await PreviewCookies.open(deps.orm),
     secure: urls.secure,
-    // Through the secured PreviewService.HasSandboxAccess: the one guard, then the membership check.
+    // Through the secured PreviewService.HasSandboxAccess: the one guard, then the membership
+    // check. A grant is remembered as long as the proxy's other reads (by a digest of the
+    // credential and organization header, never the credential itself).
     async checkBearer(req, sandboxId) {
+      const key = createHash("sha256").update(`${req.headers.authorization}\n${ORG_HEADERS.map((h) => req.headers[h] ?? "").join("\n")}\n${sandboxId}`).digest("base64");
+      const now = Date.now();
+      if ((granted.get(key) ?? 0) > now) return;
       const impl = deps.impls.get(PreviewService.typeName)?.[hasAccess.localName];
       if (!impl) throw new Error("PreviewService is not mounted");
       await impl({ sandboxId }, callContext(hasAccess, req, new AbortController().signal));
+      if (granted.size >= 10_000) granted.clear();
+      granted.set(key, now + LOOKUP_TTL_MS);
     },
   };
   const origin = (prefix: string): Origin => ({ proto: urls.secure ? "https" : "http", prefix });

@@ -1,5 +1,6 @@
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
+import { createRequire } from "node:module";
 import { request } from "node:http";
 import { connect } from "node:net";
 import { rm } from "node:fs/promises";
@@ -412,6 +413,22 @@ describe.skipIf(!root)("the preview proxy", () => {
     const other = await f.otherOrganization();
     expect((await f.call("GET", `/sandbox/${priv.id}/ports/${APP_PORT}/signed-preview-url`, undefined, other.key)).status).toBe(404);
   }, 30_000);
+
+  it("works from the official client (0.218): preview link, signed preview URL made, used and expired", async () => {
+    const sdk = createRequire(import.meta.url)("sdk-0218") as typeof import("sdk-0218");
+    const daytona = new sdk.Daytona({ apiKey: f.t.adminKey, apiUrl: `${f.t.url}/api`, target: "local", useDeprecatedPolling: true });
+    const sandbox = await daytona.get(priv.id);
+    const link = await sandbox.getPreviewLink(APP_PORT);
+    expect(link.url).toBe(`http://${hostOf(priv.id)}`);
+    const viaLink = await send("/info", { host: new URL(link.url).host, headers: { "x-daytona-preview-token": link.token } });
+    expect(viaLink.status).toBe(200);
+    const signed = await sandbox.getSignedPreviewUrl(APP_PORT, 120);
+    expect(signed).toMatchObject({ sandboxId: priv.id, port: APP_PORT });
+    expect((await send("/info", { host: new URL(signed.url).host })).status).toBe(200);
+    await sandbox.expireSignedPreviewUrl(APP_PORT, signed.token);
+    await settle();
+    expect((await send("/info", { host: new URL(signed.url).host })).status).toBe(403);
+  });
 
   it("opens a public sandbox's ports to anyone, except the toolbox port 2280; private again closes them", async () => {
     expect((await f.call("POST", `/sandbox/${priv.id}/public/true`)).status).toBe(201);
