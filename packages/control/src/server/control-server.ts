@@ -121,8 +121,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
       router.service(ServerReflection, reflectionService([...controlFiles, ...toolbox.files, file_grpc_health_v1_health, file_grpc_reflection_v1_reflection], serviceNames));
     },
   });
-  // One route table: the contract's routes, the toolbox's agent routes under each prefix, and
-  // the toolbox routes written by hand (multipart, raw streams, WebSockets).
+  // One route table: the contract's routes, the toolbox's agent routes under each prefix, the
+  // toolbox routes written by hand (multipart, raw streams, WebSockets) and the preview proxy's path form.
   const rest = toolboxRest({ impls, locator: agentLocator, clients: toolbox.clients, prefixes: TOOLBOX_PREFIXES });
   const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], {
     handwritten: [...rest.handwritten, ...preview.routes.handwritten],
