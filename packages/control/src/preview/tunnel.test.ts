@@ -65,6 +65,19 @@ describe("the agent's tunnel", () => {
     expect((await readAll(s)).toString()).toBe("220 hello\r\n");
   });
 
+  it("reaches a server bound to ::1 only (a `localhost` server that chose IPv6)", async (ctx) => {
+    const server = createServer((s) => s.end("v6"));
+    servers.push(server);
+    const listening = await new Promise<boolean>((resolve) => {
+      server.once("error", () => resolve(false));
+      server.listen(0, "::1", () => resolve(true));
+    });
+    if (!listening) return ctx.skip(); // no IPv6 loopback on this host
+    const s = await dialTunnel(tunnel, secret, (server.address() as AddressInfo).port);
+    s.resume();
+    expect((await readAll(s)).toString()).toBe("v6");
+  });
+
   it("refuses a wrong secret, a port nobody listens on, and a malformed header, each with its reason", async () => {
     const port = await tcpServer((s) => s.end());
     await expect(dialTunnel(tunnel, "wrong", port)).rejects.toMatchObject({ reason: "auth" });
