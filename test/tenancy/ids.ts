@@ -30,6 +30,8 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
       return { theirs: [B.org], nobody: nobodyUuid, resource: true };
     case "sandbox_id":
     case "sandbox_id_or_name":
+      // The preview proxy's checks take ids only, as the reference's do.
+      if (service === "PreviewService") return { theirs: [B.sandbox], nobody: nobodyUuid, resource: true };
       return { theirs: [B.sandbox, B.sandboxName], nobody: nobodyUuid, resource: true };
     case "role_id":
       return { theirs: [B.role], nobody: nobodyUuid, resource: true };
@@ -59,6 +61,9 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
     // Not resources: values any caller may send.
     case "port":
       return plain("3000");
+    // A signed preview URL's token: opens nothing of B's without B's sandbox in the same path.
+    case "token":
+      return plain("abcdefghijklmnop");
     case "is_public":
       return plain("true");
     case "interval":

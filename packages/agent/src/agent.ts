@@ -7,6 +7,8 @@ import type { Http2Server, Http2ServerRequest, Http2ServerResponse, ServerHttp2S
 import type { AgentContext } from "./context.ts";
 import type { RpcHandler } from "./rpc.ts";
 import type { Areas } from "./services.ts";
+import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
+import { createTunnelServer } from "./tunnel.ts";
 import { detectShell } from "./util/shell.ts";
 import { AGENT_VERSION } from "./version.ts";
 import { writeErr } from "./util/stdio.ts";
@@ -16,6 +18,8 @@ export interface AgentOptions {
   socketPath: string;
   /** Callers must send `authorization: Bearer <secret>`. */
   secret: string;
+  /** The byte tunnel's socket (see tunnel.ts); default tunnel.sock beside `socketPath`. */
+  tunnelSocketPath?: string;
   /** Also serve on this TCP port (the sandbox's 2280). */
   port?: number;
   host?: string;
@@ -157,6 +161,17 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
 
   await clearStaleSocket(options.socketPath);
   await listen({ path: options.socketPath });
+  const tunnelPath = options.tunnelSocketPath ?? tunnelSocketBeside(options.socketPath);
+  await clearStaleSocket(tunnelPath);
+  const { server: tunnel, destroyAll: endTunnels } = createTunnelServer(options.secret, log);
+  await new Promise<void>((resolve, reject) => {
+    tunnel.once("error", reject);
+    tunnel.listen(tunnelPath, () => {
+      tunnel.off("error", reject);
+      resolve();
+    });
+  });
+  listeners.push(tunnel);
   let port: number | undefined;
   if (options.port !== undefined) {
     const addr = (await listen({ port: options.port, host: options.host ?? "0.0.0.0" })).address();
@@ -179,6 +194,7 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
       shutdown.abort();
       const closed = listeners.map((s) => new Promise<void>((resolve) => s.close(() => resolve())));
       await Promise.allSettled([areas.sessions?.closeAll(SHUTDOWN_GRACE_MS), areas.ptys?.closeAll(), areas.lsps?.closeAll()]);
+      endTunnels();
       for (const s of h2sessions) s.close();
       const forced = setTimeout(() => {
         for (const s of h2sessions) s.destroy();
@@ -186,6 +202,7 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
       await Promise.all(closed);
       clearTimeout(forced);
       await unlink(options.socketPath).catch(() => undefined);
+      await unlink(tunnelPath).catch(() => undefined);
       if (ownStateDir) await rm(stateDir, { recursive: true, force: true });
     })());
 

@@ -47,6 +47,12 @@ export interface Settings {
   auditRetentionDays?: number;
   /** Whether toolbox (agent) calls are audited too (SANDBAR_AUDIT_TOOLBOX=true), as the reference's switch. */
   auditToolbox: boolean;
+  /**
+   * The preview proxy's wildcard domain (SANDBAR_PREVIEW_DOMAIN): `{port}-{sandboxId}.<domain>`
+   * reaches a sandbox port. Unset: `preview.<public host>` is served, and the URLs handed out use
+   * the path form (which needs no wildcard DNS).
+   */
+  previewDomain?: string;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -81,6 +87,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     webhooks: loadWebhookSettings(env),
     auditRetentionDays: env.SANDBAR_AUDIT_RETENTION_DAYS ? positiveDays(env, "SANDBAR_AUDIT_RETENTION_DAYS") : undefined,
     auditToolbox: booleanFlag(env, "SANDBAR_AUDIT_TOOLBOX"),
+    previewDomain: previewDomain(env.SANDBAR_PREVIEW_DOMAIN),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }
@@ -110,6 +117,13 @@ function positiveInt(env: NodeJS.ProcessEnv, name: string, fallback: number): nu
   const n = Number(raw);
   if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a positive integer (milliseconds), got "${raw}"`);
   return n;
+}
+
+function previewDomain(raw: string | undefined): string | undefined {
+  if (!raw) return undefined;
+  const domain = raw.toLowerCase().replace(/\.$/, "");
+  if (!/^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/.test(domain)) throw new Error(`SANDBAR_PREVIEW_DOMAIN must be a domain name, got "${raw}"`);
+  return domain;
 }
 
 function oidcSettings(env: NodeJS.ProcessEnv): Settings["oidc"] {

@@ -1,3 +1,4 @@
 export * from "./errors.ts";
 export * from "./routes.ts";
 export * from "./services.ts";
+export * from "./tunnel.ts";

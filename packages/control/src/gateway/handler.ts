@@ -32,9 +32,10 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
     const url = req.url ?? "/";
     try {
       cors(req, res);
-      if (req.method === "OPTIONS") return void res.writeHead(204).end();
       const { path, query } = splitUrl(url, basePath);
       const verb = req.method ?? "GET";
+      // Preflights are answered here, unless a route takes OPTIONS itself (the preview proxy's path form).
+      if (verb === "OPTIONS" && table.match(verb, path)?.kind !== "handwritten") return void res.writeHead(204).end();
       const match = table.match(verb === "HEAD" ? "GET" : verb, path);
       if (!match || match.kind === "upgrade") throw errors.notFound(`Cannot ${verb} ${basePath}${path}`);
       const signal = requestSignal(res);
@@ -190,7 +191,7 @@ export function sendError(res: ServerResponse, path: string, err: unknown) {
 }
 
 /** Answers a WebSocket upgrade request with an HTTP error (before the handshake, so the status reaches the client). */
-function refuse(socket: Duplex, path: string, err: unknown): void {
+export function refuse(socket: Duplex, path: string, err: unknown): void {
   if (socket.destroyed) return;
   const body = errorBody(path, err);
   const text = JSON.stringify(body);

@@ -2,7 +2,8 @@ import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { errors, httpBindingsOf, routeOf } from "@sandbar/protocol";
 import type { HandwrittenRoute, UpgradeRoute } from "./rest-route.ts";
 
-type Segment = { literal: string } | { param: string };
+/** `{name=**}` (last segment only) matches the rest of the path, zero or more segments. */
+type Segment = { literal: string } | { param: string; rest?: true };
 
 /** One REST route: a verb and path template bound to an RPC. */
 export interface RestRoute {
@@ -74,12 +75,15 @@ export class RouteTable {
   match(verb: string, path: string): RouteMatch | undefined {
     const parts = split(path);
     for (const entry of this.byVerb.get(verb) ?? []) {
-      if (entry.segments.length !== parts.length) continue;
+      const last = entry.segments[entry.segments.length - 1];
+      const rest = last !== undefined && "rest" in last;
+      if (rest ? parts.length < entry.segments.length - 1 : entry.segments.length !== parts.length) continue;
       const params: Record<string, string> = {};
       let ok = true;
-      for (let i = 0; i < parts.length && ok; i++) {
+      for (let i = 0; i < entry.segments.length && ok; i++) {
         const seg = entry.segments[i]!;
         if ("literal" in seg) ok = seg.literal === parts[i];
+        else if (seg.rest) params[seg.param] = parts.slice(i).join("/");
         else params[seg.param] = decode(parts[i]!);
       }
       if (ok) return entry.match(params);
@@ -106,6 +110,7 @@ export class RouteTable {
 function parse(template: string): Segment[] {
   return split(template).map((s) => {
     const m = /^\{([a-z0-9_]+)(=[^}]*)?\}$/.exec(s);
+    if (m && m[2] === "=**") return { param: m[1]!, rest: true };
     return m ? { param: m[1]! } : { literal: s };
   });
 }
@@ -128,5 +133,9 @@ function bySpecificity(a: Entry, b: Entry): number {
     const bl = "literal" in b.segments[i]!;
     if (al !== bl) return al ? -1 : 1;
   }
+  // A catch-all tail matches what a fixed template of the same stem would: the fixed one first.
+  const ar = a.segments.some((s) => "rest" in s);
+  const br = b.segments.some((s) => "rest" in s);
+  if (ar !== br) return ar ? 1 : -1;
   return Number(b.handwritten) - Number(a.handwritten);
 }

@@ -352,14 +352,15 @@ describe("attributes", () => {
     const res = await f.call("GET", `/sandbox/${s.id}/ports/3000/preview-url`);
     expect(res.status).toBe(200);
     const row = await f.t.server.orm.em.fork().findOneOrFail(SandboxRecord, { id: s.id });
-    expect(res.body).toEqual({ sandboxId: s.id, url: `http://3000-${s.id}.preview.${new URL(f.t.url).host}`, token: row.authToken });
+    // No SANDBAR_PREVIEW_DOMAIN here: the path form, which needs no wildcard DNS (preview/urls.ts).
+    expect(res.body).toEqual({ sandboxId: s.id, url: `${f.t.url}/api/preview-proxy/${s.id}/3000`, token: row.authToken });
     await expectError(await f.call("GET", `/sandbox/${s.id}/ports/0/preview-url`), 400, "Invalid port");
     await expectError(await f.call("GET", `/sandbox/${s.id}/ports/65536/preview-url`), 400, "Invalid port");
     expect((await f.call("GET", `/sandbox/${s.id}/toolbox-proxy-url`)).body).toEqual({ url: `${f.t.url}/api/toolbox-proxy` });
     await expectError(await f.call("GET", `/sandbox/${s.id}/build-logs`), 404, `Sandbox with ID or name ${s.id} has no build info`);
   });
 
-  it("lets preview clients in with the preview token, or with none for a public sandbox", async () => {
+  it("lets toolbox preview clients in with the preview token only, public sandbox or not (port 2280 always needs it)", async () => {
     const s = await f.create();
     const { token } = (await f.call("GET", `/sandbox/${s.id}/ports/2280/preview-url`)).body;
     expect((await f.manager.previewToken(s.id, token)).sandboxId).toBe(s.id);
@@ -367,7 +368,8 @@ describe("attributes", () => {
     await expect(f.manager.previewToken("6f1d2c3b-0000-4000-8000-00000000dead", token)).rejects.toMatchObject({ code: Code.NotFound });
     await expect(f.manager.previewToken("not-an-id", token)).rejects.toMatchObject({ code: Code.NotFound });
     await f.call("POST", `/sandbox/${s.id}/public/true`);
-    expect((await f.manager.previewToken(s.id, "")).sandboxId).toBe(s.id);
+    await expect(f.manager.previewToken(s.id, "")).rejects.toMatchObject({ code: Code.Unauthenticated });
+    expect((await f.manager.previewToken(s.id, token)).sandboxId).toBe(s.id);
     // A restart rotates the token: the old one stops working.
     await f.call("POST", `/sandbox/${s.id}/public/false`);
     await f.call("POST", `/sandbox/${s.id}/stop`);

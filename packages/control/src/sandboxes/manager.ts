@@ -70,6 +70,12 @@ export function newAuthToken(): string {
   return out;
 }
 
+/** Whether `given` is the sandbox's current preview token (constant time in content and length). */
+export function isAuthToken(authToken: string, given: string): boolean {
+  const digest = (v: string) => createHash("sha256").update(v).digest();
+  return timingSafeEqual(digest(given), digest(authToken));
+}
+
 export class SandboxManager {
   readonly runtime: SandboxRuntime;
   readonly store: SandboxStore;
@@ -105,16 +111,16 @@ export class SandboxManager {
   }
 
   /**
-   * The way in for preview clients that hold no API key: the sandbox's preview token (any token
-   * for a public sandbox). A wrong token is UNAUTHENTICATED; an unknown sandbox NOT_FOUND.
+   * The toolbox's way in for clients that hold no API key: the sandbox's preview token. The
+   * toolbox is the reference's port 2280, which needs the token even on a public sandbox. A
+   * wrong token is UNAUTHENTICATED; an unknown sandbox NOT_FOUND.
    */
   async previewToken(sandboxId: string, token: string): Promise<AgentEndpoint> {
     const row = await this.store.byId(sandboxId);
     if (!row || row.state === "destroyed" || (isErrored(row.state) && row.desiredState === "destroyed")) {
       throw errors.notFound(`Sandbox with ID or name ${sandboxId} not found`);
     }
-    const digest = (v: string) => createHash("sha256").update(v).digest();
-    if (!row.public && !timingSafeEqual(digest(token), digest(row.authToken))) throw errors.unauthenticated();
+    if (!isAuthToken(row.authToken, token)) throw errors.unauthenticated();
     return this.#endpoint(row);
   }
 

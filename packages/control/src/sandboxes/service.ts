@@ -1,4 +1,4 @@
-import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import type { ServiceImpl } from "@connectrpc/connect";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
@@ -45,16 +45,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
   });
   const { publicUrl } = deps.settings;
   const dtoContext: DtoContext = { toolboxProxyUrl: `${publicUrl}/api/toolbox-proxy` };
-  const previewHost = new URL(publicUrl).host;
-  const AGENT_PORT = 2280;
   const dto = (r: Parameters<typeof toSandbox>[0]) => toSandbox(r, dtoContext);
-
-  /** Ids and names address sandboxes; `touch` counts the call as activity. */
-  const touched = async (ctx: HandlerContext, idOrName: string) => {
-    const row = await manager.get(organizationOf(ctx), idOrName);
-    manager.touch(row.id);
-    return row;
-  };
 
   const impl: Partial<ServiceImpl<typeof SandboxService>> = {
     async listSandboxes(req, ctx) {
@@ -154,14 +145,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       return dto(await manager.archive(organizationOf(ctx), req.sandboxId));
     },
 
-    async getPortPreviewUrl(req, ctx) {
-      if (!Number.isInteger(req.port) || req.port < 1 || req.port > 65535) throw errors.invalidArgument("Invalid port");
-      const row = await touched(ctx, req.sandboxId);
-      // Port 2280 is the agent's: clients (0.27 to 0.111) follow logs and open terminals over a
-      // WebSocket on that URL, which the API itself serves on the toolbox prefix.
-      const url = req.port === AGENT_PORT ? `${publicUrl}/api/toolbox/${row.id}/toolbox` : `http://${req.port}-${row.id}.preview.${previewHost}`;
-      return { sandboxId: row.id, url, token: row.authToken };
-    },
+    // getPortPreviewUrl and the signed preview URLs: preview/service.ts.
 
     async *getBuildLogs(req, ctx) {
       await manager.get(organizationOf(ctx), req.sandboxId);

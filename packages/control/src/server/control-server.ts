@@ -16,6 +16,7 @@ import {
   OrganizationRoleService,
   OrganizationService,
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
+import { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/preview_pb.js";
 import { RegionService } from "@sandbar/protocol/gen/sandbar/control/v1/region_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
@@ -32,6 +33,7 @@ import { createGateway, type ImplIndex } from "../gateway/handler.ts";
 import { MAX_JSON_BODY } from "../gateway/http-io.ts";
 import { RouteTable } from "../gateway/route-table.ts";
 import { startIdentity, type Identity } from "../identity/index.ts";
+import { startPreview } from "../preview/index.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
@@ -95,6 +97,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const recorder = new AuditRecorder(orm, log);
   const auditRetention = new AuditRetention(orm, { retentionDays: settings.auditRetentionDays, minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
   auditRetention.start();
+  const impls: ImplIndex = new Map();
+  const preview = await startPreview({ orm, settings, manager: sandboxes.manager, credentials, impls, basePath: API_BASE });
 
   // Every service of the control contract is served; those without an implementation
   // yet answer UNIMPLEMENTED (REST 501).
@@ -102,7 +106,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const implemented = new Map<string, Impl>([
     [ConfigService.typeName, configService(settings, identity.oidc) as Impl],
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
-    [SandboxService.typeName, sandboxes.impl as Impl],
+    [SandboxService.typeName, ({ ...sandboxes.impl, ...preview.sandboxMethods }) as unknown as Impl],
+    [PreviewService.typeName, preview.service as Impl],
     [UserService.typeName, userService(orm) as Impl],
     [OrganizationService.typeName, organizationService(orm, credentials, box) as Impl],
     [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],
@@ -113,7 +118,6 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [AuditService.typeName, auditService(orm) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
-  const impls: ImplIndex = new Map();
   for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard, undefined, recorder) as never);
 
   // The toolbox: the agent's services, forwarded to the sandbox each call names.
@@ -131,22 +135,27 @@ export async function startControlServer(settings: Settings, log: (line: string)
       router.service(ServerReflection, reflectionService([...controlFiles, ...toolbox.files, file_grpc_health_v1_health, file_grpc_reflection_v1_reflection], serviceNames));
     },
   });
-  // One route table: the contract's routes, the toolbox's agent routes under each prefix, and
-  // the toolbox routes written by hand (multipart, raw streams, WebSockets).
+  // One route table: the contract's routes, the toolbox's agent routes under each prefix, the
+  // toolbox routes written by hand (multipart, raw streams, WebSockets) and the preview proxy's path form.
   const rest = toolboxRest({ impls, locator: agentLocator, clients: toolbox.clients, prefixes: TOOLBOX_PREFIXES });
-  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], rest);
+  const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], {
+    handwritten: [...rest.handwritten, ...preview.routes.handwritten],
+    upgrades: [...rest.upgrades, ...preview.routes.upgrades],
+  });
   const gateway = createGateway(routes, impls, API_BASE);
 
   const listener = await listenOnePort(
     (req, res) => {
       const url = req.url ?? "";
-      if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway.handle(req as never, res as never);
+      // The preview proxy's host form owns its hosts whole, /api included.
+      if (preview.ownsHost(req)) preview.serveHost(req as never, res as never);
+      else if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway.handle(req as never, res as never);
       else if (identity.owns(url)) identity.handle(req as never, res as never);
       else rpc(req as never, res as never);
     },
     settings.port,
     settings.host,
-    gateway.upgrade,
+    (req, socket, head) => preview.upgradeHost(req, socket, head) || gateway.upgrade(req, socket, head),
   );
   const port = listener.port;
   let stopped: Promise<void> | undefined;
@@ -160,6 +169,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     stop: () =>
       (stopped ??= (async () => {
         rest.close();
+        preview.close();
         await listener.close();
         await auditRetention.stop();
         await sandboxes.stop();

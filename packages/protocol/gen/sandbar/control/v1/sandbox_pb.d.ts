@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { Timestamp } from "@bufbuild/protobuf/wkt";
+import type { EmptySchema, Timestamp } from "@bufbuild/protobuf/wkt";
 
 /**
  * Describes the file sandbar/control/v1/sandbox.proto.
@@ -1160,6 +1160,95 @@ export declare type PortPreviewUrl = Message<"sandbar.control.v1.PortPreviewUrl"
 export declare const PortPreviewUrlSchema: GenMessage<PortPreviewUrl>;
 
 /**
+ * @generated from message sandbar.control.v1.GetSignedPortPreviewUrlRequest
+ */
+export declare type GetSignedPortPreviewUrlRequest = Message<"sandbar.control.v1.GetSignedPortPreviewUrlRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * 1..65535.
+   *
+   * @generated from field: int32 port = 2;
+   */
+  port: number;
+
+  /**
+   * Lifetime in seconds, 1..86400; default 60.
+   *
+   * @generated from field: optional int32 expires_in_seconds = 3;
+   */
+  expiresInSeconds?: number | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.GetSignedPortPreviewUrlRequest.
+ * Use `create(GetSignedPortPreviewUrlRequestSchema)` to create a new message.
+ */
+export declare const GetSignedPortPreviewUrlRequestSchema: GenMessage<GetSignedPortPreviewUrlRequest>;
+
+/**
+ * A signed preview URL: `token` is in the URL itself (16 lower-case letters and digits).
+ *
+ * @generated from message sandbar.control.v1.SignedPortPreviewUrl
+ */
+export declare type SignedPortPreviewUrl = Message<"sandbar.control.v1.SignedPortPreviewUrl"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: int32 port = 2;
+   */
+  port: number;
+
+  /**
+   * @generated from field: string token = 3;
+   */
+  token: string;
+
+  /**
+   * @generated from field: string url = 4;
+   */
+  url: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.SignedPortPreviewUrl.
+ * Use `create(SignedPortPreviewUrlSchema)` to create a new message.
+ */
+export declare const SignedPortPreviewUrlSchema: GenMessage<SignedPortPreviewUrl>;
+
+/**
+ * @generated from message sandbar.control.v1.ExpireSignedPortPreviewUrlRequest
+ */
+export declare type ExpireSignedPortPreviewUrlRequest = Message<"sandbar.control.v1.ExpireSignedPortPreviewUrlRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: int32 port = 2;
+   */
+  port: number;
+
+  /**
+   * @generated from field: string token = 3;
+   */
+  token: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.ExpireSignedPortPreviewUrlRequest.
+ * Use `create(ExpireSignedPortPreviewUrlRequestSchema)` to create a new message.
+ */
+export declare const ExpireSignedPortPreviewUrlRequestSchema: GenMessage<ExpireSignedPortPreviewUrlRequest>;
+
+/**
  * @generated from message sandbar.control.v1.GetBuildLogsRequest
  */
 export declare type GetBuildLogsRequest = Message<"sandbar.control.v1.GetBuildLogsRequest"> & {
@@ -1832,6 +1921,27 @@ export declare const SandboxService: GenService<{
     methodKind: "unary";
     input: typeof GetPortPreviewUrlRequestSchema;
     output: typeof PortPreviewUrlSchema;
+  },
+  /**
+   * A short-lived URL for a port that carries its own credential (a token in the host name,
+   * or in the path form's sandbox segment): whoever holds it reaches the port until it expires.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.GetSignedPortPreviewUrl
+   */
+  getSignedPortPreviewUrl: {
+    methodKind: "unary";
+    input: typeof GetSignedPortPreviewUrlRequestSchema;
+    output: typeof SignedPortPreviewUrlSchema;
+  },
+  /**
+   * Ends a signed preview URL before its expiry (an unknown token is no error).
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.ExpireSignedPortPreviewUrl
+   */
+  expireSignedPortPreviewUrl: {
+    methodKind: "unary";
+    input: typeof ExpireSignedPortPreviewUrlRequestSchema;
+    output: typeof EmptySchema;
   },
   /**
    * Output of a declarative build, as raw bytes (REST: application/octet-stream).

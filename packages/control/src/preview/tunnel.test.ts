@@ -1,0 +1,135 @@
+import { randomBytes } from "node:crypto";
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer, type AddressInfo, type Server, type Socket } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { startAgent, type Agent } from "@sandbar/agent";
+import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { dialTunnel, TunnelError } from "./tunnel-dial.ts";
+
+// The agent's byte tunnel, end to end on this host: a real agent (in this process) on a unix
+// socket, real TCP servers on loopback standing for what runs in a sandbox. (In a sandbox the
+// agent's loopback is the sandbox's own; preview.test.ts covers that.)
+
+let dir: string;
+let agent: Agent;
+let tunnel: string;
+const secret = randomBytes(32).toString("hex");
+const servers: Server[] = [];
+
+async function tcpServer(onConnection: (s: Socket) => void, allowHalfOpen = true): Promise<number> {
+  const server = createServer({ allowHalfOpen }, onConnection);
+  servers.push(server);
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
+  return (server.address() as AddressInfo).port;
+}
+
+function readAll(s: Socket): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    s.on("data", (c: Buffer) => chunks.push(c));
+    s.once("end", () => resolve(Buffer.concat(chunks)));
+    s.once("error", reject);
+  });
+}
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), "sandbar-tunnel-"));
+  const socketPath = join(dir, "agent.sock");
+  agent = await startAgent({ socketPath, secret, stateDir: join(dir, "state"), log: () => {} });
+  tunnel = tunnelSocketBeside(socketPath);
+});
+
+afterAll(async () => {
+  for (const s of servers) s.close();
+  await agent?.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe("the agent's tunnel", () => {
+  it("carries bytes both ways and passes a half-close on: the server answers after the client's end", async () => {
+    // Reads everything until the client's FIN, then answers with its length: needs a half-open tunnel.
+    const port = await tcpServer((s) => readAll(s).then((all) => s.end(`got ${all.length} bytes`)));
+    const s = await dialTunnel(tunnel, secret, port);
+    s.resume();
+    const answer = readAll(s);
+    s.end(Buffer.alloc(300_000, 1));
+    expect((await answer).toString()).toBe("got 300000 bytes");
+  });
+
+  it("hands over what the server sends first (server-speaks-first protocols)", async () => {
+    const port = await tcpServer((s) => s.end("220 hello\r\n"));
+    const s = await dialTunnel(tunnel, secret, port);
+    s.resume();
+    expect((await readAll(s)).toString()).toBe("220 hello\r\n");
+  });
+
+  it("reaches a server bound to ::1 only (a `localhost` server that chose IPv6)", async (ctx) => {
+    const server = createServer((s) => s.end("v6"));
+    servers.push(server);
+    const listening = await new Promise<boolean>((resolve) => {
+      server.once("error", () => resolve(false));
+      server.listen(0, "::1", () => resolve(true));
+    });
+    if (!listening) return ctx.skip(); // no IPv6 loopback on this host
+    const s = await dialTunnel(tunnel, secret, (server.address() as AddressInfo).port);
+    s.resume();
+    expect((await readAll(s)).toString()).toBe("v6");
+  });
+
+  it("refuses a wrong secret, a port nobody listens on, and a malformed header, each with its reason", async () => {
+    const port = await tcpServer((s) => s.end());
+    await expect(dialTunnel(tunnel, "wrong", port)).rejects.toMatchObject({ reason: "auth" });
+    const closed = await tcpServer(() => {});
+    servers.pop()!.close();
+    await new Promise((r) => setTimeout(r, 50));
+    const refused = await dialTunnel(tunnel, secret, closed).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(TunnelError);
+    expect(refused).toMatchObject({ reason: "refused", message: `nothing listens on port ${closed}` });
+    // A raw client that speaks no tunnel header gets a refusal, not a connection.
+    const { connect } = await import("node:net");
+    const raw = connect(tunnel);
+    raw.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    expect((await readAll(raw)).toString()).toBe("ERR bad-request malformed tunnel header\n");
+  });
+
+  it("keeps back-pressure: a reader that does not read holds the sender at a bounded amount in flight", async () => {
+    let written = 0;
+    let stalled = false;
+    const port = await tcpServer((s) => {
+      s.on("error", () => {});
+      const chunk = Buffer.alloc(64 * 1024);
+      const pump = () => {
+        while (written < 512 * 1024 * 1024) {
+          written += chunk.length;
+          if (!s.write(chunk)) return void s.once("drain", pump);
+        }
+        s.end();
+      };
+      pump();
+    });
+    const s = await dialTunnel(tunnel, secret, port);
+    // Not reading: after a while the server must be stuck far below the 512 MB it wants to send.
+    await new Promise((r) => setTimeout(r, 500));
+    const heldAt = written;
+    await new Promise((r) => setTimeout(r, 300));
+    stalled = written === heldAt;
+    expect(stalled).toBe(true);
+    expect(heldAt).toBeLessThan(64 * 1024 * 1024);
+    s.destroy();
+  });
+
+  it("passes the client's going away on: a server that ends on end closes", async () => {
+    let closedAtServer!: () => void;
+    const serverSawClose = new Promise<void>((r) => (closedAtServer = r));
+    const port = await tcpServer((s) => {
+      s.on("error", () => {});
+      s.once("close", () => closedAtServer());
+      s.resume();
+    }, false);
+    const s = await dialTunnel(tunnel, secret, port);
+    s.destroy();
+    await serverSawClose;
+  });
+});
