@@ -1,5 +1,6 @@
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
 import { parseTrustedProxies } from "./server/client-address.ts";
 
 /** Server settings, read once from the environment (see README's configuration table). */
@@ -40,6 +41,8 @@ export interface Settings {
   agentBundle?: string;
   /** Proxies whose X-Forwarded-For names the client (addresses or CIDRs); none by default. */
   trustedProxies: string[];
+  /** Rate limits per counter and window, and where the counters live (SANDBAR_RATE_LIMIT_*). */
+  rateLimits: RateLimitSettings;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -71,6 +74,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
     trustedProxies: parseTrustedProxies(env.SANDBAR_TRUSTED_PROXIES),
+    rateLimits: loadRateLimitSettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

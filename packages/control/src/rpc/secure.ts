@@ -1,8 +1,9 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { createContextKey, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { asConnectError, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
-import type { Guard } from "../auth/guard.ts";
+import type { CallSite, Guard } from "../auth/guard.ts";
 import { authContextKey } from "../auth/principal.ts";
+import { clientAddressKey } from "../server/client-address.ts";
 import { stringProblems } from "../services/validate.ts";
 
 type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
@@ -13,7 +14,10 @@ type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
  * request as far as the path and query give it.
  */
 export const precheck = Symbol("sandbar.precheck");
-export type Precheck = (method: DescMethod, header: Headers, partial: unknown) => Promise<void>;
+export type Precheck = (method: DescMethod, header: Headers, partial: unknown, call?: CallSite) => Promise<void>;
+
+/** Set when the REST gateway's precheck already counted the request against its rate limit. */
+export const rateLimitCountedKey = createContextKey<boolean>(false);
 
 /**
  * Problems the REST gateway found decoding a request. They are raised after the guard, so
@@ -38,7 +42,7 @@ export function secure<S extends DescService>(
     const fn = (impl as Record<string, AnyImpl | undefined>)[method.localName]?.bind(impl) ?? notYet(method);
     wrapped[method.localName] = wrap(method, fn, guard, routeFor(method));
   }
-  wrapped[precheck] = async (method, header, partial) => void (await guard.check(method, header, partial, routeFor(method)));
+  wrapped[precheck] = async (method, header, partial, call) => void (await guard.check(method, header, partial, routeFor(method), call));
   return wrapped as Partial<ServiceImpl<S>>;
 }
 
@@ -46,7 +50,8 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route): AnyI
   const enter = async (input: unknown, ctx: HandlerContext) => {
     // Streaming requests are authorized on their headers alone.
     const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
-    ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route));
+    const call = { address: ctx.values.get(clientAddressKey), responseHeader: ctx.responseHeader, counted: ctx.values.get(rateLimitCountedKey) };
+    ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route, call));
     // Decoding problems (REST), then every string of the request: the one check both protocols pass.
     const problems = [...ctx.values.get(inputProblemsKey), ...(message === undefined ? [] : stringProblems(method.input, message))];
     if (problems.length) throw errors.invalidArgument(problems.join(", "));

@@ -27,6 +27,7 @@ import { createGateway, type ImplIndex } from "../gateway/handler.ts";
 import { MAX_JSON_BODY } from "../gateway/http-io.ts";
 import { RouteTable } from "../gateway/route-table.ts";
 import { startIdentity, type Identity } from "../identity/index.ts";
+import { startRateLimits } from "../limits/index.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
@@ -81,14 +82,15 @@ export async function startControlServer(settings: Settings, log: (line: string)
   await credentials.start(databaseUrl);
   await bootstrap(orm, settings.dataDir, settings.bootstrapApiKey, log, settings.oidc ? false : { preset: settings.bootstrapPassword });
   const identity = await startIdentity(settings, databaseUrl, credentials, log);
-  const guard = new Guard(credentials);
+  const limits = startRateLimits(settings.rateLimits, databaseUrl, log);
+  const guard = new Guard(credentials, limits);
   const sandboxes = await startSandboxes(settings, orm, log);
 
   // Every service of the control contract is served; those without an implementation
   // yet answer UNIMPLEMENTED (REST 501).
   const controlFiles = await filesIn("sandbar/control/v1");
   const implemented = new Map<string, Impl>([
-    [ConfigService.typeName, configService(settings, identity.oidc) as Impl],
+    [ConfigService.typeName, configService(settings, identity.oidc, limits.advertised()) as Impl],
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
     [SandboxService.typeName, sandboxes.impl as Impl],
     [UserService.typeName, userService(orm) as Impl],
@@ -151,6 +153,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
         toolbox.clients.close();
         await identity.stop();
         await credentials.stop();
+        await limits.close();
         await orm.close();
         await pg?.stop();
       })()),

@@ -3,6 +3,7 @@ import { Migration0002Sandboxes } from "./0002-sandboxes.ts";
 import { Migration0004Identity } from "./0004-identity.ts";
 import { Migration0005Users } from "./0005-users.ts";
 import { Migration0006Organizations } from "./0006-organizations.ts";
+import { Migration0007RateLimits } from "./0007-rate-limits.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -11,4 +12,5 @@ export const migrations = [
   { name: "0004-identity", class: Migration0004Identity },
   { name: "0005-users", class: Migration0005Users },
   { name: "0006-organizations", class: Migration0006Organizations },
+  { name: "0007-rate-limits", class: Migration0007RateLimits },
 ];

@@ -14,7 +14,7 @@ import { file_google_protobuf_descriptor } from "@bufbuild/protobuf/wkt";
  * Describes the file sandbar/options/v1/options.proto.
  */
 export const file_sandbar_options_v1_options = /*@__PURE__*/
-  fileDesc("CiBzYW5kYmFyL29wdGlvbnMvdjEvb3B0aW9ucy5wcm90bxISc2FuZGJhci5vcHRpb25zLnYxInEKBVJvdXRlEg4KBnN0YXR1cxgBIAEoDRINCgVzY29wZRgCIAEoCRImCgRhdXRoGAMgASgOMhguc2FuZGJhci5vcHRpb25zLnYxLkF1dGgSEgoKdXNlcl9sZXZlbBgEIAEoCBINCgVvd25lchgFIAEoCCpkCgRBdXRoEhQKEEFVVEhfVU5TUEVDSUZJRUQQABIPCgtBVVRIX1BVQkxJQxABEhAKDEFVVEhfQVBJX0tFWRACEgwKCEFVVEhfSldUEAMSFQoRQVVUSF9TWVNURU1fQURNSU4QBDpRCgVyb3V0ZRIeLmdvb2dsZS5wcm90b2J1Zi5NZXRob2RPcHRpb25zGLmOAyABKAsyGS5zYW5kYmFyLm9wdGlvbnMudjEuUm91dGVSBXJvdXRlOjcKBGpzb24SIS5nb29nbGUucHJvdG9idWYuRW51bVZhbHVlT3B0aW9ucxi6jgMgASgJUgRqc29uYgZwcm90bzM", [file_google_protobuf_descriptor]);
+  fileDesc("CiBzYW5kYmFyL29wdGlvbnMvdjEvb3B0aW9ucy5wcm90bxISc2FuZGJhci5vcHRpb25zLnYxIqQBCgVSb3V0ZRIOCgZzdGF0dXMYASABKA0SDQoFc2NvcGUYAiABKAkSJgoEYXV0aBgDIAEoDjIYLnNhbmRiYXIub3B0aW9ucy52MS5BdXRoEhIKCnVzZXJfbGV2ZWwYBCABKAgSDQoFb3duZXIYBSABKAgSMQoKcmF0ZV9saW1pdBgGIAEoDjIdLnNhbmRiYXIub3B0aW9ucy52MS5SYXRlTGltaXQqZAoEQXV0aBIUChBBVVRIX1VOU1BFQ0lGSUVEEAASDwoLQVVUSF9QVUJMSUMQARIQCgxBVVRIX0FQSV9LRVkQAhIMCghBVVRIX0pXVBADEhUKEUFVVEhfU1lTVEVNX0FETUlOEAQqfQoJUmF0ZUxpbWl0EhoKFlJBVEVfTElNSVRfVU5TUEVDSUZJRUQQABITCg9SQVRFX0xJTUlUX05PTkUQARIdChlSQVRFX0xJTUlUX1NBTkRCT1hfQ1JFQVRFEAISIAocUkFURV9MSU1JVF9TQU5EQk9YX0xJRkVDWUNMRRADOlEKBXJvdXRlEh4uZ29vZ2xlLnByb3RvYnVmLk1ldGhvZE9wdGlvbnMYuY4DIAEoCzIZLnNhbmRiYXIub3B0aW9ucy52MS5Sb3V0ZVIFcm91dGU6NwoEanNvbhIhLmdvb2dsZS5wcm90b2J1Zi5FbnVtVmFsdWVPcHRpb25zGLqOAyABKAlSBGpzb25iBnByb3RvMw", [file_google_protobuf_descriptor]);
 
 /**
  * Describes the message sandbar.options.v1.Route.
@@ -36,6 +36,20 @@ export const AuthSchema = /*@__PURE__*/
  */
 export const Auth = /*@__PURE__*/
   tsEnum(AuthSchema);
+
+/**
+ * Describes the enum sandbar.options.v1.RateLimit.
+ */
+export const RateLimitSchema = /*@__PURE__*/
+  enumDesc(file_sandbar_options_v1_options, 1);
+
+/**
+ * Which rate-limit counter a call counts against (each call counts against exactly one).
+ *
+ * @generated from enum sandbar.options.v1.RateLimit
+ */
+export const RateLimit = /*@__PURE__*/
+  tsEnum(RateLimitSchema);
 
 /**
  * @generated from extension: sandbar.options.v1.Route route = 51001;
