@@ -48,7 +48,9 @@ export class Guard {
     }
     const { auth, access } = authorized;
     if (!call.counted) {
-      await limits.count(route, { address, organizationId: auth.organizationId, userId: auth.principal?.userId, overrides: access?.rateLimits }, call.responseHeader);
+      // A key always acts for its organization (user-level routes too); a JWT on those counts for its user.
+      const organizationId = auth.organizationId ?? auth.principal?.apiKey?.organizationId;
+      await limits.count(route, { address, organizationId, userId: auth.principal?.userId, overrides: access?.rateLimits }, call.responseHeader);
     }
     return auth;
   }
