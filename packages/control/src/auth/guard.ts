@@ -1,5 +1,6 @@
 import type { DescMethod } from "@bufbuild/protobuf";
 import { Auth, Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
+import type { Figures } from "../limits/figures.ts";
 import type { RateLimits } from "../limits/rate-limits.ts";
 import type { Credentials, MemberAccess } from "./credentials.ts";
 import type { AuthContext, Principal } from "./principal.ts";
@@ -38,7 +39,8 @@ export class Guard {
     const { limits } = this;
     const address = call.address ?? "";
     if (!limits) return (await this.authorize(header, message, route)).auth;
-    await limits.refuseBlocked(address);
+    const lookup = limits.refuseBlocked(address);
+    if (lookup) await lookup;
     let authorized: Authorized;
     try {
       authorized = await this.authorize(header, message, route);
@@ -50,7 +52,7 @@ export class Guard {
     if (!call.counted) {
       // A key always acts for its organization (user-level routes too); a JWT on those counts for its user.
       const organizationId = auth.organizationId ?? auth.principal?.apiKey?.organizationId;
-      await limits.count(route, { address, organizationId, userId: auth.principal?.userId, overrides: access?.rateLimits }, call.responseHeader);
+      call.figures = await limits.count(route, { address, organizationId, userId: auth.principal?.userId, overrides: access?.rateLimits });
     }
     return auth;
   }
@@ -98,8 +100,8 @@ export class Guard {
 export interface CallSite {
   /** The client's address (clientAddressKey): anonymous calls and failed authentications are counted by it. */
   address?: string;
-  /** The response's headers, for the X-RateLimit-* figures. */
-  responseHeader?: Headers;
+  /** Set by the check: where the call stands against its counter (for the X-RateLimit-* headers). */
+  figures?: Figures;
   /** Already counted for this request (the REST gateway's check before the body): not counted again. */
   counted?: boolean;
 }

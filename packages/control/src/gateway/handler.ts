@@ -6,6 +6,7 @@ import type { HandlerContext } from "@connectrpc/connect";
 import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
+import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
 import { RATE_LIMIT_HEADER } from "../limits/rate-limits.ts";
 import { readJsonBody, requestSignal, sendJson, statusOverride } from "./http-io.ts";
 import { clientBefore, clientVersion } from "./client-version.ts";
@@ -137,6 +138,8 @@ function fieldNamed(method: DescMethod, name: string): DescField | undefined {
 
 function copyHeaders(res: ServerResponse, ctx: HandlerContext) {
   ctx.responseHeader.forEach((value, key) => res.setHeader(key, value));
+  const figures = ctx.values.get(rateFiguresKey);
+  if (figures) writeFigures(figures, (k, v) => res.setHeader(k, v));
 }
 
 /**

@@ -3,6 +3,8 @@ import type { Duplex } from "node:stream";
 import type { DescMethod } from "@bufbuild/protobuf";
 import { createContextKey, createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
 import { inputProblemsKey, type Precheck, precheck, rateLimitCountedKey } from "../rpc/secure.ts";
+import type { CallSite } from "../auth/guard.ts";
+import { writeFigures } from "../limits/figures.ts";
 import { clientAddress, clientAddressKey } from "../server/client-address.ts";
 
 // What the gateway offers routes it cannot map from the contract (multipart, raw streams,
@@ -84,9 +86,9 @@ const counted = new WeakSet<object>();
 export async function precheckRequest(impls: ImplIndex, method: DescMethod, req: IncomingMessage, res: ServerResponse, partial: unknown): Promise<void> {
   const check = impls.get(method.parent.typeName)?.[precheck];
   if (!check) return;
-  const responseHeader = new Headers();
-  await check(method, headersOf(req), partial, { address: clientAddress(req), responseHeader });
-  responseHeader.forEach((value, key) => res.setHeader(key, value));
+  const call: CallSite = { address: clientAddress(req) };
+  await check(method, headersOf(req), partial, call);
+  if (call.figures) writeFigures(call.figures, (k, v) => res.setHeader(k, v));
   counted.add(req);
 }
 

@@ -1,5 +1,6 @@
 import { Auth, Code, ConnectError, RateLimit, type Route } from "@sandbar/protocol";
 import { RateLimiterRes } from "rate-limiter-flexible";
+import type { Figures } from "./figures.ts";
 import type { Counter, RateLimitSettings } from "./settings.ts";
 import type { LimiterStore } from "./store.ts";
 
@@ -65,16 +66,16 @@ export class RateLimits {
   }
 
   /**
-   * Counts one call of `route`: its figures go to `out` (the response's headers); past the
+   * Counts one call of `route` and answers its figures (undefined when not limited); past the
    * limit it throws RESOURCE_EXHAUSTED (429) carrying Retry-After and the figures.
    */
-  async count(route: Route, caller: Caller, out?: Headers): Promise<void> {
+  async count(route: Route, caller: Caller): Promise<Figures | undefined> {
     const counter = this.counterOf(route);
-    if (!counter) return;
+    if (!counter) return undefined;
     const override = counter === "anonymous" ? undefined : caller.overrides?.[counter];
     const limit = override?.limit ?? this.settings.limits[counter];
     const seconds = override?.seconds || this.settings.windowSeconds;
-    if (limit === 0) return;
+    if (limit === 0) return undefined;
     const tracker =
       counter === "anonymous"
         ? `anonymous:${caller.address}`
@@ -90,42 +91,41 @@ export class RateLimits {
     try {
       res = await this.store.limiter(counter, limit, seconds).consume(tracker);
     } catch (err) {
-      if (!(err instanceof RateLimiterRes)) return this.failOpen(err);
+      if (!(err instanceof RateLimiterRes)) return void this.failOpen(err);
       this.block(blockKey, err.msBeforeNext);
       throw tooManyRequests(counter, limit, err.msBeforeNext);
     }
-    if (!out) return;
-    const reset = String(secondsOf(res.msBeforeNext));
-    const remaining = String(res.remainingPoints);
-    for (const suffix of ["", `-${counter}`]) {
-      out.set(`x-ratelimit-limit${suffix}`, String(limit));
-      out.set(`x-ratelimit-remaining${suffix}`, remaining);
-      out.set(`x-ratelimit-reset${suffix}`, reset);
-    }
+    return { counter, limit, remaining: res.remainingPoints, reset: secondsOf(res.msBeforeNext) };
   }
 
-  /** Refuses a request from an address blocked for failed authentications, before its credentials are read. */
-  async refuseBlocked(address: string): Promise<void> {
+  /**
+   * Refuses a request from an address blocked for failed authentications, before its credentials
+   * are read. Answers a promise only when it must ask the shared store (the hot path stays synchronous).
+   */
+  refuseBlocked(address: string): Promise<void> | undefined {
     const limit = this.settings.limits["failed-auth"];
-    if (limit === 0) return;
+    if (limit === 0) return undefined;
     const key = `failed-auth:${address}`;
-    let blockedFor = this.blockedFor(key);
-    if (blockedFor <= 0 && this.shared) {
-      // Another process may have blocked the address: ask the store, at most once a second per address.
-      const now = Date.now();
-      const seen = this.checked.get(address);
-      if (seen !== undefined && now - seen < SHARED_BLOCK_RECHECK_MS) return;
-      if (this.checked.size >= MAX_CACHED) this.checked.clear();
-      this.checked.set(address, now);
-      let res: RateLimiterRes | null;
-      try {
-        res = await this.store.limiter("failed-auth", limit, this.settings.windowSeconds).get(address);
-      } catch (err) {
-        return this.failOpen(err);
-      }
-      if (res && res.consumedPoints >= limit) this.block(key, (blockedFor = res.msBeforeNext));
-    }
+    const blockedFor = this.blockedFor(key);
     if (blockedFor > 0) throw tooManyRequests("failed-auth", limit, blockedFor);
+    if (!this.shared) return undefined;
+    // Another process may have blocked the address: ask the store, at most once a second per address.
+    const now = Date.now();
+    const seen = this.checked.get(address);
+    if (seen !== undefined && now - seen < SHARED_BLOCK_RECHECK_MS) return undefined;
+    if (this.checked.size >= MAX_CACHED) this.checked.clear();
+    this.checked.set(address, now);
+    return this.store
+      .limiter("failed-auth", limit, this.settings.windowSeconds)
+      .get(address)
+      .then(
+        (res) => {
+          if (!res || res.consumedPoints < limit) return;
+          this.block(key, res.msBeforeNext);
+          throw tooManyRequests("failed-auth", limit, res.msBeforeNext);
+        },
+        (err: unknown) => this.failOpen(err),
+      );
   }
 
   /**

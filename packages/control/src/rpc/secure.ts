@@ -3,6 +3,7 @@ import { createContextKey, type HandlerContext, type ServiceImpl } from "@connec
 import { asConnectError, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
 import type { CallSite, Guard } from "../auth/guard.ts";
 import { authContextKey } from "../auth/principal.ts";
+import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
 import { clientAddressKey } from "../server/client-address.ts";
 import { stringProblems } from "../services/validate.ts";
 
@@ -50,8 +51,13 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route): AnyI
   const enter = async (input: unknown, ctx: HandlerContext) => {
     // Streaming requests are authorized on their headers alone.
     const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
-    const call = { address: ctx.values.get(clientAddressKey), responseHeader: ctx.responseHeader, counted: ctx.values.get(rateLimitCountedKey) };
+    const call: CallSite = { address: ctx.values.get(clientAddressKey), counted: ctx.values.get(rateLimitCountedKey) };
     ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route, call));
+    // REST writes the figures onto its response itself; RPC callers get them as response headers.
+    if (call.figures) {
+      if (ctx.protocolName === "rest") ctx.values.set(rateFiguresKey, call.figures);
+      else writeFigures(call.figures, (k, v) => ctx.responseHeader.set(k, v));
+    }
     // Decoding problems (REST), then every string of the request: the one check both protocols pass.
     const problems = [...ctx.values.get(inputProblemsKey), ...(message === undefined ? [] : stringProblems(method.input, message))];
     if (problems.length) throw errors.invalidArgument(problems.join(", "));
