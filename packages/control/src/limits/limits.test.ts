@@ -30,10 +30,16 @@ function expectThrottled(a: Answer, path: string) {
 const idp = new TestIssuer();
 let t: TestServer;
 
+beforeAll(async () => {
+  await idp.start();
+  await idp.addKey("k");
+});
+afterAll(() => idp.stop());
+
 /** A signed-in person owning an organization of their own: the JWT and the header that selects it. */
-async function person(name: string) {
+async function person(name: string, server: TestServer = t) {
   const jwt = await idp.sign("k", { sub: `ext|${name}`, email: `${name}@example.test`, email_verified: true, name });
-  const made = await callFrom("127.0.0.1", t.url, "POST", "/organizations", { token: jwt, body: { name: `${name} inc`, defaultRegionId: "local" } });
+  const made = await callFrom("127.0.0.1", server.url, "POST", "/organizations", { token: jwt, body: { name: `${name} inc`, defaultRegionId: "local" } });
   expect(made.status).toBe(201);
   const org = made.body.id as string;
   return { jwt, org, headers: { "x-sandbar-organization-id": org } };
@@ -41,13 +47,10 @@ async function person(name: string) {
 
 describe("rate limits (memory store)", () => {
   beforeAll(async () => {
-    await idp.start();
-    await idp.addKey("k");
     t = await startTestServer({ settings: { ...issuerSettings(idp), ...settings("memory") } });
   }, 120_000);
   afterAll(async () => {
     await t?.stop();
-    idp.stop();
   });
 
   it("authenticated: figures on each call, 429 past the limit, creation/lifecycle/anonymous untouched, reset after the window", async () => {
@@ -272,8 +275,8 @@ describe("rate limits (PostgreSQL store, two control processes)", () => {
   let a: TestServer;
   let b: TestServer;
   beforeAll(async () => {
-    a = await startTestServer({ settings: settings("postgres") });
-    b = await startTestServer({ databaseUrl: a.server.databaseUrl, adminKey: a.adminKey, settings: settings("postgres") });
+    a = await startTestServer({ settings: { ...issuerSettings(idp), ...settings("postgres") } });
+    b = await startTestServer({ databaseUrl: a.server.databaseUrl, adminKey: a.adminKey, settings: { ...issuerSettings(idp), ...settings("postgres") } });
   }, 120_000);
   afterAll(async () => {
     await b?.stop();
@@ -281,16 +284,34 @@ describe("rate limits (PostgreSQL store, two control processes)", () => {
   });
 
   it("share the authenticated counter: calls to either count against one limit", async () => {
+    const p = await person("shared", a);
+    const as = { token: p.jwt, headers: p.headers };
     const seen: number[] = [];
     for (let i = 0; i < LIMITS.authenticated; i++) {
-      const r = await callFrom("127.0.0.20", (i % 2 ? b : a).url, "GET", "/api-keys/current", { token: a.adminKey });
+      const r = await callFrom("127.0.0.20", (i % 2 ? b : a).url, "GET", "/sandbox", as);
       expect(r.status).toBe(200);
       seen.push(Number(r.headers["x-ratelimit-remaining"]));
     }
     expect(seen).toEqual([3, 2, 1, 0]);
-    expectThrottled(await callFrom("127.0.0.20", a.url, "GET", "/api-keys/current", { token: a.adminKey }), "/api-keys/current");
+    expectThrottled(await callFrom("127.0.0.20", a.url, "GET", "/sandbox", as), "/sandbox");
     // b learns of the block from the store (its own memory has not seen it).
-    expectThrottled(await callFrom("127.0.0.20", b.url, "GET", "/api-keys/current", { token: a.adminKey }), "/api-keys/current");
+    expectThrottled(await callFrom("127.0.0.20", b.url, "GET", "/sandbox", as), "/sandbox");
+  });
+
+  it("far from the limit count in batches, yet the call past it is refused exactly, wherever it lands", async () => {
+    // 150 is above the batching margin (100): the first 50 or so calls are counted in memory.
+    const p = await person("batched", a);
+    const quota = await callFrom("127.0.0.22", a.url, "PATCH", `/organizations/${p.org}/quota`, { token: a.adminKey, body: { authenticatedRateLimit: 150 } });
+    expect(quota.status).toBe(200);
+    const as = { token: p.jwt, headers: p.headers };
+    const statuses: number[] = [];
+    for (let i = 0; i < 150; i++) statuses.push((await callFrom("127.0.0.22", (i % 2 ? b : a).url, "GET", "/sandbox", as)).status);
+    expect(statuses.filter((s) => s !== 200)).toEqual([]);
+    expectThrottled(await callFrom("127.0.0.22", b.url, "GET", "/sandbox", as), "/sandbox");
+    expectThrottled(await callFrom("127.0.0.22", a.url, "GET", "/sandbox", as), "/sandbox");
+    // Every call is in the shared table: 150 allowed and the two refused.
+    const rows = await a.server.orm.em.getConnection().execute(`select points from rate_limit where key = ?`, [`authenticated:auth:org:${p.org}`]);
+    expect(rows[0].points).toBeGreaterThan(150);
   });
 
   it("share failed authentications: a block made by one refuses good credentials at the other", async () => {

@@ -1,5 +1,6 @@
 import { Auth, Code, ConnectError, RateLimit, type Route } from "@sandbar/protocol";
 import { RateLimiterRes } from "rate-limiter-flexible";
+import { BatchedCounter, type Counted } from "./batched.ts";
 import type { Figures } from "./figures.ts";
 import type { Counter, RateLimitSettings } from "./settings.ts";
 import type { LimiterStore } from "./store.ts";
@@ -30,13 +31,16 @@ const MAX_CACHED = 100_000;
 /**
  * The four counters of the spec (section 8) and the reference's failed-authentication limiter,
  * over one store. Blocks are also kept in memory, so a blocked caller is refused without a trip
- * to the store. A store failure lets calls through (as the reference): limits protect the
+ * to the store; with a shared store, calls far from their limit are counted in batches (see
+ * BatchedCounter). A store failure lets calls through (as the reference): limits protect the
  * service, they are not worth refusing it.
  */
 export class RateLimits {
   private readonly settings: RateLimitSettings;
   private readonly store: LimiterStore;
   private readonly shared: boolean;
+  /** With a shared store: calls far from their limit are counted in memory and added in batches. */
+  private readonly batched?: BatchedCounter;
   private readonly log: (line: string) => void;
   /** Blocked keys, until when (ms since the epoch). */
   private readonly blocks = new Map<string, number>();
@@ -48,6 +52,7 @@ export class RateLimits {
     this.settings = settings;
     this.store = store;
     this.shared = opts.shared;
+    if (opts.shared) this.batched = new BatchedCounter();
     this.log = opts.log;
   }
 
@@ -87,9 +92,10 @@ export class RateLimits {
     const blockKey = `${counter}:${tracker}`;
     const blockedFor = this.blockedFor(blockKey);
     if (blockedFor > 0) throw tooManyRequests(counter, limit, blockedFor);
-    let res: RateLimiterRes;
+    let res: Counted;
     try {
-      res = await this.store.limiter(counter, limit, seconds).consume(tracker);
+      const limiter = this.store.limiter(counter, limit, seconds);
+      res = this.batched ? await this.batched.consume(limiter, tracker, limit) : await limiter.consume(tracker);
     } catch (err) {
       if (!(err instanceof RateLimiterRes)) return void this.failOpen(err);
       this.block(blockKey, err.msBeforeNext);
@@ -172,6 +178,7 @@ export class RateLimits {
   }
 
   close(): Promise<void> {
+    this.batched?.close();
     return this.store.close();
   }
 
