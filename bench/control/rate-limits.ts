@@ -139,7 +139,8 @@ function markdown(runs: Run[][], opts: ReturnType<typeof options>, command: stri
 
 The same authenticated \`GET ${PATH}\` against three \`sandbar serve\` children started together:
 limits off (every \`SANDBAR_RATE_LIMIT_*\` 0), limits on with the memory store, limits on with the
-PostgreSQL store (the server's embedded database: one upsert per call, blocks cached in memory).
+PostgreSQL store (the server's embedded database; far from the limit calls are counted in memory and
+added to the table every 50 ms, near it each call is an upsert; blocks are cached in memory).
 With limits on every call is counted and answered with its \`X-RateLimit-*\` headers; the
 authenticated limit is set above what the run sends, so none is refused. ${opts.rounds} rounds, each
 ${opts.warmupSeconds} s warm-up then ${opts.durationSeconds} s measured per server, servers in turn, ${opts.connections} connections.
