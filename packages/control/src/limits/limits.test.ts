@@ -221,6 +221,18 @@ describe("rate limits (memory store)", () => {
     }
   });
 
+  it("the toolbox is not counted (its calls are work inside a sandbox, as the reference leaves them)", async () => {
+    const p = await person("toolbox");
+    const as = { token: p.jwt, headers: p.headers };
+    for (let i = 0; i < LIMITS.authenticated + 1; i++) {
+      const a = await callFrom("127.0.0.12", t.url, "GET", `/toolbox/${randomUUID()}/toolbox/files?path=/`, as);
+      expect(a.status).toBe(404);
+      expect(a.headers["x-ratelimit-limit"]).toBeUndefined();
+    }
+    // The organization's counter saw none of them.
+    expect(figures(await callFrom("127.0.0.12", t.url, "GET", "/sandbox", as), "authenticated")).toMatchObject({ remaining: 3 });
+  });
+
   it("GET /config shows the server's limits", async () => {
     const a = await callFrom("127.0.0.11", t.url, "GET", "/config");
     expect(a.body.rateLimit).toEqual({
