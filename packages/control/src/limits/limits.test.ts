@@ -326,6 +326,17 @@ describe("rate limits (PostgreSQL store, two control processes)", () => {
     expect(rows[0].points).toBeGreaterThan(150);
   });
 
+  it("count a user whose id is too long for the table's key (stored by digest) like any other", async () => {
+    const sub = `ext|${"u".repeat(250)}`;
+    const jwt = await idp.sign("k", { sub, email: "long@example.test", email_verified: true, name: "long" });
+    for (let i = 1; i <= LIMITS.authenticated; i++) {
+      const r = await callFrom("127.0.0.23", (i % 2 ? b : a).url, "GET", "/users/me", { token: jwt });
+      expect(r.status).toBe(200);
+      expect(figures(r, "authenticated")).toMatchObject({ limit: 4, remaining: 4 - i });
+    }
+    expectThrottled(await callFrom("127.0.0.23", a.url, "GET", "/users/me", { token: jwt }), "/users/me");
+  });
+
   it("share failed authentications: a block made by one refuses good credentials at the other", async () => {
     const bad = "sbr_" + "1".repeat(64);
     const from = "127.0.0.21";

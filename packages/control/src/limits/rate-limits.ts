@@ -1,3 +1,4 @@
+import { createHash } from "node:crypto";
 import { Auth, Code, ConnectError, RateLimit, type Route } from "@sandbar/protocol";
 import { RateLimiterRes } from "rate-limiter-flexible";
 import { BatchedCounter, type Counted } from "./batched.ts";
@@ -81,14 +82,15 @@ export class RateLimits {
     const limit = override?.limit ?? this.settings.limits[counter];
     const seconds = override?.seconds || this.settings.windowSeconds;
     if (limit === 0) return undefined;
-    const tracker =
+    const tracker = storable(
       counter === "anonymous"
         ? `anonymous:${caller.address}`
         : caller.organizationId
           ? `auth:org:${caller.organizationId}`
           : caller.userId
             ? `auth:user:${caller.userId}`
-            : `fallback:${caller.address}`;
+            : `fallback:${caller.address}`,
+    );
     const blockKey = `${counter}:${tracker}`;
     const blockedFor = this.blockedFor(blockKey);
     if (blockedFor > 0) throw tooManyRequests(counter, limit, blockedFor);
@@ -203,6 +205,9 @@ export class RateLimits {
     this.log(`rate limits: the counter store failed, calls pass unlimited: ${err instanceof Error ? err.message : String(err)}`);
   }
 }
+
+/** Keys fit the store's column (255): a long one (user ids may be 255 characters) is stored by its digest. */
+const storable = (key: string) => (key.length <= 200 ? key : `sha256:${createHash("sha256").update(key).digest("hex")}`);
 
 const secondsOf = (ms: number) => Math.max(0, Math.ceil(ms / 1000));
 
