@@ -29,8 +29,8 @@ export interface SandbarChild extends RunningChild {
   output(): string;
 }
 
-/** Starts `sandbar serve` and resolves once GET /api/config answers 200. */
-export async function startSandbar(nodeFlags: string[] = []): Promise<SandbarChild> {
+/** Starts `sandbar serve` (with `env` on top of the bench's) and resolves once GET /api/config answers 200. */
+export async function startSandbar(nodeFlags: string[] = [], env: Record<string, string> = {}): Promise<SandbarChild> {
   const dataDir = await mkdtemp(join(tmpdir(), "sandbar-control-bench-"));
   const port = await freePort();
   const apiKey = "sbr_" + randomBytes(32).toString("hex");
@@ -43,6 +43,7 @@ export async function startSandbar(nodeFlags: string[] = []): Promise<SandbarChi
       SANDBAR_DATA_DIR: dataDir,
       SANDBAR_BOOTSTRAP_API_KEY: apiKey,
       DATABASE_URL: "",
+      ...env,
     },
     stdio: ["ignore", "pipe", "pipe"],
   });

@@ -11,12 +11,13 @@
  * whatever the verdicts (it is a measurement); exits 1 when the run itself failed, including
  * any connection error or non-2xx response, since those figures would not mean anything.
  */
-import { writeFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { startBare, startSandbar, type RunningChild } from "./children.ts";
 import { cpuPerRequest, sampleCpu } from "./cpu-usage.ts";
 import { runLoad } from "./load.ts";
+import { sectionsOf } from "./sections.ts";
 import { currentLoad, failures, resultsMarkdown, table, verdicts, verdictTable, type Measurement, type Run } from "./report.ts";
 
 const PATH = "/api/api-keys/current";
@@ -107,7 +108,9 @@ async function main(): Promise<number> {
     log(`profiled run (the profiler slows the server): RESULTS.md left as it was; profile in ${opts.profileDir}`);
     return 0;
   }
-  await writeFile(RESULTS, resultsMarkdown(m, command, startedAt, load));
+  // Sections other runs keep in the file (rate-limits.ts) stay.
+  const kept = sectionsOf(await readFile(RESULTS, "utf8").catch(() => ""));
+  await writeFile(RESULTS, resultsMarkdown(m, command, startedAt, load) + (kept ? `\n${kept}` : ""));
   log(`wrote ${RESULTS.pathname}`);
   return 0;
 }

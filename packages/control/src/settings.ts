@@ -1,5 +1,6 @@
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
 import { parseTrustedProxies } from "./server/client-address.ts";
 import { loadWebhookSettings, type WebhookSettings } from "./webhooks/settings.ts";
 
@@ -53,6 +54,8 @@ export interface Settings {
    * the path form (which needs no wildcard DNS).
    */
   previewDomain?: string;
+  /** Rate limits per counter and window, and where the counters live (SANDBAR_RATE_LIMIT_*). */
+  rateLimits: RateLimitSettings;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -88,6 +91,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     auditRetentionDays: env.SANDBAR_AUDIT_RETENTION_DAYS ? positiveDays(env, "SANDBAR_AUDIT_RETENTION_DAYS") : undefined,
     auditToolbox: booleanFlag(env, "SANDBAR_AUDIT_TOOLBOX"),
     previewDomain: previewDomain(env.SANDBAR_PREVIEW_DOMAIN),
+    rateLimits: loadRateLimitSettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

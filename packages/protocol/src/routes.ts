@@ -1,9 +1,9 @@
 import { type DescEnumValue, type DescMethod, getOption, hasOption } from "@bufbuild/protobuf";
 import { http } from "../gen/google/api/annotations_pb.js";
 import type { HttpRule } from "../gen/google/api/http_pb.js";
-import { Auth, json, route, type Route } from "../gen/sandbar/options/v1/options_pb.js";
+import { Auth, json, RateLimit, route, type Route } from "../gen/sandbar/options/v1/options_pb.js";
 
-export { Auth };
+export { Auth, RateLimit };
 export type { HttpRule, Route };
 
 const routeCache = new WeakMap<DescMethod, Route>();

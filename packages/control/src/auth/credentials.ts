@@ -5,6 +5,7 @@ import type { JwtVerifier } from "./jwt.ts";
 import { userForClaims } from "./jwt-users.ts";
 import { hashApiKey, looksLikeJwt } from "./key-material.ts";
 import type { KeyIdentity, Principal } from "./principal.ts";
+import type { RateLimitOverrides } from "../limits/rate-limits.ts";
 
 /** The channel every control process listens on for revocations. */
 const CHANNEL = "sandbar_auth";
@@ -32,6 +33,8 @@ export interface MemberAccess {
   permissions: ReadonlySet<string>;
   /** Present while the organization is suspended: the reason ("" when none was given). */
   suspension?: string;
+  /** The organization's own rate limits (cached with the access: a quota update evicts it everywhere). */
+  rateLimits?: RateLimitOverrides;
 }
 
 /**
@@ -170,8 +173,10 @@ export class Credentials {
     const now = Date.now();
     const hit = this.members.get(id);
     if (hit && now - hit.loadedAt <= CACHE_TTL_MS && !(hit.until && hit.until <= now)) return hit.access;
-    const { rows } = await this.query<{ role: string; permissions: string[]; suspended: boolean; suspension_reason: string | null; suspended_until: Date | null }>(
+    const { rows } = await this.query<{ role: string; permissions: string[]; suspended: boolean; suspension_reason: string | null; suspended_until: Date | null } & OverrideColumns>(
       `select m.role, o.suspended, o.suspension_reason, o.suspended_until,
+              o.authenticated_rate_limit, o.authenticated_rate_limit_ttl_seconds, o.sandbox_create_rate_limit,
+              o.sandbox_create_rate_limit_ttl_seconds, o.sandbox_lifecycle_rate_limit, o.sandbox_lifecycle_rate_limit_ttl_seconds,
               array(select distinct unnest(r.permissions) from organization_member_role mr
                       join organization_role r on r.id = mr.role_id
                      where mr.organization_id = m.organization_id and mr.user_id = m.user_id) as permissions
@@ -182,7 +187,9 @@ export class Credentials {
     const row = rows[0];
     // A suspension whose end has passed no longer counts (as in the reference).
     const suspended = row?.suspended && !(row.suspended_until && row.suspended_until.getTime() <= now);
-    const access = row ? { role: row.role, permissions: new Set(row.permissions), ...(suspended ? { suspension: row.suspension_reason ?? "" } : {}) } : null;
+    const access = row
+      ? { role: row.role, permissions: new Set(row.permissions), rateLimits: overridesOf(row), ...(suspended ? { suspension: row.suspension_reason ?? "" } : {}) }
+      : null;
     if (this.members.size > 50_000) this.members.clear();
     this.members.set(id, { access, loadedAt: now, until: suspended ? row?.suspended_until?.getTime() : undefined });
     return access;
@@ -232,4 +239,21 @@ export class Credentials {
       throw errors.unavailable("Temporary authentication service error");
     }
   }
+}
+
+interface OverrideColumns {
+  authenticated_rate_limit: number | null;
+  authenticated_rate_limit_ttl_seconds: number | null;
+  sandbox_create_rate_limit: number | null;
+  sandbox_create_rate_limit_ttl_seconds: number | null;
+  sandbox_lifecycle_rate_limit: number | null;
+  sandbox_lifecycle_rate_limit_ttl_seconds: number | null;
+}
+
+function overridesOf(r: OverrideColumns): RateLimitOverrides {
+  return {
+    authenticated: { limit: r.authenticated_rate_limit, seconds: r.authenticated_rate_limit_ttl_seconds },
+    "sandbox-create": { limit: r.sandbox_create_rate_limit, seconds: r.sandbox_create_rate_limit_ttl_seconds },
+    "sandbox-lifecycle": { limit: r.sandbox_lifecycle_rate_limit, seconds: r.sandbox_lifecycle_rate_limit_ttl_seconds },
+  };
 }

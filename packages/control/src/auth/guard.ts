@@ -1,6 +1,8 @@
 import type { DescMethod } from "@bufbuild/protobuf";
-import { Auth, errors, routeOf, type Route } from "@sandbar/protocol";
-import type { Credentials } from "./credentials.ts";
+import { Auth, Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
+import type { Figures } from "../limits/figures.ts";
+import type { RateLimits } from "../limits/rate-limits.ts";
+import type { Credentials, MemberAccess } from "./credentials.ts";
 import type { AuthContext, Principal } from "./principal.ts";
 import { ALL_SCOPES } from "./scopes.ts";
 
@@ -21,19 +23,47 @@ const SUSPENDABLE = /^(write|delete):(sandboxes|snapshots|volumes)$/;
  */
 export class Guard {
   private readonly credentials: Credentials;
+  private readonly limits?: RateLimits;
 
-  constructor(credentials: Credentials) {
+  constructor(credentials: Credentials, limits?: RateLimits) {
     this.credentials = credentials;
+    this.limits = limits;
   }
 
-  /** `route` overrides the method's own option (the toolbox mounts agent methods with its own policy). */
-  async check(method: DescMethod, header: Headers, message: unknown, route: Route = routeOf(method)): Promise<AuthContext> {
-    if (route.auth === Auth.PUBLIC) return {};
+  /**
+   * `route` overrides the method's own option (the toolbox mounts agent methods with its own
+   * policy). The call is also counted against its rate limit (see CallSite), and an address
+   * blocked for failed authentications is refused before its credentials are read.
+   */
+  async check(method: DescMethod, header: Headers, message: unknown, route: Route = routeOf(method), call: CallSite = {}): Promise<AuthContext> {
+    const { limits } = this;
+    const address = call.address ?? "";
+    if (!limits) return (await this.authorize(header, message, route)).auth;
+    const lookup = limits.refuseBlocked(address);
+    if (lookup) await lookup;
+    let authorized: Authorized;
+    try {
+      authorized = await this.authorize(header, message, route);
+    } catch (err) {
+      if (err instanceof ConnectError && err.code === Code.Unauthenticated) throw await limits.failedAuthentication(address, err);
+      throw err;
+    }
+    const { auth, access } = authorized;
+    if (!call.counted) {
+      // A key always acts for its organization (user-level routes too); a JWT on those counts for its user.
+      const organizationId = auth.organizationId ?? auth.principal?.apiKey?.organizationId;
+      call.figures = await limits.count(route, { address, organizationId, userId: auth.principal?.userId, overrides: access?.rateLimits });
+    }
+    return auth;
+  }
+
+  private async authorize(header: Headers, message: unknown, route: Route): Promise<Authorized> {
+    if (route.auth === Auth.PUBLIC) return { auth: {} };
     const principal = await this.credentials.authenticate(header.get("authorization"));
     if (route.auth === Auth.JWT && principal.kind !== "jwt") throw errors.unauthenticated();
     if (route.auth === Auth.API_KEY && principal.kind !== "api-key") throw errors.unauthenticated();
     if (route.auth === Auth.SYSTEM_ADMIN && !isOperator(principal)) throw errors.permissionDenied("Access denied");
-    if (route.userLevel) return { principal };
+    if (route.userLevel) return { auth: { principal } };
 
     // An organization named in the path is a resource: one the caller cannot act in does not
     // exist for them (404, as for any other organization's resource). One chosen by the header
@@ -62,8 +92,23 @@ export class Guard {
         throw errors.permissionDenied(access.suspension ? `Organization is suspended: ${access.suspension}` : "Organization is suspended");
       }
     }
-    return { principal, organizationId, memberRole: access.role, permissions };
+    return { auth: { principal, organizationId, memberRole: access.role, permissions }, access };
   }
+}
+
+/** Where a call comes from and where its rate-limit figures go. */
+export interface CallSite {
+  /** The client's address (clientAddressKey): anonymous calls and failed authentications are counted by it. */
+  address?: string;
+  /** Set by the check: where the call stands against its counter (for the X-RateLimit-* headers). */
+  figures?: Figures;
+  /** Already counted for this request (the REST gateway's check before the body): not counted again. */
+  counted?: boolean;
+}
+
+interface Authorized {
+  auth: AuthContext;
+  access?: MemberAccess;
 }
 
 /** Operator routes: a system admin, and with an API key only a full-scope one (not a narrowed child). */

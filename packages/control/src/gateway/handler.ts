@@ -6,10 +6,11 @@ import type { HandlerContext } from "@connectrpc/connect";
 import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
-import { precheck } from "../rpc/secure.ts";
+import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
+import { RATE_LIMIT_HEADER } from "../limits/rate-limits.ts";
 import { readJsonBody, requestSignal, sendJson, statusOverride } from "./http-io.ts";
 import { clientBefore, clientVersion } from "./client-version.ts";
-import { callContext, headersOf, type ImplIndex } from "./rest-route.ts";
+import { callContext, type ImplIndex, precheckRequest } from "./rest-route.ts";
 import { textProblems } from "../services/validate.ts";
 
 export type { ImplIndex };
@@ -30,6 +31,7 @@ export interface Gateway {
 export function createGateway(table: RouteTable, impls: ImplIndex, basePath: string): Gateway {
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = req.url ?? "/";
+    let ctx: HandlerContext | undefined;
     try {
       cors(req, res);
       const { path, query } = splitUrl(url, basePath);
@@ -41,24 +43,26 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       const signal = requestSignal(res);
       if (match.kind === "handwritten") {
         // The caller is checked before the route reads a body (401/403 before 413 or 400).
-        await impls.get(match.route.method.parent.typeName)?.[precheck]?.(match.route.method, headersOf(req), {});
+        await precheckRequest(impls, match.route.method, req, res, {});
         return await match.route.serve({ req, res, params: match.params, query, signal });
       }
       const { route, params } = match;
       const impl = impls.get(route.service.typeName)?.[route.method.localName];
       if (!impl) throw errors.unimplemented(`${verb} ${basePath}${route.template} is not implemented yet`);
-      if (route.body) await impls.get(route.service.typeName)?.[precheck]?.(route.method, headersOf(req), partialInput(route, params, query));
+      if (route.body) await precheckRequest(impls, route.method, req, res, partialInput(route, params, query));
       const errs = new DecodeErrors();
       const input = await readInput(req, route, params, query, errs);
       // A sandbox in the path that the message has no field for routes the call (the toolbox).
       const sandboxId = params.sandbox_id !== undefined && !fieldNamed(route.method, "sandbox_id") ? params.sandbox_id : undefined;
       if (sandboxId !== undefined) textProblems("sandbox_id", "sandboxId", sandboxId).forEach((p) => errs.add(p));
-      const ctx = callContext(route.method, req, signal, { sandboxId, problems: errs.messages });
+      ctx = callContext(route.method, req, signal, { sandboxId, problems: errs.messages });
       if (route.method.methodKind === "server_streaming") return await stream(res, route, impl(input, ctx) as AsyncIterable<unknown>, ctx);
       if (route.method.methodKind !== "unary") throw errors.unimplemented(`${route.method.name} is not available over REST`);
       const output = create(route.method.output, (await impl(input, ctx)) as never) as Message;
       send(res, route, output, ctx, wholePage(route, req, query));
     } catch (err) {
+      // The call's rate-limit figures stay on its error.
+      if (ctx && !res.headersSent) copyHeaders(res, ctx);
       sendError(res, url, err);
     }
   }
@@ -135,6 +139,8 @@ function fieldNamed(method: DescMethod, name: string): DescField | undefined {
 
 function copyHeaders(res: ServerResponse, ctx: HandlerContext) {
   ctx.responseHeader.forEach((value, key) => res.setHeader(key, value));
+  const figures = ctx.values.get(rateFiguresKey);
+  if (figures) writeFigures(figures, (k, v) => res.setHeader(k, v));
 }
 
 /**
@@ -149,14 +155,18 @@ function wholePage(route: RestRoute, req: IncomingMessage, query: URLSearchParam
 }
 
 function send(res: ServerResponse, route: RestRoute, output: Message, ctx: HandlerContext, whole = false) {
-  copyHeaders(res, ctx);
-  if (route.method.output.typeName === "google.protobuf.Empty") return void res.writeHead(route.status).end();
+  // The call's headers go in with writeHead (one step, instead of a setHeader each: every call has six rate-limit figures).
+  const headers: Record<string, string> = {};
+  ctx.responseHeader.forEach((value, key) => (headers[key] = value));
+  const figures = ctx.values.get(rateFiguresKey);
+  if (figures) writeFigures(figures, (k, v) => (headers[k] = v));
+  if (route.method.output.typeName === "google.protobuf.Empty") return void res.writeHead(route.status, headers).end();
   const opts = { omitUnset: route.omitUnset };
   const field = route.responseBody && !whole ? route.method.output.fields.find((f) => f.name === route.responseBody) : undefined;
   const body = field
     ? valueToJson(field, (output as unknown as Record<string, unknown>)[field.localName], opts)
     : messageToJson(route.method.output, output, opts);
-  sendJson(res, route.status, body);
+  sendJson(res, route.status, body, headers);
 }
 
 /** Server streams: a string/bytes response_body is written raw; otherwise one JSON object per line. */
@@ -187,6 +197,10 @@ function errorBody(path: string, err: unknown) {
 export function sendError(res: ServerResponse, path: string, err: unknown) {
   if (res.headersSent) return void res.destroy();
   const body = errorBody(path, err);
+  // An error's rate-limit figures (429's Retry-After, a 401's failed-auth count) are headers; its other metadata stays inside.
+  asConnectError(err).metadata.forEach((value, key) => {
+    if (RATE_LIMIT_HEADER.test(key)) res.setHeader(key, value);
+  });
   sendJson(res, body.statusCode, body);
 }
 
@@ -195,8 +209,12 @@ export function refuse(socket: Duplex, path: string, err: unknown): void {
   if (socket.destroyed) return;
   const body = errorBody(path, err);
   const text = JSON.stringify(body);
+  let limits = "";
+  asConnectError(err).metadata.forEach((value, key) => {
+    if (RATE_LIMIT_HEADER.test(key)) limits += `${key}: ${value}\r\n`;
+  });
   socket.end(
-    `HTTP/1.1 ${body.statusCode} ${body.error}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`,
+    `HTTP/1.1 ${body.statusCode} ${body.error}\r\n${limits}Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`,
   );
 }
 

@@ -87,9 +87,9 @@ export function requestSignal(res: ServerResponse): AbortSignal {
 }
 
 /** A JSON response with its length. */
-export function sendJson(res: ServerResponse, status: number, body: unknown): void {
+export function sendJson(res: ServerResponse, status: number, body: unknown, extra?: Record<string, string>): void {
   const text = JSON.stringify(body);
-  const headers: Record<string, string | number> = { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) };
+  const headers: Record<string, string | number> = { ...extra, "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text) };
   const req = (res as ServerResponse & { req?: IncomingMessage & { closeAfterResponse?: boolean } }).req;
   if (req?.closeAfterResponse && req.httpVersionMajor === 1) headers.connection = "close";
   res.writeHead(status, headers);

@@ -2,7 +2,9 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from "node:
 import type { Duplex } from "node:stream";
 import type { DescMethod } from "@bufbuild/protobuf";
 import { createContextKey, createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
-import { inputProblemsKey, type Precheck, precheck } from "../rpc/secure.ts";
+import { inputProblemsKey, type Precheck, precheck, rateLimitCountedKey } from "../rpc/secure.ts";
+import type { CallSite } from "../auth/guard.ts";
+import { writeFigures } from "../limits/figures.ts";
 import { clientAddress, clientAddressKey } from "../server/client-address.ts";
 
 // What the gateway offers routes it cannot map from the contract (multipart, raw streams,
@@ -56,7 +58,10 @@ export type CallRequest = { headers: IncomingHttpHeaders; method?: string; url?:
  * input problems as typed values.
  */
 export function callContext(method: DescMethod, req: CallRequest, signal: AbortSignal, values: CallValues = {}): HandlerContext {
-  const contextValues = createContextValues().set(inputProblemsKey, values.problems ?? []).set(clientAddressKey, clientAddress(req));
+  const contextValues = createContextValues()
+    .set(inputProblemsKey, values.problems ?? [])
+    .set(clientAddressKey, clientAddress(req))
+    .set(rateLimitCountedKey, counted.has(req));
   if (values.sandboxId !== undefined) contextValues.set(sandboxIdKey, values.sandboxId);
   return createHandlerContext({
     service: method.parent,
@@ -69,6 +74,22 @@ export function callContext(method: DescMethod, req: CallRequest, signal: AbortS
     requestSignal: signal,
     contextValues,
   });
+}
+
+/** Requests the gateway's precheck counted against their rate limit (so the calls they make are not counted again). */
+const counted = new WeakSet<object>();
+
+/**
+ * The gateway's check of a request before its body is read: credentials, scope and rate limit,
+ * whose figures go straight onto the response (an answer or an error written later keeps them).
+ */
+export async function precheckRequest(impls: ImplIndex, method: DescMethod, req: IncomingMessage, res: ServerResponse, partial: unknown): Promise<void> {
+  const check = impls.get(method.parent.typeName)?.[precheck];
+  if (!check) return;
+  const call: CallSite = { address: clientAddress(req) };
+  await check(method, headersOf(req), partial, call);
+  if (call.figures) writeFigures(call.figures, (k, v) => res.setHeader(k, v));
+  counted.add(req);
 }
 
 /** Node's request headers as fetch Headers (repeated ones joined, as Connect does). */

@@ -2,8 +2,10 @@ import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { createContextKey, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { asConnectError, Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
 import type { CallRecorder, CompleteCall } from "../audit/recorder.ts";
-import type { Guard } from "../auth/guard.ts";
+import type { CallSite, Guard } from "../auth/guard.ts";
 import { authContextKey } from "../auth/principal.ts";
+import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
+import { clientAddressKey } from "../server/client-address.ts";
 import { stringProblems } from "../services/validate.ts";
 
 type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
@@ -14,7 +16,10 @@ type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
  * request as far as the path and query give it.
  */
 export const precheck = Symbol("sandbar.precheck");
-export type Precheck = (method: DescMethod, header: Headers, partial: unknown) => Promise<void>;
+export type Precheck = (method: DescMethod, header: Headers, partial: unknown, call?: CallSite) => Promise<void>;
+
+/** Set when the REST gateway's precheck already counted the request against its rate limit. */
+export const rateLimitCountedKey = createContextKey<boolean>(false);
 
 /**
  * Problems the REST gateway found decoding a request. They are raised after the guard, so
@@ -42,7 +47,7 @@ export function secure<S extends DescService>(
     const route = routeFor(method);
     wrapped[method.localName] = wrap(method, fn, guard, route, route.audit?.action ? recorder : undefined);
   }
-  wrapped[precheck] = async (method, header, partial) => void (await guard.check(method, header, partial, routeFor(method)));
+  wrapped[precheck] = async (method, header, partial, call) => void (await guard.check(method, header, partial, routeFor(method), call));
   return wrapped as Partial<ServiceImpl<S>>;
 }
 
@@ -55,7 +60,13 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route, recor
   const enter = async (input: unknown, ctx: HandlerContext, call: Call) => {
     // Streaming requests are authorized on their headers alone.
     const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
-    ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route));
+    const site: CallSite = { address: ctx.values.get(clientAddressKey), counted: ctx.values.get(rateLimitCountedKey) };
+    ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route, site));
+    // REST writes the figures onto its response itself; RPC callers get them as response headers.
+    if (site.figures) {
+      if (ctx.protocolName === "rest") ctx.values.set(rateFiguresKey, site.figures);
+      else writeFigures(site.figures, (k, v) => ctx.responseHeader.set(k, v));
+    }
     // The entry is written before anything else runs (input refused as 400 is recorded too).
     if (recorder) call.complete = await recorder.begin(method, route, message, ctx);
     // Decoding problems (REST), then every string of the request: the one check both protocols pass.

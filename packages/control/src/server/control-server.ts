@@ -34,6 +34,7 @@ import { MAX_JSON_BODY } from "../gateway/http-io.ts";
 import { RouteTable } from "../gateway/route-table.ts";
 import { startIdentity, type Identity } from "../identity/index.ts";
 import { startPreview } from "../preview/index.ts";
+import { startRateLimits } from "../limits/index.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
@@ -89,7 +90,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   await credentials.start(databaseUrl);
   await bootstrap(orm, settings.dataDir, settings.bootstrapApiKey, log, settings.oidc ? false : { preset: settings.bootstrapPassword });
   const identity = await startIdentity(settings, databaseUrl, credentials, log);
-  const guard = new Guard(credentials);
+  const limits = startRateLimits(settings.rateLimits, databaseUrl, log);
+  const guard = new Guard(credentials, limits);
   const sandboxes = await startSandboxes(settings, orm, log);
   const box = await SecretBox.open(orm, settings.encryptionKey);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
@@ -104,7 +106,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   // yet answer UNIMPLEMENTED (REST 501).
   const controlFiles = await filesIn("sandbar/control/v1");
   const implemented = new Map<string, Impl>([
-    [ConfigService.typeName, configService(settings, identity.oidc) as Impl],
+    [ConfigService.typeName, configService(settings, identity.oidc, limits.advertised()) as Impl],
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
     [SandboxService.typeName, ({ ...sandboxes.impl, ...preview.sandboxMethods }) as unknown as Impl],
     [PreviewService.typeName, preview.service as Impl],
@@ -177,6 +179,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
         toolbox.clients.close();
         await identity.stop();
         await credentials.stop();
+        await limits.close();
         await orm.close();
         await pg?.stop();
       })()),

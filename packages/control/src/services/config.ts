@@ -1,9 +1,14 @@
 import type { ServiceImpl } from "@connectrpc/connect";
-import type { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { ConfigService, RateLimitConfigSchema } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
 import type { Settings } from "../settings.ts";
 
 /** GET /config: what clients need to know about this server; no credentials. */
-export function configService(settings: Settings, oidc: { issuer: string; clientId: string; audience: string }): Partial<ServiceImpl<typeof ConfigService>> {
+export function configService(
+  settings: Settings,
+  oidc: { issuer: string; clientId: string; audience: string },
+  rateLimit: MessageInitShape<typeof RateLimitConfigSchema>,
+): Partial<ServiceImpl<typeof ConfigService>> {
   const { publicUrl, version } = settings;
   const host = new URL(publicUrl).host;
   return {
@@ -21,7 +26,8 @@ export function configService(settings: Settings, oidc: { issuer: string; client
         maxAutoArchiveInterval: 43200,
         maintananceMode: false,
         environment: process.env.NODE_ENV || "production",
-        rateLimit: {},
+        // The server's limits (an organization's own are on the organization).
+        rateLimit,
       };
     },
   };

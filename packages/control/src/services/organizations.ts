@@ -175,7 +175,8 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
       const { organizationId, $typeName: _t, $unknown: _u, ...fields } = req;
       checkQuota(fields);
       await find(organizationId);
-      await changing([], (exec) => applyQuota(exec, organizationId, fields));
+      // Cached member access carries the rate-limit overrides: evict it in every process.
+      await changing([{ kind: "organization", organizationId }], (exec) => applyQuota(exec, organizationId, fields));
       return toOrganization(await find(organizationId));
     },
 

@@ -1,6 +1,6 @@
 import type { DescFile, DescMethod, DescService } from "@bufbuild/protobuf";
 import { create } from "@bufbuild/protobuf";
-import { Auth, filesIn, routeOf, type Route } from "@sandbar/protocol";
+import { Auth, filesIn, RateLimit, routeOf, type Route } from "@sandbar/protocol";
 import { RouteSchema } from "@sandbar/protocol/gen/sandbar/options/v1/options_pb.js";
 import type { CallRecorder } from "../audit/recorder.ts";
 import type { Guard } from "../auth/guard.ts";
@@ -36,7 +36,8 @@ export async function mountToolbox(locator: AgentLocator, guard: Guard, clients 
   const files = await filesIn("sandbar/agent/v1");
   const services = files.flatMap((f) => f.services);
   const policy = (method: DescMethod): Route =>
-    create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED, audit: routeOf(method).audit });
+    // Not rate limited, as the reference's toolbox (its traffic is work inside a sandbox, not management).
+    create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED, audit: routeOf(method).audit, rateLimit: RateLimit.NONE });
   const impls = new Map<string, object>();
   for (const service of services) impls.set(service.typeName, secure(service, forwardingImpl(service, locator, clients), guard, policy, recorder));
   return { files, services, impls, clients };

@@ -3,6 +3,7 @@ import { Migration0002Sandboxes } from "./0002-sandboxes.ts";
 import { Migration0004Identity } from "./0004-identity.ts";
 import { Migration0005Users } from "./0005-users.ts";
 import { Migration0006Organizations } from "./0006-organizations.ts";
+import { Migration0007RateLimits } from "./0007-rate-limits.ts";
 import { Migration0008Preview } from "./0008-preview.ts";
 import { Migration0009Webhooks } from "./0009-webhooks.ts";
 import { Migration0010Audit } from "./0010-audit.ts";
@@ -14,6 +15,7 @@ export const migrations = [
   { name: "0004-identity", class: Migration0004Identity },
   { name: "0005-users", class: Migration0005Users },
   { name: "0006-organizations", class: Migration0006Organizations },
+  { name: "0007-rate-limits", class: Migration0007RateLimits },
   { name: "0008-preview", class: Migration0008Preview },
   { name: "0009-webhooks", class: Migration0009Webhooks },
   { name: "0010-audit", class: Migration0010Audit },

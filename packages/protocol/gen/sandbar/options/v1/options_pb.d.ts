@@ -55,9 +55,13 @@ export declare type Route = Message<"sandbar.options.v1.Route"> & {
   owner: boolean;
 
   /**
+   * @generated from field: sandbar.options.v1.RateLimit rate_limit = 6;
+   */
+  rateLimit: RateLimit;
+
+  /**
    * How a call appears in the audit log: required on every method whose REST binding is not a
-   * GET (a contract test holds it), absent on reads. Numbered apart so fields others add to
-   * Route (6, 7, ...) do not collide with it.
+   * GET (a contract test holds it), absent on reads.
    *
    * @generated from field: sandbar.options.v1.Audit audit = 10;
    */
@@ -152,6 +156,47 @@ export enum Auth {
  * Describes the enum sandbar.options.v1.Auth.
  */
 export declare const AuthSchema: GenEnum<Auth>;
+
+/**
+ * Which rate-limit counter a call counts against (each call counts against exactly one).
+ *
+ * @generated from enum sandbar.options.v1.RateLimit
+ */
+export enum RateLimit {
+  /**
+   * The general counter: "anonymous" (by client address) for AUTH_PUBLIC methods,
+   * "authenticated" (by organization, else user, else address) for the others.
+   *
+   * @generated from enum value: RATE_LIMIT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Not rate limited (GET /config and /shared-regions, as the reference; the toolbox).
+   *
+   * @generated from enum value: RATE_LIMIT_NONE = 1;
+   */
+  NONE = 1,
+
+  /**
+   * Sandbox creation ("sandbox-create"), instead of the general counter.
+   *
+   * @generated from enum value: RATE_LIMIT_SANDBOX_CREATE = 2;
+   */
+  SANDBOX_CREATE = 2,
+
+  /**
+   * Sandbox start, stop, delete, archive and resize ("sandbox-lifecycle"), instead of the general counter.
+   *
+   * @generated from enum value: RATE_LIMIT_SANDBOX_LIFECYCLE = 3;
+   */
+  SANDBOX_LIFECYCLE = 3,
+}
+
+/**
+ * Describes the enum sandbar.options.v1.RateLimit.
+ */
+export declare const RateLimitSchema: GenEnum<RateLimit>;
 
 /**
  * @generated from extension: sandbar.options.v1.Route route = 51001;

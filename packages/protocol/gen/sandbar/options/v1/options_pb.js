@@ -14,7 +14,7 @@ import { file_google_protobuf_descriptor } from "@bufbuild/protobuf/wkt";
  * Describes the file sandbar/options/v1/options.proto.
  */
 export const file_sandbar_options_v1_options = /*@__PURE__*/
-  fileDesc("CiBzYW5kYmFyL29wdGlvbnMvdjEvb3B0aW9ucy5wcm90bxISc2FuZGJhci5vcHRpb25zLnYxIpsBCgVSb3V0ZRIOCgZzdGF0dXMYASABKA0SDQoFc2NvcGUYAiABKAkSJgoEYXV0aBgDIAEoDjIYLnNhbmRiYXIub3B0aW9ucy52MS5BdXRoEhIKCnVzZXJfbGV2ZWwYBCABKAgSDQoFb3duZXIYBSABKAgSKAoFYXVkaXQYCiABKAsyGS5zYW5kYmFyLm9wdGlvbnMudjEuQXVkaXQiPwoFQXVkaXQSDgoGYWN0aW9uGAEgASgJEhMKC3RhcmdldF90eXBlGAIgASgJEhEKCXRhcmdldF9pZBgDIAEoCSpkCgRBdXRoEhQKEEFVVEhfVU5TUEVDSUZJRUQQABIPCgtBVVRIX1BVQkxJQxABEhAKDEFVVEhfQVBJX0tFWRACEgwKCEFVVEhfSldUEAMSFQoRQVVUSF9TWVNURU1fQURNSU4QBDpRCgVyb3V0ZRIeLmdvb2dsZS5wcm90b2J1Zi5NZXRob2RPcHRpb25zGLmOAyABKAsyGS5zYW5kYmFyLm9wdGlvbnMudjEuUm91dGVSBXJvdXRlOjcKBGpzb24SIS5nb29nbGUucHJvdG9idWYuRW51bVZhbHVlT3B0aW9ucxi6jgMgASgJUgRqc29uYgZwcm90bzM", [file_google_protobuf_descriptor]);
+  fileDesc("CiBzYW5kYmFyL29wdGlvbnMvdjEvb3B0aW9ucy5wcm90bxISc2FuZGJhci5vcHRpb25zLnYxIs4BCgVSb3V0ZRIOCgZzdGF0dXMYASABKA0SDQoFc2NvcGUYAiABKAkSJgoEYXV0aBgDIAEoDjIYLnNhbmRiYXIub3B0aW9ucy52MS5BdXRoEhIKCnVzZXJfbGV2ZWwYBCABKAgSDQoFb3duZXIYBSABKAgSMQoKcmF0ZV9saW1pdBgGIAEoDjIdLnNhbmRiYXIub3B0aW9ucy52MS5SYXRlTGltaXQSKAoFYXVkaXQYCiABKAsyGS5zYW5kYmFyLm9wdGlvbnMudjEuQXVkaXQiPwoFQXVkaXQSDgoGYWN0aW9uGAEgASgJEhMKC3RhcmdldF90eXBlGAIgASgJEhEKCXRhcmdldF9pZBgDIAEoCSpkCgRBdXRoEhQKEEFVVEhfVU5TUEVDSUZJRUQQABIPCgtBVVRIX1BVQkxJQxABEhAKDEFVVEhfQVBJX0tFWRACEgwKCEFVVEhfSldUEAMSFQoRQVVUSF9TWVNURU1fQURNSU4QBCp9CglSYXRlTGltaXQSGgoWUkFURV9MSU1JVF9VTlNQRUNJRklFRBAAEhMKD1JBVEVfTElNSVRfTk9ORRABEh0KGVJBVEVfTElNSVRfU0FOREJPWF9DUkVBVEUQAhIgChxSQVRFX0xJTUlUX1NBTkRCT1hfTElGRUNZQ0xFEAM6UQoFcm91dGUSHi5nb29nbGUucHJvdG9idWYuTWV0aG9kT3B0aW9ucxi5jgMgASgLMhkuc2FuZGJhci5vcHRpb25zLnYxLlJvdXRlUgVyb3V0ZTo3CgRqc29uEiEuZ29vZ2xlLnByb3RvYnVmLkVudW1WYWx1ZU9wdGlvbnMYuo4DIAEoCVIEanNvbmIGcHJvdG8z", [file_google_protobuf_descriptor]);
 
 /**
  * Describes the message sandbar.options.v1.Route.
@@ -43,6 +43,20 @@ export const AuthSchema = /*@__PURE__*/
  */
 export const Auth = /*@__PURE__*/
   tsEnum(AuthSchema);
+
+/**
+ * Describes the enum sandbar.options.v1.RateLimit.
+ */
+export const RateLimitSchema = /*@__PURE__*/
+  enumDesc(file_sandbar_options_v1_options, 1);
+
+/**
+ * Which rate-limit counter a call counts against (each call counts against exactly one).
+ *
+ * @generated from enum sandbar.options.v1.RateLimit
+ */
+export const RateLimit = /*@__PURE__*/
+  tsEnum(RateLimitSchema);
 
 /**
  * @generated from extension: sandbar.options.v1.Route route = 51001;
