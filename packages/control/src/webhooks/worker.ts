@@ -234,6 +234,10 @@ export class WebhookWorker {
     this.#unrecorded.delete(job.id);
     await this.#orm.em.fork().transactional(async (em) => {
       const exec = execIn(em);
+      // The endpoint's row first, as a delete of the endpoint takes it (then cascades to its
+      // deliveries): locking the delivery first would deadlock against that delete.
+      const endpoint = (await exec(`select id from webhook_endpoint where id = ? for no key update`, [job.endpoint_id])) as unknown[];
+      if (!endpoint.length) return;
       // Gone when its endpoint was deleted meanwhile: nothing to record.
       const updated = (await exec(
         `update webhook_delivery set status = ?, attempts = ?, next_attempt_at = coalesce(?, next_attempt_at) where id = ? and status = 'pending' returning id`,
