@@ -48,7 +48,7 @@ interface Running {
 }
 
 /** Starts the bundled agent and waits for its ready line. */
-async function startBundle(bundle: string, dir: string, n: number, extra: string[] = []): Promise<Running & { socket: string; secret: string }> {
+async function startBundle(bundle: string, dir: string, n: number, extra: string[] = [], env: NodeJS.ProcessEnv = process.env): Promise<Running & { socket: string; secret: string }> {
   const socket = path.join(dir, `agent-${n}.sock`);
   const secret = "bench-secret";
   const secretFile = path.join(dir, "secret");
@@ -56,6 +56,7 @@ async function startBundle(bundle: string, dir: string, n: number, extra: string
   const t0 = performance.now();
   const child = spawn(process.execPath, [bundle, "--socket", socket, "--secret-file", secretFile, "--root", dir, "--state-dir", path.join(dir, `state-${n}`), ...extra], {
     stdio: ["ignore", "pipe", "inherit"],
+    env,
   });
   const line = await new Promise<string>((resolve, reject) => {
     let buf = "";
@@ -101,6 +102,8 @@ async function bareNode(idle: boolean): Promise<{ wallMs: number; rss?: Awaited<
 async function benchStartup(bundle: string, dir: string) {
   const ready: number[] = [];
   const firstCall: number[] = [];
+  /** The same with Node's compile cache off (the bundle's dist/compile-cache unused). */
+  const firstCallNoCache: number[] = [];
   const selfReady: number[] = [];
   const bare: number[] = [];
   for (let i = 0; i < START_RUNS; i++) {
@@ -113,6 +116,11 @@ async function benchStartup(bundle: string, dir: string) {
     await info.getVersion({});
     firstCall.push(performance.now() - t0);
     await stop(a.child);
+    const t1 = performance.now();
+    const b = await startBundle(bundle, dir, 1000 + i, [], { ...process.env, NODE_DISABLE_COMPILE_CACHE: "1" });
+    await createClient(InfoService, socketTransport(b.socket, b.secret)).getVersion({});
+    firstCallNoCache.push(performance.now() - t1);
+    await stop(b.child);
   }
   const idleAgent = await startBundle(bundle, dir, 999);
   await new Promise((r) => setTimeout(r, 1000));
@@ -138,7 +146,7 @@ async function benchStartup(bundle: string, dir: string) {
       await stop(a.child);
     }
   }
-  return { ready, firstCall, selfReady, bare, agentIdle, nodeIdle, later, preloadIdle: preloadIdle! };
+  return { ready, firstCall, firstCallNoCache, selfReady, bare, agentIdle, nodeIdle, later, preloadIdle: preloadIdle! };
 }
 
 async function benchExec(client: ReturnType<typeof createClient<typeof ProcessService>>, info: ReturnType<typeof createClient<typeof InfoService>>) {
@@ -279,6 +287,7 @@ async function main() {
     const bareP50 = pct(start.bare, 50);
     rows.push(["start to ready line p50", ms(readyP50), `bare node start p50 ${ms(bareP50)}`, "< 60 ms", readyP50 < 60 ? "met" : `missed (node alone: ${bareP50.toFixed(0)} ms)`]);
     rows.push(["start to first answered call p50", ms(firstP50), `ready line +${(firstP50 - readyP50).toFixed(1)} ms`, "", ""]);
+    rows.push(["start to first answered call p50 without the compile cache", ms(pct(start.firstCallNoCache, 50)), "`NODE_DISABLE_COMPILE_CACHE=1`, interleaved", "", ""]);
     rows.push(["agent's own ready time p50 (process uptime)", ms(pct(start.selfReady, 50)), "node boot included", "", ""]);
     rows.push(["first Execute, 300 ms after ready, p50: lazy / --preload", `${ms(pct(start.later.lazy, 50))} / ${ms(pct(start.later.preload, 50))}`, `warm exec p50 ${ms(execP50)}`, "", ""]);
     rows.push([

@@ -329,16 +329,25 @@ ${[ratio("sequential"), ratio(`${PARALLEL} parallel`)].join("\n")}
 
 ## Where a cold start goes
 
-The host part of a cold sequential create, by the linux provider's phases (its trace hook; \`socket\` =
-launcher spawned until the agent's socket accepts: sh + setpriv + bwrap + seccomp + the init shell + node
-start-up + listen). The rest of "of which create" is the control plane (authentication, quota admission
-and the row in one transaction, the answer); "of which 1st exec" is the agent loading its RPC stack and
-process code on its first call, which a warm pool sandbox has done before it is offered.
+The host part of a cold sequential create, by the linux provider's phases (its trace hook): \`dirs\` =
+runtime directories; \`overlay\` = the shared tools layer looked up (built once per set of tools) and
+mount(8) of the overlay; \`root-prep\` = the sandbox user and mount points in the new root; \`cgroup\` =
+the sandbox's cgroups; \`spawn\` = the launcher started; \`socket\` = launcher spawned until the agent's
+socket accepts: sh + setpriv + bwrap + seccomp + the init shell + node start-up + listen, which is what
+floor/node measures with a stand-in agent (no cgroup, no seccomp, no init shell).
 
 | phase | p50 ms | p95 ms |
 |---|---|---|
 ${profile.map(([phase, st]) => `| ${phase} | ${ms(st.p50)} | ${ms(st.p95)} |`).join("\n")}
 | sum of p50s | ${ms(profile.reduce((a, [, st]) => a + st.p50, 0))} | |
+
+The rest, from the same run's p50s (differences of medians, so approximate):
+
+| part | ms (p50) | what it is |
+|---|---|---|
+| control plane in a cold create | ${ms(get("  of which create", "sequential")!.p50 - profile.reduce((a, [, st]) => a + st.p50, 0))} | "of which create" minus the provider's phases: authentication, quota admission and the row in one transaction, the answer, HTTP |
+| agent start above the floor | ${ms((profile.find(([p]) => p === "socket")?.[1].p50 ?? 0) - get("floor/node", "sequential")!.p50 + get("floor/true", "sequential")!.p50)} | \`socket\` minus (floor/node minus floor/true): the real agent's own start beyond a stand-in that only listens, plus cgroup and init shell |
+| first exec, cold minus warm | ${ms(get("  of which 1st exec", "sequential")!.p50 - get("  of which 1st exec", "sequential warm")!.p50)} | what a new agent's first call still pays that a warmed one does not: node:http2, Connect, protobuf descriptors and the process service (loaded right after listening, \`--preload\`, racing the call), the first bash (cold: the spare shell exists only once executions began), the control plane's first HTTP/2 connection to the agent (a pool sandbox's warm-up made it) |
 
 ## Density
 

@@ -1,18 +1,21 @@
 /**
  * Bundles the agent for the runner to bind-mount (read-only, beside a node
- * binary) into sandboxes: dist/agent.mjs is the entry (what starts the agent
- * and serves), dist/chunks/ the services, each loaded on its first call. What
+ * binary) into sandboxes: dist/agent.mjs is the entry (it turns on Node's
+ * compile cache in dist/compile-cache, made here by running the agent once:
+ * see compile-cache.ts), dist/main.mjs the agent (what starts it and serves),
+ * dist/chunks/ the services, each loaded on its first call. What
  * cannot be bundled is copied into dist/node_modules: node-pty (a native
  * addon) and typescript-language-server with the typescript it runs (separate
  * processes). Mount the whole dist directory and run agent.mjs.
  * Usage: node packages/agent/build.ts [outDir]
  */
-import { cp, mkdir, readFile, rm } from "node:fs/promises";
+import { cp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import { createRequire } from "node:module";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
 import type { Plugin } from "esbuild";
+import { AGENT_MAIN, buildCompileCache, LOADER } from "./compile-cache.ts";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const require = createRequire(import.meta.url);
@@ -59,13 +62,15 @@ export async function buildAgent(outDir = path.join(here, "dist")): Promise<stri
   await mkdir(outDir, { recursive: true });
   const outfile = path.join(outDir, "agent.mjs");
   await build({
-    entryPoints: { agent: path.join(here, "src", "main.ts") },
+    entryPoints: { [path.basename(AGENT_MAIN, ".mjs")]: path.join(here, "src", "main.ts") },
     outdir: outDir,
     outExtension: { ".js": ".mjs" },
     // Each service is a chunk loaded on its first call, with the builtins it needs.
     splitting: true,
     chunkNames: "chunks/[name]-[hash]",
     plugins: [lazyZlib],
+    // Every use of the global Headers (Connect's) gets a lean one: Node's loads undici.
+    inject: [path.join(here, "src", "util", "lean-headers.ts")],
     bundle: true,
     platform: "node",
     format: "esm",
@@ -79,11 +84,14 @@ export async function buildAgent(outDir = path.join(here, "dist")): Promise<stri
   await copyPackage(outDir, "node-pty", ["lib", "build/Release/pty.node", "LICENSE"]);
   await copyPackage(outDir, "typescript-language-server", ["lib", "LICENSE"]);
   await copyPackage(outDir, "typescript", ["lib", "LICENSE.txt"]);
+  await writeFile(outfile, LOADER, { mode: 0o755 });
+  if (process.env.SANDBAR_AGENT_NO_COMPILE_CACHE !== "1") await buildCompileCache(outDir);
   return outfile;
 }
 
 if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const outfile = await buildAgent(process.argv[2] ? path.resolve(process.argv[2]) : undefined);
-  const size = (await readFile(outfile)).length;
-  process.stdout.write(`${outfile} (${(size / 1024).toFixed(0)} KiB)\n`);
+  const main = path.join(path.dirname(outfile), AGENT_MAIN);
+  const size = (await readFile(main)).length;
+  process.stdout.write(`${outfile} (the agent: ${main}, ${(size / 1024).toFixed(0)} KiB)\n`);
 }

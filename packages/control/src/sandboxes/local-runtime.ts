@@ -16,6 +16,12 @@ import type { RuntimeHealth, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime 
 /** The agent bundle `node packages/agent/build.ts` writes: a directory whose entry is agent.mjs. */
 export const DEFAULT_AGENT_BUNDLE = fileURLToPath(new URL("../../../agent/dist", import.meta.url));
 const AGENT_ENTRY = "agent.mjs";
+/**
+ * The agent loads what every first call needs (node:http2, Connect, the info, file and process
+ * services) right after it listens, while the create answers and the first call travels, rather
+ * than on that call: a faster first call for about 12 MB more private memory per idle sandbox.
+ */
+const AGENT_ARGS = ["--preload"];
 
 /**
  * The first process for an agent bundle: a directory holding agent.mjs (mounted whole: its
@@ -24,7 +30,7 @@ const AGENT_ENTRY = "agent.mjs";
 export async function agentInit(bundle = DEFAULT_AGENT_BUNDLE): Promise<Omit<InitCommand, "secret">> {
   const resolved = path.resolve(bundle);
   const isDir = await stat(resolved).then((s) => s.isDirectory(), () => resolved === DEFAULT_AGENT_BUNDLE);
-  return isDir ? { node: process.execPath, bundle: resolved, main: AGENT_ENTRY } : { node: process.execPath, bundle: resolved };
+  return isDir ? { node: process.execPath, bundle: resolved, main: AGENT_ENTRY, args: AGENT_ARGS } : { node: process.execPath, bundle: resolved };
 }
 
 export interface LocalRuntimeOptions {
@@ -62,7 +68,7 @@ export class LocalRuntime implements SandboxRuntime {
     this.uidBase = uidBase;
     this.runnerId = runnerId;
     this.#hostSecret = hostSecret;
-    this.#init = o.init ?? { node: process.execPath, bundle: DEFAULT_AGENT_BUNDLE, main: AGENT_ENTRY };
+    this.#init = o.init ?? { node: process.execPath, bundle: DEFAULT_AGENT_BUNDLE, main: AGENT_ENTRY, args: AGENT_ARGS };
     this.#snapshotDir = o.snapshotCacheDir ?? o.dataDir;
     this.#pidsLimit = o.pidsLimit ?? 4096;
     this.#log = o.log ?? (() => undefined);

@@ -43,3 +43,13 @@ it("runs the real agent: toolbox calls work, files survive stop/start and archiv
   expect((await f.call("DELETE", `/sandbox/${s.id}`)).body.state).toBe("destroyed");
   expect(await leftovers(f.runtime, s.id, hostUid)).toEqual([]);
 });
+
+it("the agent in a sandbox reads the bundle's compile cache (made at build time) rather than compiling its modules again", async () => {
+  const s = await f.create({});
+  // The agent's own node and entry, as the sandbox user; a bad argument ends it once its modules are loaded.
+  const r = await f.exec(s.id, "NODE_DEBUG_NATIVE=COMPILE_CACHE /opt/sandbar/bin/node /opt/sandbar/agent/agent.mjs --no-such-flag 2>&1; id -u");
+  expect(r.result).toMatch(/V8 code cache for ESM file:\/\/\/opt\/sandbar\/agent\/main\.mjs was accepted/);
+  expect(r.result).not.toMatch(/Cannot create cache directory|was rejected/);
+  expect(r.result.trim().split("\n").at(-1)).toBe("1000");
+  await f.call("DELETE", `/sandbox/${s.id}`);
+});

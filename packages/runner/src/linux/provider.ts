@@ -1,5 +1,5 @@
 import type { ChildProcess } from "node:child_process";
-import { chmod, chown, mkdir, readdir, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
+import { chmod, chown, mkdir, readdir, readlink, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { ConnectError, errors } from "@sandbar/protocol";
@@ -11,7 +11,7 @@ import { detectCgroups } from "./cgroups/detect.ts";
 import type { CgroupBackend, UserLimits } from "./cgroups/types.ts";
 import { which } from "./command.ts";
 import { syscallFilter } from "./syscall-filter.ts";
-import { buildToolsLayer } from "./tools-layer.ts";
+import { SharedToolsLayers } from "./tools-layer.ts";
 import { assertReachable, statOrFail } from "./host-paths.ts";
 import { KeyedLock } from "./keyed-lock.ts";
 import { packLayer, restoreLayer } from "./layer.ts";
@@ -76,6 +76,8 @@ export class LinuxProvider implements SandboxProvider {
   readonly layout: Layout;
   readonly cgroups: CgroupBackend;
   readonly #tools: Tools;
+  /** Tools layers (node, init shell, agent bundle) shared by the sandboxes that run the same ones. */
+  readonly #toolsLayers: SharedToolsLayers;
   readonly #uids: UidAllocator;
   readonly #lock = new KeyedLock();
   readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
@@ -88,9 +90,20 @@ export class LinuxProvider implements SandboxProvider {
     this.layout = layout;
     this.cgroups = cgroups;
     this.#tools = tools;
+    this.#toolsLayers = new SharedToolsLayers(path.join(layout.dataDir, "tools-layers"), () => this.#toolsLayersLinked());
     this.#uids = uids;
     this.#log = options.log ?? (() => undefined);
     this.trace = options.trace ?? (() => undefined);
+  }
+
+  /** The tools layers some sandbox's overlay links to (its `layers/l0`, made by mountOverlay). */
+  async #toolsLayersLinked(): Promise<Set<string>> {
+    const linked = new Set<string>();
+    for (const id of await listRecordIds(this.layout)) {
+      const target = await readlink(path.join(this.layout.sandboxDir(id), "layers", "l0")).catch(() => undefined);
+      if (target) linked.add(path.resolve(target));
+    }
+    return linked;
   }
 
   /** A stopwatch reporting each phase of a start to the trace hook. */
@@ -225,8 +238,9 @@ export class LinuxProvider implements SandboxProvider {
         await mkdir(L.work(id, true), { recursive: true, mode: 0o700 });
       }
       phase("dirs");
-      const { agentEntry } = await buildToolsLayer(path.join(L.sandboxDir(id), "tools"), { initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
-      await mountOverlay({ lowers: [path.join(L.sandboxDir(id), "tools"), spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
+      const tools = await this.#toolsLayers.layer({ initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
+      const agentEntry = tools.agentEntry;
+      await mountOverlay({ lowers: [tools.dir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
 
       phase("overlay");
       const root = L.rootMount(id);
