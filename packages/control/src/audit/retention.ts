@@ -1,4 +1,5 @@
 import type { MikroORM } from "@mikro-orm/postgresql";
+import { Periodic } from "../server/periodic.ts";
 
 // The audit log's chores, in the sandbox timers' style (a pass every `tickMs`, unref'd, stopped
 // by waiting for the pass in progress): entries a crash left without an outcome get status 0
@@ -21,39 +22,20 @@ const DAY_MS = 24 * 3600_000;
 export class AuditRetention {
   readonly #orm: MikroORM;
   readonly #o: RetentionOptions;
-  #timer: NodeJS.Timeout | undefined;
-  #running: Promise<void> | undefined;
-  #stopped = true;
+  readonly #loop: Periodic;
 
   constructor(orm: MikroORM, o: RetentionOptions) {
     this.#orm = orm;
     this.#o = o;
+    this.#loop = new Periodic(() => this.tick(), o.tickMs, (err) => o.log?.(`audit retention: ${String(err)}`));
   }
 
   start(): void {
-    if (!this.#stopped) return;
-    this.#stopped = false;
-    this.#schedule();
+    this.#loop.start();
   }
 
-  #schedule(): void {
-    if (this.#stopped) return;
-    this.#timer = setTimeout(() => {
-      this.#running = this.tick()
-        .then(() => undefined)
-        .catch((err: unknown) => this.#o.log?.(`audit retention: ${String(err)}`))
-        .finally(() => {
-          this.#running = undefined;
-          this.#schedule();
-        });
-    }, this.#o.tickMs);
-    this.#timer.unref();
-  }
-
-  async stop(): Promise<void> {
-    this.#stopped = true;
-    clearTimeout(this.#timer);
-    await this.#running;
+  stop(): Promise<void> {
+    return this.#loop.stop();
   }
 
   /** One pass: closes abandoned entries, deletes expired ones; returns how many of each. */

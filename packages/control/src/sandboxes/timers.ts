@@ -1,5 +1,6 @@
 import type { SandboxRecord } from "../db/entities.ts";
 import type { SandboxManager } from "./manager.ts";
+import { Periodic } from "../server/periodic.ts";
 import { isEphemeral, normalizeAutoArchive } from "./states.ts";
 
 // Auto-stop, auto-archive and auto-delete (reference §4.4), stopping the sandboxes of an
@@ -21,39 +22,21 @@ const KEEP_DESTROYED_MINUTES = 24 * 60;
 export class SandboxTimers {
   readonly #manager: SandboxManager;
   readonly #o: TimerOptions;
-  #timer: NodeJS.Timeout | undefined;
-  #running: Promise<void> | undefined;
-  #stopped = true;
+  readonly #loop: Periodic;
 
   constructor(manager: SandboxManager, o: TimerOptions) {
     this.#manager = manager;
     this.#o = o;
+    this.#loop = new Periodic(() => this.tick(), o.tickMs, (err) => o.log?.(`sandbox timers: ${String(err)}`));
   }
 
   start(): void {
-    if (!this.#stopped) return;
-    this.#stopped = false;
-    this.#schedule();
-  }
-
-  #schedule(): void {
-    if (this.#stopped) return;
-    this.#timer = setTimeout(() => {
-      this.#running = this.tick()
-        .catch((err: unknown) => this.#o.log?.(`sandbox timers: ${String(err)}`))
-        .finally(() => {
-          this.#running = undefined;
-          this.#schedule();
-        });
-    }, this.#o.tickMs);
-    this.#timer.unref();
+    this.#loop.start();
   }
 
   /** Stops the loop and waits for a pass in progress. */
-  async stop(): Promise<void> {
-    this.#stopped = true;
-    clearTimeout(this.#timer);
-    await this.#running;
+  stop(): Promise<void> {
+    return this.#loop.stop();
   }
 
   /** One pass over this runner's sandboxes (and the archived ones, which no runner holds). */
