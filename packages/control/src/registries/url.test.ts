@@ -15,12 +15,13 @@ describe("registry URLs", () => {
       ["registry-1.docker.io", "registry-1.docker.io", "docker.io"],
       ["docker.io", "docker.io", "docker.io"],
       ["ghcr.io/my-org", "ghcr.io/my-org", "ghcr.io"],
+      ["https://Bücher.example/x", "https://xn--bcher-kva.example/x", "xn--bcher-kva.example"],
     ];
     for (const [input, url, host] of cases) expect(parseRegistryUrl(input), input).toEqual({ url, host });
   });
 
   it("refuses what is not a registry address", () => {
-    for (const input of ["", "   ", "nohost", "ftp://r.example.com", "file:///etc/passwd", "https://u:p@r.example.com", "r.example.com?x", "r.example.com#f", "http://", "r.example.com/a b", "https://r.example.123", "-a.example.com", "a..example.com", "x".repeat(2049)]) {
+    for (const input of ["", "   ", "nohost", "ftp://r.example.com", "file:///etc/passwd", "https://u:p@r.example.com", "r.example.com?x", "r.example.com#f", "http://", "r.example.com/a b", "https://r.example.123", "-a.example.com", "a..example.com", "x".repeat(2049), `r.example.com/${"ä".repeat(1000)}`]) {
       expect(parseRegistryUrl(input), input).toBeUndefined();
     }
   });

@@ -36,6 +36,8 @@ export function parseRegistryUrl(input: string): RegistryUrl | undefined {
   if (!validHostname(hostname)) return undefined;
   const path = parsed.pathname.replace(/\/+$/, "");
   const url = `${scheme ? `${scheme}://` : ""}${parsed.host.toLowerCase()}${path}`;
+  // Percent-encoding can make the stored form longer than what was typed.
+  if (url.length > 2048) return undefined;
   return { url, host: canonicalRegistryHost(parsed.host) };
 }
 
