@@ -1,5 +1,5 @@
 import type { ServiceImpl } from "@connectrpc/connect";
-import type { EntityManager, MikroORM } from "@mikro-orm/postgresql";
+import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import type { DockerRegistryService } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
 import { organizationOf } from "../auth/principal.ts";
@@ -20,7 +20,7 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 type Row = Omit<RegistryRow, "password_sealed">;
 
 export function dockerRegistryService(orm: MikroORM, box: SecretBox): Partial<ServiceImpl<typeof DockerRegistryService>> {
-  const em = (): EntityManager => orm.em.fork() as EntityManager;
+  const em = () => orm.em.fork();
 
   /** The organization's own registry, else the reference's 404 (any other id looks the same). */
   async function own(exec: Exec, organizationId: string, id: string, lock = false): Promise<Row> {
