@@ -82,6 +82,7 @@ export const SAMPLE_REQUESTS: Record<string, Record<string, unknown>> = {
   "OrganizationRoleService.UpdateRole": { name: "renamed", description: "renamed", permissions: ["read:volumes"] },
   "OrganizationMemberService.UpdateMemberAccess": { role: "member", assignedRoleIds: [] },
   "OrganizationMemberService.UpdateMemberRole": { role: "member" },
+  "DockerRegistryService.UpdateRegistry": { name: "renamed", url: "registry.a.example.test", username: "a-robot" },
 };
 
 /** Fields that look like ids but do not name another organization's resource, and why. */

@@ -64,7 +64,7 @@ afterAll(async () => {
 });
 
 /** Every id B's stored rows can be found by. */
-const bIds = () => [w.B.org, w.B.sandbox, w.B.role, w.B.invitation, w.B.region, w.B.owner, "dan"];
+const bIds = () => [w.B.org, w.B.sandbox, w.B.role, w.B.invitation, w.B.region, w.B.registry, w.B.owner, "dan"];
 
 /** One route of the contract, REST or toolbox. */
 interface RestCase {
@@ -322,7 +322,7 @@ describe.skipIf(!root)("another organization's resources", () => {
   });
 
   it("are left out of every list", async () => {
-    const secrets = [w.B.org, w.B.sandbox, w.B.sandboxName, w.B.role, w.B.invitation, w.B.region, w.B.session, ...w.B.keyNames, "b-region", "b-role", "carol@example.test"];
+    const secrets = [w.B.org, w.B.sandbox, w.B.sandboxName, w.B.role, w.B.invitation, w.B.region, w.B.registry, w.B.session, ...w.B.keyNames, "b-region", "b-registry", "b-role", "carol@example.test"];
     const lists = restCases().filter((c) => c.verb === "GET" && paramsOf(c.template).every((p) => p === "organization_id") && c.route.auth !== Auth.PUBLIC);
     expect(lists.length).toBeGreaterThan(15);
     const problems: string[] = [];

@@ -7,7 +7,7 @@
  * B: bob's organization, holding one of each kind of resource the API can make: a started
  *    sandbox with a name, a process session, a command and a terminal in it, keys (bob's, one made by a
  *    managing key, and erin's), a role, members (dan, erin), a pending invitation, a custom
- *    region, an OpenTelemetry and an experimental config, a webhook endpoint (disabled, so nothing
+ *    region, a container registry (B's default), an OpenTelemetry and an experimental config, a webhook endpoint (disabled, so nothing
  *    is delivered and B's rows stay still).
  * erin belongs to both: signed in with A's header she must not reach B's things either (a service
  * that filters by "organizations the user belongs to" instead of the call's organization fails).
@@ -49,6 +49,7 @@ export interface World {
     role: string;
     invitation: string;
     region: string;
+    registry: string;
     webhookEndpoint: string;
     owner: string;
     members: string[];
@@ -109,6 +110,8 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
   await caller(t, erin, b.header)("POST", "/api-keys", { name: "erin-b-key", permissions: ["read:volumes"] });
   const bInvitation = (await asBob("POST", `/organizations/${b.org}/invitations`, { email: "carol@example.test", role: "member", assignedRoleIds: [bRole] })).body.id as string;
   const bRegion = (await asBob("POST", "/regions", { name: "b-region", proxyUrl: "https://proxy.b.example.test" })).body.id as string;
+  const bRegistry = (await asBob("POST", "/docker-registry", { name: "b-registry", url: "registry.b.example.test", username: "b-robot", password: "b-registry-pw", project: "b" })).body.id as string;
+  expect((await asBob("POST", `/docker-registry/${bRegistry}/set-default`)).status).toBe(200);
   await asBob("PUT", `/organizations/${b.org}/otel-config`, { endpoint: "https://otel.b.example.test", headers: { "x-b": "secret-b" } });
   await asBob("PUT", `/organizations/${b.org}/experimental-config`, { tenant: "b" });
   const bEndpoint = (await asBob("POST", `/webhooks/organizations/${b.org}/endpoints`, { url: "https://hooks.b.example.test/in", enabled: false })).body.endpoint.id as string;
@@ -145,6 +148,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
       role: bRole,
       invitation: bInvitation,
       region: bRegion,
+      registry: bRegistry,
       webhookEndpoint: bEndpoint,
       owner: "bob",
       members: ["dan", "erin"],

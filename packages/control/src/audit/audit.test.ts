@@ -112,9 +112,9 @@ describe("audit log", () => {
     expect(key.status).toBe(201);
     const otel = await api(t.url, sam, "PUT", `/organizations/${org}/otel-config`, { endpoint: "https://otel.example.test", headers: { authorization: "Bearer otel-s3cret-value" } });
     expect(otel.status).toBe(204);
-    // Registries answer 501 for now: the call is recorded all the same, without its password.
+    // The registry create is recorded without its password, under the id it made.
     const registry = await api(t.url, key.body.value, "POST", "/docker-registry", { name: "r", url: "https://r.example.test", username: "robot", password: "registry-s3cret-value", project: "p" });
-    expect(registry.status).toBe(501);
+    expect(registry.status).toBe(201);
     // A refused create (cpu out of range) still records its body, without the environment.
     const sandbox = await api(t.url, key.body.value, "POST", "/sandbox", { env: { API_TOKEN: "env-s3cret-value" }, labels: { team: "x" }, cpu: 1000 });
     expect(sandbox.status).toBe(400);
@@ -126,7 +126,7 @@ describe("audit log", () => {
     const byAction = new Map(rows.map((r) => [`${r.action} ${r.target_type}`, r]));
     expect(byAction.get("update_otel_config organization")?.metadata.body).toEqual({ organizationId: org, config: { endpoint: "https://otel.example.test" } });
     expect(byAction.get("create docker_registry")?.metadata.body).toMatchObject({ name: "r", username: "robot" });
-    expect(byAction.get("create docker_registry")?.status_code).toBe(501);
+    expect(byAction.get("create docker_registry")).toMatchObject({ status_code: 201, target_id: registry.body.id });
     expect(byAction.get("create sandbox")?.metadata.body).toMatchObject({ labels: { team: "x" }, cpu: 1000 });
     expect(byAction.get("create sandbox")?.metadata.body.env).toBeUndefined();
     // The key is named by the prefix and suffix the reference keeps, never by its value.

@@ -18,6 +18,7 @@ import {
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/preview_pb.js";
 import { RegionService } from "@sandbar/protocol/gen/sandbar/control/v1/region_pb.js";
+import { DockerRegistryService } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
 import { AuditRecorder } from "../audit/recorder.ts";
@@ -46,6 +47,7 @@ import { organizationMemberService } from "../services/organization-members.ts";
 import { organizationRoleService } from "../services/organization-roles.ts";
 import { organizationService } from "../services/organizations.ts";
 import { regionService } from "../services/regions.ts";
+import { dockerRegistryService } from "../registries/index.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
 import { clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
@@ -116,6 +118,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [OrganizationMemberService.typeName, organizationMemberService(orm, credentials) as Impl],
     [OrganizationInvitationService.typeName, organizationInvitationService(orm, credentials) as Impl],
     [RegionService.typeName, regionService(orm) as Impl],
+    [DockerRegistryService.typeName, dockerRegistryService(orm, box) as Impl],
     [WebhookService.typeName, webhooks.impl as Impl],
     [AuditService.typeName, auditService(orm) as Impl],
   ]);
