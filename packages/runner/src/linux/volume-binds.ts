@@ -61,6 +61,8 @@ export async function bindVolume(v: VolumeMount, at: string, gid: number): Promi
     const opened = await readlink(fdLink);
     const root = path.resolve(v.root);
     if (opened !== root && !opened.startsWith(root + "/")) throw errors.failedPrecondition(`volume subpath ${v.subpath} leaves the volume`);
+    // Traversable by the sandbox uid: bubblewrap, running as it, binds from here.
+    await mkdir(path.dirname(at), { recursive: true, mode: 0o711 });
     await mkdir(at, { recursive: true, mode: 0o700 });
     await run("mount", ["--no-canonicalize", "--bind", fdLink, at]);
     await run("mount", ["--no-canonicalize", "-o", "remount,bind,nosuid,nodev", at]);
