@@ -29,9 +29,9 @@ describe("SDK 0.218.0 volumes", () => {
 
     const writer = await daytona.create({ labels: { suite: label }, volumes: [{ volumeId: volume.id, mountPath: "/mnt/shared" }] }, { timeout: 120 });
     expect(writer.volumes).toEqual([expect.objectContaining({ volumeId: volume.id, mountPath: "/mnt/shared" })]);
-    expect(await writer.process.executeCommand("echo hello-from-writer > /mnt/shared/note && echo ok")).toMatchObject({ exitCode: 0, result: "ok" });
+    expect(await writer.process.executeCommand("echo hello-from-writer > /mnt/shared/note && echo ok")).toMatchObject({ exitCode: 0, result: "ok\n" });
     const reader = await daytona.create({ labels: { suite: label }, volumes: [{ volumeId: volume.id, mountPath: "/srv/data", subpath: "" }] }, { timeout: 120 });
-    expect((await reader.process.executeCommand("cat /srv/data/note")).result).toBe("hello-from-writer");
+    expect((await reader.process.executeCommand("cat /srv/data/note")).result).toBe("hello-from-writer\n");
 
     await expect(daytona.volume.delete(volume)).rejects.toThrow(/Volume cannot be deleted because it is in use by one or more sandboxes/);
     await daytona.delete(writer);

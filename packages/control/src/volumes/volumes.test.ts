@@ -100,6 +100,7 @@ describe("volume lifecycle", () => {
   it("enforces the organization's volume quota", async () => {
     const exec = execIn(f.t.server.orm.em.fork());
     const [{ n }] = (await exec(`select count(*)::int as n from volume where organization_id = ? and state <> 'deleted'`, [f.orgId])) as Array<{ n: number }>;
+    expect((await f.call("GET", `/organizations/${f.orgId}/usage`)).body).toMatchObject({ currentVolumeUsage: n, totalVolumeQuota: 100 });
     await exec(`update organization set volume_quota = ? where id = ?`, [n, f.orgId]);
     try {
       await expectError(await f.call("POST", "/volumes", { name: "over" }), 400, `Volume quota exceeded. Maximum allowed: ${n}`);
