@@ -65,6 +65,16 @@ export function volumeService(orm: MikroORM, storage: VolumeStorage, log: (line:
     await store.transition(row.id, "deleted", { from: ["deleting"], rename: `${row.name}-deleted` });
   }
 
+  // A process that stopped between the steps above left volumes half way: carried on at start.
+  // Transitions name the state they leave (a step already taken is skipped) and storage calls
+  // are idempotent, so a second process doing the same is harmless.
+  void store
+    .unfinished()
+    .then(async (rows) => {
+      for (const row of rows) await (row.state === "pending_create" || row.state === "creating" ? provision(row) : remove(row));
+    })
+    .catch((err: unknown) => log(`volumes: resuming unfinished work failed: ${(err as Error).message}`));
+
   return {
     async listVolumes(req, ctx) {
       return { items: (await store.list(organizationOf(ctx), req.includeDeleted ?? false)).map(toVolume) };

@@ -167,6 +167,11 @@ export class VolumeStore {
     );
   }
 
+  /** Volumes a create or delete left between its steps. */
+  async unfinished(): Promise<VolumeRow[]> {
+    return rows(this.#exec(), `select * from volume where state in ('pending_create', 'creating', 'pending_delete', 'deleting') order by created_at`, []);
+  }
+
   /** Stamps use (at most once a minute, as the reference does). */
   async touch(ids: string[], at: Date): Promise<void> {
     if (!ids.length) return;

@@ -5,6 +5,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { hashApiKey, keyEnds } from "../auth/key-material.ts";
 import { ApiKeyRecord } from "../db/entities.ts";
 import { execIn } from "../db/exec.ts";
+import { volumeService } from "./service.ts";
 import { loadSettings } from "../settings.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "../sandboxes/testing/fixtures.ts";
 
@@ -86,6 +87,18 @@ describe("volume lifecycle", () => {
       "pending_delete>deleting",
       "deleting>deleted",
     ]);
+  });
+
+  it("carries on, at start, a create or delete a stopped process left half way", async () => {
+    const exec = execIn(f.t.server.orm.em.fork());
+    const [made, removing] = [randomUUID(), randomUUID()];
+    await exec(`insert into volume (id, organization_id, name, state, created_at, updated_at) values (?, ?, 'half-made', 'creating', now(), now()), (?, ?, 'half-gone', 'deleting', now(), now())`, [made, f.orgId, removing, f.orgId]);
+    await f.t.server.sandboxes.volumes.create(removing);
+    volumeService(f.t.server.orm, f.t.server.sandboxes.volumes); // what a (re)starting process does
+    await eventually("both finished", async () => (await f.call("GET", `/volumes/${made}`)).body.state === "ready" && (await f.call("GET", `/volumes/${removing}`)).body.state === "deleted");
+    expect((await stat(hostPath(made))).isDirectory()).toBe(true);
+    expect(await stat(hostPath(removing)).catch(() => undefined)).toBeUndefined();
+    expect((await f.call("GET", `/volumes/${removing}`)).body.name).toBe("half-gone-deleted");
   });
 
   it("answers the messages the clients match on, and refuses bad names", async () => {
