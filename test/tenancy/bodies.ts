@@ -55,7 +55,7 @@ export const BODY_CASES: Record<string, { theirs: (w: World) => string; build: B
     build: (_w, _org, v) => ({ verb: "POST", path: "/sandbox", body: { target: v, autoStopInterval: 0 } }),
   },
   "SandboxService.CreateSandbox volumes[].volume_id": {
-    theirs: () => randomUUID(), // volumes cannot be made yet
+    theirs: (w) => w.B.volume,
     build: (_w, _org, v) => ({ verb: "POST", path: "/sandbox", body: { volumes: [{ volumeId: v, mountPath: "/mnt/v" }], autoStopInterval: 0 } }),
   },
   "SnapshotService.CreateSnapshot region_id": {

@@ -52,7 +52,7 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
       if (["SnapshotService", "RunnerService"].includes(service)) return notBuilt();
       return undefined;
     case "volume_id":
-      return notBuilt();
+      return { theirs: [w.B.volume], nobody: nobodyUuid, resource: true };
     case "session_id":
       return { theirs: [B.session], nobody: "no-session", resource: true };
     case "endpoint_id":

@@ -51,6 +51,8 @@ export interface World {
     region: string;
     registry: string;
     webhookEndpoint: string;
+    /** B's volume, named `b-volume`. */
+    volume: string;
     owner: string;
     members: string[];
   };
@@ -117,6 +119,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
   const bEndpoint = (await asBob("POST", `/webhooks/organizations/${b.org}/endpoints`, { url: "https://hooks.b.example.test/in", enabled: false })).body.endpoint.id as string;
 
   const asBKey = caller(t, bKey);
+  const bVolume = (await asBKey("POST", "/volumes", { name: "b-volume" })).body.id as string;
   const sandbox = (await asBKey("POST", "/sandbox", { name: "b-box", autoStopInterval: 0, labels: { tenant: "b" } })).body.id as string;
   // A process session and a terminal under the same id: toolbox routes name either by `session_id`.
   await asBKey("POST", `/toolbox/${sandbox}/toolbox/process/session`, { sessionId: "b-session" });
@@ -150,6 +153,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
       region: bRegion,
       registry: bRegistry,
       webhookEndpoint: bEndpoint,
+      volume: bVolume,
       owner: "bob",
       members: ["dan", "erin"],
     },

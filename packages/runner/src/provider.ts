@@ -18,6 +18,20 @@ export interface BindMount {
 }
 
 /**
+ * A volume: a host directory shared by every sandbox that mounts it. The provider makes `subpath`
+ * (created if missing, never through a symlink that leaves `root`) visible read-write at `target`,
+ * and lets the sandbox's processes write what other sandboxes wrote (a group shared by volume users).
+ */
+export interface VolumeMount {
+  /** Absolute host path of the volume's root directory. */
+  root: string;
+  /** Relative path inside the volume; its root when absent. */
+  subpath?: string;
+  /** Absolute path inside the sandbox. */
+  target: string;
+}
+
+/**
  * The sandbox's first process: the agent, run by the host's node binary from a bundle,
  * both bind-mounted read-only. The provider adds `--socket <path>` (and `--secret-file <path>`
  * when a secret is given) before `args`; the agent must listen on that unix socket.
@@ -44,6 +58,8 @@ export interface SandboxSpec {
   rootfs: string;
   /** Extra binds, applied in order after the root (a snapshot's own binds go first). */
   mounts?: BindMount[];
+  /** Shared volumes, read-write, after the binds (see VolumeMount). */
+  volumes?: VolumeMount[];
   /** CPU cores, may be fractional (0.5 = half a core). */
   cpu: number;
   /** Memory limit in GiB (swap is not granted on top). */

@@ -52,4 +52,15 @@ describe("sandbox spec validation", () => {
     rejects({ init: { node: "/n", bundle: "/a", args: [1] } }, "init.args");
     rejects({ init: undefined }, "init is required");
   });
+
+  it("checks volumes: absolute root and target, no reserved target, a relative subpath without '..'", () => {
+    expect(validateSpec({ ...good, volumes: [{ root: "/v/1", target: "/data/", subpath: "a/./b" }] }).volumes).toEqual([{ root: "/v/1", target: "/data/", subpath: "a/b" }]);
+    expect(validateSpec({ ...good, volumes: [{ root: "/v/1", target: "/data", subpath: "" }] }).volumes).toEqual([{ root: "/v/1", target: "/data" }]);
+    rejects({ volumes: [{ root: "v/1", target: "/data" }] }, "volumes[0].root must be an absolute path");
+    rejects({ volumes: [{ root: "/v/1", target: "/proc/x" }] }, "reserved");
+    rejects({ volumes: [{ root: "/v/1", target: "/" }] }, "must not be '/'");
+    rejects({ volumes: [{ root: "/v/1", target: "/d", subpath: "../x" }] }, "volumes[0].subpath must be a relative path without '..'");
+    rejects({ volumes: [{ root: "/v/1", target: "/d", subpath: "/abs" }] }, "volumes[0].subpath");
+    rejects({ volumes: "x" }, "volumes must be an array");
+  });
 });

@@ -1,6 +1,6 @@
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
-import type { BindMount, InitCommand, SandboxSpec } from "./provider.ts";
+import type { BindMount, InitCommand, SandboxSpec, VolumeMount } from "./provider.ts";
 import { SANDBOX_PATHS } from "./provider.ts";
 
 // Shape checks every provider shares. They run before anything touches the host, and say
@@ -37,6 +37,17 @@ function absolutePath(name: string, p: unknown): string {
 }
 
 const reservedTargets = ["/proc", "/dev", SANDBOX_PATHS.runDir, "/opt/sandbar"];
+
+function validateVolume(v: VolumeMount, i: number): VolumeMount {
+  if (typeof v !== "object" || v === null) throw errors.invalidArgument(`volumes[${i}] must be an object`);
+  const root = absolutePath(`volumes[${i}].root`, v.root);
+  const { target } = validateMount({ source: root, target: v.target }, i);
+  if (v.subpath === undefined || v.subpath === "") return { root, target };
+  if (typeof v.subpath !== "string" || v.subpath.startsWith("/") || v.subpath.includes("\0") || v.subpath.split("/").includes("..")) {
+    throw errors.invalidArgument(`volumes[${i}].subpath must be a relative path without '..'`);
+  }
+  return { root, target, subpath: path.normalize(v.subpath) };
+}
 
 function validateMount(m: BindMount, i: number): BindMount {
   if (typeof m !== "object" || m === null) throw errors.invalidArgument(`mounts[${i}] must be an object`);
@@ -121,8 +132,11 @@ export function validateSpec(spec: SandboxSpec): SandboxSpec {
   }
   if (spec.mounts !== undefined && !Array.isArray(spec.mounts)) throw errors.invalidArgument("mounts must be an array");
   const mounts = (spec.mounts ?? []).map(validateMount);
+  if (spec.volumes !== undefined && !Array.isArray(spec.volumes)) throw errors.invalidArgument("volumes must be an array");
+  const volumes = (spec.volumes ?? []).map(validateVolume);
 
   const out: SandboxSpec = { id, rootfs, mounts, cpu, memoryGiB, pidsLimit, env, network, user, init: validateInit(spec.init) };
+  if (volumes.length > 0) out.volumes = volumes;
   if (diskGiB !== undefined) out.diskGiB = diskGiB;
   return out;
 }

@@ -252,8 +252,15 @@ export const SandboxRecord = defineEntity({
     regionId: p.string().default("local"),
     /** The runner holding the sandbox's files; null when archived or destroyed. */
     runnerId: p.string().nullable(),
+    /** The volumes it mounts (migration 0013), volume ids resolved. */
+    volumes: p.json<SandboxVolumeMount[]>(),
   },
 });
+export interface SandboxVolumeMount {
+  volumeId: string;
+  mountPath: string;
+  subpath?: string;
+}
 export type SandboxRecord = InferEntity<typeof SandboxRecord>;
 
 export const entities = [

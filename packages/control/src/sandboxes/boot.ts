@@ -12,6 +12,7 @@ import { sandboxServices } from "./service.ts";
 import { AgentClients } from "../toolbox/agent-clients.ts";
 import { SandboxTimers } from "./timers.ts";
 import { type PoolShape, WarmPool } from "./warm-pool.ts";
+import { HostDiskVolumes, type VolumeStorage } from "../volumes/storage.ts";
 import { DEFAULT_SNAPSHOT, DEFAULT_USER, RESOURCES } from "./create-request.ts";
 
 /** The pool holds sandboxes of what a create without resources gets. */
@@ -28,18 +29,22 @@ export interface Sandboxes {
   timers: SandboxTimers;
   /** Connections to this host's agents, shared by the warm pool and the toolbox. */
   agentClients: AgentClients;
+  /** Where volume data lives on this host. */
+  volumes: VolumeStorage;
   /** Stops the timers, lets running operations finish; sandboxes keep running. */
   stop(): Promise<void>;
 }
 
 export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
+  const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
   for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
   try {
     runtime = await LocalRuntime.open({
       dataDir: path.join(settings.dataDir, "runner"),
       snapshotCacheDir: settings.snapshotCacheDir,
       init: await agentInit(settings.agentBundle),
+      volumeRoot: (id) => volumes.hostPath(id),
       log,
     });
   } catch (err) {
@@ -62,6 +67,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     runtime,
     timers,
     agentClients,
+    volumes,
     async stop() {
       await timers.stop();
       await pool?.close();

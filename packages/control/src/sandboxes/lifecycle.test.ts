@@ -93,7 +93,6 @@ describe("create", () => {
 
   it("answers 501 for what is not supported yet", async () => {
     await expectError(await f.call("POST", "/sandbox", { buildInfo: { dockerfileContent: "FROM debian" } }), 501, /Declarative builds/);
-    await expectError(await f.call("POST", "/sandbox", { volumes: [{ volumeId: "v", mountPath: "/data" }] }), 501, "Volumes are not supported yet");
   });
 
   it("stores auto-archive 0 and oversized values as the maximum", async () => {

@@ -45,6 +45,8 @@ export interface LocalRuntimeOptions {
   uidCount?: number;
   /** Processes and threads per sandbox. */
   pidsLimit?: number;
+  /** Host directory of a volume (volumes/storage.ts); sandboxes with volumes need it. */
+  volumeRoot?: (volumeId: string) => string;
   log?: (line: string) => void;
 }
 
@@ -61,6 +63,7 @@ export class LocalRuntime implements SandboxRuntime {
   readonly #init: Omit<InitCommand, "secret">;
   readonly #snapshotDir: string;
   readonly #pidsLimit: number;
+  readonly #volumeRoot?: (volumeId: string) => string;
   readonly #log: (line: string) => void;
 
   private constructor(provider: LinuxProvider, runnerId: string, hostSecret: Buffer, uidBase: number, o: LocalRuntimeOptions) {
@@ -71,6 +74,7 @@ export class LocalRuntime implements SandboxRuntime {
     this.#init = o.init ?? { node: process.execPath, bundle: DEFAULT_AGENT_BUNDLE, main: AGENT_ENTRY, args: AGENT_ARGS };
     this.#snapshotDir = o.snapshotCacheDir ?? o.dataDir;
     this.#pidsLimit = o.pidsLimit ?? 4096;
+    this.#volumeRoot = o.volumeRoot;
     this.#log = o.log ?? (() => undefined);
   }
 
@@ -116,6 +120,10 @@ export class LocalRuntime implements SandboxRuntime {
       pidsLimit: this.#pidsLimit,
       env: s.env,
       user: s.user,
+      volumes: (s.volumes ?? []).map((v) => {
+        if (!this.#volumeRoot) throw errors.failedPrecondition("Volumes are not available on this runner");
+        return { root: this.#volumeRoot(v.volumeId), target: v.mountPath, ...(v.subpath ? { subpath: v.subpath } : {}) };
+      }),
       init: { ...this.#init, secret: this.agentSecret(s.id) },
     };
   }

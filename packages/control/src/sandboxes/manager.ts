@@ -1,7 +1,7 @@
 import { createHash, randomBytes, randomUUID, timingSafeEqual } from "node:crypto";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
-import type { SandboxRecord } from "../db/entities.ts";
+import type { SandboxRecord, SandboxVolumeMount } from "../db/entities.ts";
 import { LayerFiles } from "./layer-files.ts";
 import { OperationLocks } from "./operation-locks.ts";
 import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
@@ -44,6 +44,8 @@ export interface NewSandbox {
   autoStopInterval: number;
   autoArchiveInterval: number;
   autoDeleteInterval: number;
+  /** Volumes to mount, resolved (volumes/sandbox-mounts.ts). */
+  volumes: SandboxVolumeMount[];
 }
 
 /** Where the toolbox reaches a sandbox's agent. */
@@ -153,7 +155,7 @@ export class SandboxManager {
 
   async create(input: NewSandbox): Promise<SandboxRecord> {
     this.#assertOpen();
-    const warm = this.pool?.fits(input) ? this.pool.claim() : undefined;
+    const warm = this.pool?.fits(input) && input.volumes.length === 0 ? this.pool.claim() : undefined;
     if (!warm) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
     const now = new Date();
@@ -184,6 +186,7 @@ export class SandboxManager {
       authToken: newAuthToken(),
       regionId: input.regionId,
       runnerId: this.runtime.runnerId,
+      volumes: input.volumes,
     };
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
@@ -575,7 +578,7 @@ export class SandboxManager {
 }
 
 export function specOf(row: SandboxRecord): RuntimeSandboxSpec {
-  return { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser };
+  return { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser, volumes: row.volumes ?? [] };
 }
 
 function reasonOf(err: unknown): string {

@@ -18,6 +18,8 @@ export interface RuntimeSandboxSpec {
   env: Record<string, string>;
   /** OS user inside the sandbox. */
   user: string;
+  /** Volumes mounted read-write (ids resolved; paths checked by volumes/mount-paths.ts). */
+  volumes?: Array<{ volumeId: string; mountPath: string; subpath?: string }>;
 }
 
 export type RuntimeState = "created" | "started" | "stopped" | "error";

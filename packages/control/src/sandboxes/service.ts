@@ -20,6 +20,7 @@ import type { WarmPool } from "./warm-pool.ts";
 import { normalizeAutoArchive } from "./states.ts";
 import { LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
 import { targetRegion } from "../organizations/target-region.ts";
+import { resolveMounts } from "../volumes/sandbox-mounts.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -81,7 +82,8 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     async createSandbox(req, ctx) {
       const organizationId = organizationOf(ctx);
       const input = newSandbox(organizationId, req);
-      return dto(await manager.create({ ...input, regionId: await targetRegion(deps.orm, organizationId, req.target) }));
+      const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
+      return dto(await manager.create({ ...input, volumes, regionId: await targetRegion(deps.orm, organizationId, req.target) }));
     },
 
     async getSandbox(req, ctx) {

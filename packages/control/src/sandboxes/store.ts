@@ -5,6 +5,7 @@ import { execIn } from "../db/exec.ts";
 import { admit, type Demand } from "../organizations/usage.ts";
 import { recordSandboxCreated, recordSandboxStateChange, type StateColumns } from "../webhooks/sandbox-events.ts";
 import type { ListFilter } from "./list-query.ts";
+import { lockForMount } from "../volumes/store.ts";
 
 // The sandbox table. Updates name the columns they change (never a whole-row write), so a
 // lifecycle operation and a labels or interval change made meanwhile never undo each other.
@@ -37,6 +38,7 @@ export class SandboxStore {
     try {
       await this.#em().transactional(async (em) => {
         await admit(execIn(em), row.organizationId, row.regionId, row);
+        await lockForMount(execIn(em), [...new Set(row.volumes.map((v) => v.volumeId))]);
         await em.insert(SandboxRecord, row);
         await recordSandboxCreated(execIn(em), row);
       });

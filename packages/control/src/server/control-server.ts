@@ -21,6 +21,8 @@ import { RegionService } from "@sandbar/protocol/gen/sandbar/control/v1/region_p
 import { DockerRegistryService } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
+import { VolumeService } from "@sandbar/protocol/gen/sandbar/control/v1/volume_pb.js";
+import { volumeService } from "../volumes/service.ts";
 import { AuditRecorder } from "../audit/recorder.ts";
 import { AuditRetention } from "../audit/retention.ts";
 import { auditService } from "../audit/service.ts";
@@ -121,6 +123,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [DockerRegistryService.typeName, dockerRegistryService(orm, box) as Impl],
     [WebhookService.typeName, webhooks.impl as Impl],
     [AuditService.typeName, auditService(orm) as Impl],
+    [VolumeService.typeName, volumeService(orm, sandboxes.volumes, log) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard, undefined, recorder) as never);

@@ -145,6 +145,7 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
       const fork = em();
       const org = await find(req.organizationId, fork);
       const usage = await regionUsage(execIn(fork), org.id);
+      const [{ volumes }] = (await execIn(fork)(`select count(*)::int as volumes from volume where organization_id = ? and state <> 'deleted'`, [org.id])) as Array<{ volumes: number }>;
       return create(OrganizationUsageOverviewSchema, {
         regionUsage: usage.map((u) =>
           create(RegionUsageOverviewSchema, {
@@ -164,10 +165,10 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
           }),
         ),
         totalSnapshotQuota: org.snapshotQuota,
-        // Snapshots and volumes are not kept per organization yet: none can count against a quota.
+        // Snapshots are not kept per organization yet: none can count against a quota.
         currentSnapshotUsage: 0,
         totalVolumeQuota: org.volumeQuota,
-        currentVolumeUsage: 0,
+        currentVolumeUsage: volumes,
       });
     },
 

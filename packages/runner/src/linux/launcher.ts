@@ -32,6 +32,10 @@ export interface LaunchOptions {
   logFile: string;
   /** A compiled seccomp program (see syscall-filter.ts), installed by bwrap for every sandbox process. */
   seccompFile?: string;
+  /** Supplementary groups of every sandbox process (the volume group); none by default. */
+  groups?: number[];
+  /** File creation mask of the first process (inherited by all); 002 lets volume users share files. */
+  umask?: number;
 }
 
 export function launch(o: LaunchOptions): ChildProcess {
@@ -42,8 +46,8 @@ export function launch(o: LaunchOptions): ChildProcess {
     const child = spawn(
       "/bin/sh",
       [
-        "-c", JOIN, "sandbar-launch", ...o.procsFiles, "--",
-        o.setpriv, `--reuid=${o.hostUid}`, `--regid=${o.hostGid}`, "--clear-groups", "--no-new-privs",
+        "-c", o.umask === undefined ? JOIN : `umask ${o.umask.toString(8).padStart(3, "0")}; ${JOIN}`, "sandbar-launch", ...o.procsFiles, "--",
+        o.setpriv, `--reuid=${o.hostUid}`, `--regid=${o.hostGid}`, ...(o.groups?.length ? [`--groups=${o.groups.join(",")}`] : ["--clear-groups"]), "--no-new-privs",
         o.bwrap, "--args", "3", "--", ...o.command,
       ],
       { stdio: ["ignore", log, log, "pipe", filter ?? "ignore"], detached: true, env: {} },

@@ -19,6 +19,7 @@ import { INIT_SCRIPT, initArgs } from "./init-script.ts";
 import type { AgentRestarts } from "./launcher.ts";
 import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
 import { Layout } from "./layout.ts";
+import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
 import { isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readRecord, writeRecord } from "./record.ts";
@@ -39,6 +40,8 @@ export interface LinuxProviderOptions {
   /** Host uid range for sandboxes; default 1 500 000 000 + 65 536. */
   uidBase?: number;
   uidCount?: number;
+  /** Group of volume directories, given to sandboxes that mount volumes; default the range's last uid (then never a sandbox's). */
+  volumeGid?: number;
   /** Force a cgroup back end (default: what the host offers). */
   cgroupVersion?: "v1" | "v2";
   log?: (line: string) => void;
@@ -86,12 +89,15 @@ export class LinuxProvider implements SandboxProvider {
   trace: NonNullable<LinuxProviderOptions["trace"]>;
   #oomWarned = false;
 
+  readonly #volumeGid: number;
+
   private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, options: LinuxProviderOptions) {
     this.layout = layout;
     this.cgroups = cgroups;
     this.#tools = tools;
     this.#toolsLayers = new SharedToolsLayers(path.join(layout.dataDir, "tools-layers"), () => this.#toolsLayersLinked());
     this.#uids = uids;
+    this.#volumeGid = options.volumeGid!;
     this.#log = options.log ?? (() => undefined);
     this.trace = options.trace ?? (() => undefined);
   }
@@ -129,7 +135,9 @@ export class LinuxProvider implements SandboxProvider {
     const cgroups = await detectCgroups({ group: `sandbar-${layout.key}`, version: options.cgroupVersion });
     await mkdir(layout.sandboxesDir, { recursive: true, mode: 0o700 });
     const uids = new UidAllocator(options.uidBase, options.uidCount);
-    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile }, uids, options);
+    const volumeGid = options.volumeGid ?? uids.base + uids.count - 1;
+    if (volumeGid >= uids.base && volumeGid < uids.base + uids.count) uids.markUsed(volumeGid);
+    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile }, uids, { ...options, volumeGid });
     for (const id of await listRecordIds(layout)) {
       const rec = await readRecord(layout, id).catch(() => undefined);
       if (rec) uids.markUsed(rec.hostUid);
@@ -255,6 +263,12 @@ export class LinuxProvider implements SandboxProvider {
         mounts.push({ source, target, readonly });
       };
       for (const m of spec.mounts ?? []) await addMount(m.source, m.target, m.readonly !== false);
+      for (const [i, v] of (spec.volumes ?? []).entries()) {
+        await prepareVolumeRoot(v.root, this.#volumeGid);
+        const at = path.join(L.runtime(id), "volumes", String(i));
+        await bindVolume(v, at, this.#volumeGid);
+        await addMount(at, v.target, false);
+      }
       await addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
       // The user leaf's procs files (one per v1 hierarchy), writable by the sandbox uid only: the
       // agent moves what it starts for the user there. Created below, bound once they exist.
@@ -283,7 +297,7 @@ export class LinuxProvider implements SandboxProvider {
       const shmBytes = Math.floor(userLimits.memoryBytes / 2);
       const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: user.home, mounts, shmBytes });
       this.#exits.delete(id);
-      const child = launch({ bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command, logFile: L.initLog(id), seccompFile: this.#tools.seccompFile });
+      const child = launch({ bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command, logFile: L.initLog(id), seccompFile: this.#tools.seccompFile, ...(spec.volumes?.length ? { groups: [this.#volumeGid], umask: 0o002 } : {}) });
       child.on("exit", (code, signal) => this.#exits.set(id, { code, signal }));
       phase("spawn");
       return child;
@@ -316,6 +330,7 @@ export class LinuxProvider implements SandboxProvider {
     await this.cgroups.remove(id);
     if (await isMountpoint(L.rootMount(id))) await unmount(L.rootMount(id));
     if (await isMountpoint(L.diskMount(id))) await unmount(L.diskMount(id));
+    for (const m of (await mountsUnder(path.join(L.runtime(id), "volumes"))).reverse()) await unmount(m);
     const left = await mountsUnder(L.runtime(id));
     if (left.length > 0) throw errors.internal(`sandbox ${id}: still mounted after stop: ${left.join(", ")}`);
     await rm(L.runtime(id), { recursive: true, force: true });

@@ -8,6 +8,7 @@ import { Migration0008Preview } from "./0008-preview.ts";
 import { Migration0009Webhooks } from "./0009-webhooks.ts";
 import { Migration0010Audit } from "./0010-audit.ts";
 import { Migration0012DockerRegistries } from "./0012-docker-registries.ts";
+import { Migration0013Volumes } from "./0013-volumes.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -21,4 +22,5 @@ export const migrations = [
   { name: "0009-webhooks", class: Migration0009Webhooks },
   { name: "0010-audit", class: Migration0010Audit },
   { name: "0012-docker-registries", class: Migration0012DockerRegistries },
+  { name: "0013-volumes", class: Migration0013Volumes },
 ];
