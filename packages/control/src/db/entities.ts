@@ -252,6 +252,8 @@ export const SandboxRecord = defineEntity({
     regionId: p.string().default("local"),
     /** The runner holding the sandbox's files; null when archived or destroyed. */
     runnerId: p.string().nullable(),
+    /** The image it boots from (manifest digest in the host's image store); null: the default snapshot. */
+    imageRef: p.string().nullable(),
   },
 });
 export type SandboxRecord = InferEntity<typeof SandboxRecord>;

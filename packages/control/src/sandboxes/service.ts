@@ -18,7 +18,7 @@ import { SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import type { WarmPool } from "./warm-pool.ts";
 import { normalizeAutoArchive } from "./states.ts";
-import { LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
+import { DEFAULT_SNAPSHOT, LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
 import { targetRegion } from "../organizations/target-region.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
@@ -32,6 +32,8 @@ export interface SandboxServiceDeps {
   runtime: SandboxRuntime;
   log?: (line: string) => void;
   pool?: WarmPool;
+  /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
+  snapshots?: (organizationId: string, idOrName: string) => Promise<{ name: string; imageRef?: string; row: { cpu: number; mem: number; disk: number } }>;
 }
 
 export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<ServiceImpl<typeof SandboxService>>; manager: SandboxManager } {
@@ -80,7 +82,12 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
 
     async createSandbox(req, ctx) {
       const organizationId = organizationOf(ctx);
-      const input = newSandbox(organizationId, req);
+      const input = newSandbox(organizationId, req, deps.snapshots !== undefined);
+      if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
+        // An image snapshot: its resources unless the request names its own.
+        const { name, imageRef, row } = await deps.snapshots(organizationId, input.snapshot);
+        Object.assign(input, { snapshot: name, imageRef, cpu: req.cpu || row.cpu, memory: req.memory || row.mem, disk: req.disk || row.disk });
+      }
       return dto(await manager.create({ ...input, regionId: await targetRegion(deps.orm, organizationId, req.target) }));
     },
 
