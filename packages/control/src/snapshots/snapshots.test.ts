@@ -1,0 +1,204 @@
+import { chmod, copyFile, mkdir, mkdtemp, realpath, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { addImage, initLayout, layerFromDir, layerFromFiles, startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
+import { buildAgentBundle } from "../testing/agent-bundle.ts";
+import { api, startTestServer, type TestServer } from "../testing/server.ts";
+
+// Snapshots from OCI images against a real control server (embedded PostgreSQL), a real registry
+// on loopback (docker-registry with basic auth, fed images built here from files) and real
+// sandboxes (root). The image's base layer is a minimal glibc userland copied from this host
+// (the loader, node's libraries, sh, cat): the agent, run by the host's node, needs those in
+// the image, since an image sandbox gets no host binds.
+
+let t: TestServer;
+let reg: TestRegistry;
+let scratch: string;
+let bundle: string;
+let app: string;
+const call = (verb: string, p: string, body?: unknown) => api(t.url, t.adminKey, verb, p, body);
+
+/** A root holding what node (the agent) and a shell need to run, copied from this host. */
+async function minimalUserland(dir: string): Promise<void> {
+  const files = ["/lib64/ld-linux-x86-64.so.2", "/etc/ld.so.cache", "/bin/sh", "/bin/cat", "/usr/bin/env", "/usr/bin/id"];
+  for (const lib of ["libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "libstdc++.so.6", "libgcc_s.so.1", "libselinux.so.1", "libpcre2-8.so.0"]) files.push(`/lib/x86_64-linux-gnu/${lib}`);
+  for (const f of files) {
+    const source = await realpath(f).catch(() => undefined);
+    if (!source) continue; // libselinux/pcre2 are only id's, where present
+    await mkdir(path.join(dir, path.dirname(f)), { recursive: true, mode: 0o755 });
+    await copyFile(source, path.join(dir, f));
+  }
+  for (const d of ["home", "etc"]) await mkdir(path.join(dir, d), { recursive: true, mode: 0o755 });
+  await mkdir(path.join(dir, "tmp"));
+  await chmod(path.join(dir, "tmp"), 0o1777); // as images have it: the agent keeps its state there
+}
+
+async function waitFor(id: string, states: string[], ms = 60_000): Promise<any> {
+  const until = Date.now() + ms;
+  for (;;) {
+    const r = await call("GET", `/snapshots/${id}`);
+    if (states.includes(r.body.state)) return r.body;
+    if (Date.now() > until) throw new Error(`snapshot ${id} still ${r.body.state}`);
+    await new Promise((res) => setTimeout(res, 100));
+  }
+}
+
+beforeAll(async () => {
+  scratch = await mkdtemp(path.join(os.tmpdir(), "sandbar-snapshots-"));
+  reg = await startRegistry();
+  const root = path.join(scratch, "userland");
+  await minimalUserland(root);
+  const layout = path.join(scratch, "layout");
+  await initLayout(layout);
+  const base = await layerFromDir(root);
+  const files = await layerFromFiles({ "app/hello.txt": "hello from the image\n", "etc/greeting": "hi\n" }, scratch);
+  await addImage(layout, "app", { layers: [base, files], env: ["GREETING=hello world", "APP_MODE=image", "PATH=/usr/local/bin:/usr/bin:/bin"], workdir: "/app", entrypoint: ["/bin/sh"], cmd: ["-c", "sleep infinity"] });
+  await reg.push(layout, "app", "test/app:1.0");
+  app = `${reg.host}/test/app:1.0`;
+  bundle = await buildAgentBundle("sandbar-snapshots-agent-");
+  const credentials = { username: reg.username, password: reg.password };
+  t = await startTestServer({
+    settings: { agentBundle: bundle },
+    // The registries API's lookup stands in here: this registry's account for every organization.
+    control: { registryCredentials: async (_org, host) => (host === reg.host ? credentials : undefined) },
+  });
+}, 180_000);
+
+afterAll(async () => {
+  await t?.stop();
+  await reg?.stop();
+  if (scratch) await rm(scratch, { recursive: true, force: true });
+  if (bundle) await rm(bundle, { recursive: true, force: true });
+});
+
+describe("snapshots from images", () => {
+  let snapshotId: string;
+
+  it("creates a snapshot: pending, then pulling, then active; the build log follows the pull", async () => {
+    const created = await call("POST", "/snapshots", { name: "app-snap", imageName: app });
+    expect(created.status, JSON.stringify(created.body)).toBe(200);
+    expect(created.body).toMatchObject({ name: "app-snap", imageName: app, general: false, cpu: 1, mem: 1, disk: 3 });
+    expect(["pending", "pulling"]).toContain(created.body.state);
+    snapshotId = created.body.id;
+
+    // Followed while the pull runs: the stream ends when the pull does.
+    const res = await fetch(`${t.url}/api/snapshots/${snapshotId}/build-logs?follow=true`, { headers: { authorization: `Bearer ${t.adminKey}` } });
+    expect(res.status).toBe(200);
+    const log = await res.text();
+    expect(log).toContain(`pulling ${app}`);
+    expect(log).toMatch(/layer 2\/2 sha256:\w+ (unpacked|already present)/);
+    expect(log).toMatch(/image sha256:[a-f0-9]{64} ready/);
+
+    const active = await waitFor(snapshotId, ["active", "error"]);
+    expect(active.errorReason ?? null).toBeNull();
+    expect(active.state).toBe("active");
+    expect(active.ref).toMatch(/^sha256:[a-f0-9]{64}$/);
+    expect(active.size).toBeGreaterThan(0);
+    expect(active.entrypoint).toEqual(["/bin/sh"]);
+    // Read by name as well as id; the log stays readable once the pull is over.
+    expect((await call("GET", "/snapshots/app-snap")).body.id).toBe(snapshotId);
+    const after = await fetch(`${t.url}/api/snapshots/${snapshotId}/build-logs`, { headers: { authorization: `Bearer ${t.adminKey}` } });
+    expect(await after.text()).toContain("ready");
+  }, 120_000);
+
+  it("lists the organization's snapshots with the default one as a general snapshot", async () => {
+    const r = await call("GET", "/snapshots?limit=1&page=1");
+    expect(r.status).toBe(200);
+    expect(r.body).toMatchObject({ total: 2, page: 1, totalPages: 2 });
+    expect(r.body.items.map((s: any) => s.name)).toEqual(["app-snap"]); // its own first
+    const all = await call("GET", "/snapshots");
+    expect(all.body.items.map((s: any) => [s.name, s.general, s.state])).toEqual([
+      ["app-snap", false, "active"],
+      ["sandbar-default", true, "active"],
+    ]);
+    expect((await call("GET", "/snapshots?name=APP")).body.total).toBe(1);
+    expect((await call("GET", "/images?limit=200")).body.total).toBe(2); // the earlier set's alias
+    expect((await call("GET", "/snapshots?limit=201")).status).toBe(400);
+  });
+
+  it("boots a sandbox from the snapshot: the command sees the image's files and env, the request's env wins", async () => {
+    const s = await call("POST", "/sandbox", { snapshot: "app-snap", env: { APP_MODE: "override" } });
+    expect(s.status, JSON.stringify(s.body)).toBe(200);
+    expect(s.body).toMatchObject({ state: "started", snapshot: "app-snap" });
+    const r = await call("POST", `/toolbox/${s.body.id}/toolbox/process/execute`, { command: 'cat /app/hello.txt /etc/greeting; echo "$GREETING|$APP_MODE"; test -e /etc/debian_version && echo debian || echo not-debian' });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    expect(r.body).toEqual({ exitCode: 0, result: "hello from the image\nhi\nhello world|override\nnot-debian\n" });
+    expect((await call("GET", `/snapshots/${snapshotId}`)).body.lastUsedAt).toBeTruthy();
+
+    // In use: not deleted.
+    const refused = await call("DELETE", `/snapshots/${snapshotId}`);
+    expect(refused.status).toBe(409);
+    expect(refused.body.message).toBe(`Snapshot cannot be deleted because it is in use by one or more sandboxes (e.g. ${s.body.name})`);
+    expect((await call("DELETE", `/sandbox/${s.body.id}`)).status).toBe(200);
+  }, 120_000);
+
+  it("answers the reference's 400s for names and images, 409 for a duplicate name", async () => {
+    const cases: Array<[unknown, string]> = [
+      [{ name: "x", imageName: "alpine:latest" }, 'Images with tag ":latest" are not allowed'],
+      [{ name: "x", imageName: "alpine" }, "Image name must include a tag (e.g., ubuntu:22.04) or digest (@sha256:...)"],
+      [{ name: "x", imageName: "Alpine:3" }, "Invalid image name format. Must be lowercase, may contain digits, dots, dashes, and single slashes between components"],
+      [{ name: "x", imageName: "alpine@sha256:123" }, "Invalid digest format. Must be image@sha256:64_hex_characters"],
+      [{ name: "bad name!", imageName: "alpine:3" }, "Invalid snapshot name format. May contain letters, digits, dots, colons, and dashes"],
+      [{ name: "x" }, "Must specify an image name when not using a build info entry"],
+      [{ name: "x", imageName: "alpine:3", gpu: 2 }, "gpu must not be greater than 1"],
+      [{ name: "x", imageName: "alpine:3", buildInfo: { dockerfileContent: "FROM alpine:3" } }, "Cannot specify an image name when using a build info entry"],
+      [{ name: "x", buildInfo: { dockerfileContent: "FROM alpine:3" } }, "Declarative builds (buildInfo) are not supported on this server: create the snapshot from an image (imageName)"],
+    ];
+    for (const [body, message] of cases) {
+      const r = await call("POST", "/snapshots", body);
+      expect(r.status, JSON.stringify(body)).toBe(400);
+      expect(r.body.message).toBe(message);
+    }
+    const dup = await call("POST", "/snapshots", { name: "app-snap", imageName: app });
+    expect(dup.status).toBe(409);
+    expect(dup.body.message).toBe('Snapshot with name "app-snap" already exists for this organization');
+    expect((await call("POST", "/snapshots", { name: "sandbar-default", imageName: app })).status).toBe(409);
+  });
+
+  it("an unknown tag ends in `error` with the reason; sandboxes from unknown or inactive snapshots are refused", async () => {
+    const r = await call("POST", "/snapshots", { name: "missing", imageName: `${reg.host}/test/app:9.9` });
+    expect(r.status).toBe(200);
+    const failed = await waitFor(r.body.id, ["error", "active"]);
+    expect(failed.state).toBe("error");
+    expect(failed.errorReason).toMatch(/9\.9|not found|manifest unknown/i);
+
+    expect((await call("POST", "/sandbox", { snapshot: "missing" })).body.message).toBe("Snapshot missing is error");
+    const unknown = await call("POST", "/sandbox", { snapshot: "nope" });
+    expect(unknown.status).toBe(400);
+    expect(unknown.body.message).toBe("Snapshot nope not found. Did you add it through the Daytona Dashboard?");
+
+    expect((await call("POST", `/snapshots/${snapshotId}/deactivate`)).status).toBe(204);
+    expect((await call("GET", `/snapshots/${snapshotId}`)).body).toMatchObject({ state: "inactive", enabled: false });
+    expect((await call("POST", "/sandbox", { snapshot: "app-snap" })).body.message).toBe("Snapshot app-snap is inactive");
+    expect((await call("POST", `/snapshots/${snapshotId}/activate`)).body.state).toBe("active");
+    expect((await call("POST", `/snapshots/${snapshotId}/activate`)).body.message).toBe(`Snapshot ${snapshotId} is already active`);
+    expect((await call("PATCH", `/images/${snapshotId}/toggle`, { enabled: false })).body.enabled).toBe(false);
+    expect((await call("PATCH", `/images/${snapshotId}/toggle`, {})).body.state).toBe("active");
+
+    expect((await call("DELETE", `/snapshots/${r.body.id}`)).status).toBe(200);
+    expect((await call("GET", `/snapshots/${r.body.id}`)).status).toBe(404);
+    const general = await call("DELETE", "/snapshots/sandbar-default");
+    expect(general.status).toBe(403);
+    expect(general.body.message).toBe("You cannot delete a general snapshot");
+  }, 90_000);
+
+  it("records snapshot webhook events in the transaction of each change", async () => {
+    // An endpoint subscribed to snapshot events, disabled afterwards so nothing is sent from here.
+    const org = (await call("GET", "/snapshots/app-snap")).body.organizationId;
+    const ep = await call("POST", `/webhooks/organizations/${org}/endpoints`, { url: "https://example.com/hook", eventTypes: ["snapshot.created", "snapshot.state.updated", "snapshot.removed"] });
+    expect(ep.status, JSON.stringify(ep.body)).toBeLessThan(300);
+    const s = await call("POST", "/snapshots", { name: "evented", imageName: app });
+    await waitFor(s.body.id, ["active"]);
+    expect((await call("DELETE", `/snapshots/${s.body.id}`)).status).toBe(200);
+    const rows = (await t.server.orm.em.getConnection().execute(`select event_type, body from webhook_message where organization_id = ? order by created_at`, [org])) as Array<{ event_type: string; body: string }>;
+    const events = rows.map((r) => JSON.parse(r.body)).filter((b) => b.id === s.body.id);
+    expect(events.map((e) => e.event + (e.newState ? `:${e.oldState}->${e.newState}` : ""))).toEqual([
+      "snapshot.created",
+      "snapshot.state.updated:pending->pulling",
+      "snapshot.state.updated:pulling->active",
+      "snapshot.state.updated:active->removing",
+      "snapshot.removed",
+    ]);
+  }, 90_000);
+});
