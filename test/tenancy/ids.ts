@@ -48,7 +48,8 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
     case "id":
       if (service === "RegionService") return { theirs: [B.region], nobody: `nowhere-${nobodyUuid.slice(0, 8)}`, resource: true };
       if (service === "UserService") return { theirs: [B.owner, "dan"], nobody: "nobody-at-all", resource: true };
-      if (["SnapshotService", "DockerRegistryService", "RunnerService"].includes(service)) return notBuilt();
+      if (service === "SnapshotService") return { theirs: [B.snapshot, "b-snapshot"], nobody: nobodyUuid, resource: true };
+      if (["DockerRegistryService", "RunnerService"].includes(service)) return notBuilt();
       return undefined;
     case "volume_id":
       return notBuilt();
