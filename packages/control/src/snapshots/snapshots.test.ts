@@ -1,16 +1,16 @@
-import { chmod, copyFile, mkdir, mkdtemp, realpath, rm } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { addImage, initLayout, layerFromDir, layerFromFiles, startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
+import { startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
+import { pushTestImage, registryAccount } from "./testing/image.ts";
 
 // Snapshots from OCI images against a real control server (embedded PostgreSQL), a real registry
 // on loopback (docker-registry with basic auth, fed images built here from files) and real
-// sandboxes (root). The image's base layer is a minimal glibc userland copied from this host
-// (the loader, node's libraries, sh, cat): the agent, run by the host's node, needs those in
-// the image, since an image sandbox gets no host binds.
+// sandboxes (root), with the image of testing/image.ts.
 
 let t: TestServer;
 let reg: TestRegistry;
@@ -18,21 +18,6 @@ let scratch: string;
 let bundle: string;
 let app: string;
 const call = (verb: string, p: string, body?: unknown) => api(t.url, t.adminKey, verb, p, body);
-
-/** A root holding what node (the agent) and a shell need to run, copied from this host. */
-async function minimalUserland(dir: string): Promise<void> {
-  const files = ["/lib64/ld-linux-x86-64.so.2", "/etc/ld.so.cache", "/bin/sh", "/bin/cat", "/usr/bin/env", "/usr/bin/id"];
-  for (const lib of ["libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "libstdc++.so.6", "libgcc_s.so.1", "libselinux.so.1", "libpcre2-8.so.0"]) files.push(`/lib/x86_64-linux-gnu/${lib}`);
-  for (const f of files) {
-    const source = await realpath(f).catch(() => undefined);
-    if (!source) continue; // libselinux/pcre2 are only id's, where present
-    await mkdir(path.join(dir, path.dirname(f)), { recursive: true, mode: 0o755 });
-    await copyFile(source, path.join(dir, f));
-  }
-  for (const d of ["home", "etc"]) await mkdir(path.join(dir, d), { recursive: true, mode: 0o755 });
-  await mkdir(path.join(dir, "tmp"));
-  await chmod(path.join(dir, "tmp"), 0o1777); // as images have it: the agent keeps its state there
-}
 
 async function waitFor(id: string, states: string[], ms = 60_000): Promise<any> {
   const until = Date.now() + ms;
@@ -47,22 +32,9 @@ async function waitFor(id: string, states: string[], ms = 60_000): Promise<any> 
 beforeAll(async () => {
   scratch = await mkdtemp(path.join(os.tmpdir(), "sandbar-snapshots-"));
   reg = await startRegistry();
-  const root = path.join(scratch, "userland");
-  await minimalUserland(root);
-  const layout = path.join(scratch, "layout");
-  await initLayout(layout);
-  const base = await layerFromDir(root);
-  const files = await layerFromFiles({ "app/hello.txt": "hello from the image\n", "etc/greeting": "hi\n" }, scratch);
-  await addImage(layout, "app", { layers: [base, files], env: ["GREETING=hello world", "APP_MODE=image", "PATH=/usr/local/bin:/usr/bin:/bin"], workdir: "/app", entrypoint: ["/bin/sh"], cmd: ["-c", "sleep infinity"] });
-  await reg.push(layout, "app", "test/app:1.0");
-  app = `${reg.host}/test/app:1.0`;
+  app = await pushTestImage(reg, scratch);
   bundle = await buildAgentBundle("sandbar-snapshots-agent-");
-  const credentials = { username: reg.username, password: reg.password };
-  t = await startTestServer({
-    settings: { agentBundle: bundle },
-    // The registries API's lookup stands in here: this registry's account for every organization.
-    control: { registryCredentials: async (_org, host) => (host === reg.host ? credentials : undefined) },
-  });
+  t = await startTestServer({ settings: { agentBundle: bundle }, control: { registryCredentials: registryAccount(reg) } });
 }, 180_000);
 
 afterAll(async () => {
@@ -201,4 +173,55 @@ describe("snapshots from images", () => {
       "snapshot.removed",
     ]);
   }, 90_000);
+});
+
+describe("a restart during a pull", () => {
+  it("resumes the pull: the snapshot does not stay `pulling`", async () => {
+    // The registry behind a loopback proxy that holds connections until released: the pull is
+    // certainly in progress when the server stops.
+    let held = true;
+    const waiting: Array<() => void> = [];
+    const proxy = net.createServer((client) => {
+      const connect = () => {
+        const upstream = net.connect(Number(reg.host.split(":")[1]), "127.0.0.1");
+        client.pipe(upstream).pipe(client);
+        upstream.on("error", () => client.destroy());
+        client.on("error", () => upstream.destroy());
+      };
+      if (held) waiting.push(connect);
+      else connect();
+    });
+    await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
+    const host = `127.0.0.1:${(proxy.address() as net.AddressInfo).port}`;
+    const account = registryAccount(reg);
+    const control = { registryCredentials: (org: string, h: string) => account(org, h === host ? reg.host : h) };
+    const dataDir = await mkdtemp(path.join(os.tmpdir(), "sandbar-snapshots-restart-"));
+    let server = await startTestServer({ dataDir, adminKey: t.adminKey, settings: { agentBundle: bundle }, control });
+    const at = (s: TestServer) => (verb: string, p: string, body?: unknown) => api(s.url, s.adminKey, verb, p, body);
+    try {
+      const created = await at(server)("POST", "/snapshots", { name: "resumed", imageName: `${host}/test/app:1.0` });
+      expect(created.status).toBe(200);
+      for (let i = 0; (await at(server)("GET", "/snapshots/resumed")).body.state !== "pulling"; i++) {
+        if (i > 100) throw new Error("the pull did not start");
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      await server.stop({ keepData: true });
+
+      held = false;
+      for (const c of waiting.splice(0)) c();
+      server = await startTestServer({ dataDir, adminKey: t.adminKey, settings: { agentBundle: bundle }, control });
+      let row = (await at(server)("GET", "/snapshots/resumed")).body;
+      for (let i = 0; i < 600 && row.state !== "active" && row.state !== "error"; i++) {
+        await new Promise((r) => setTimeout(r, 100));
+        row = (await at(server)("GET", "/snapshots/resumed")).body;
+      }
+      expect(row.errorReason ?? null).toBeNull();
+      expect(row.state).toBe("active");
+      expect(row.ref).toMatch(/^sha256:/);
+    } finally {
+      await server.stop({ keepData: true });
+      await rm(dataDir, { recursive: true, force: true });
+      proxy.close();
+    }
+  }, 180_000);
 });
