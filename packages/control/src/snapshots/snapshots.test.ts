@@ -34,7 +34,8 @@ beforeAll(async () => {
   reg = await startRegistry();
   app = await pushTestImage(reg, scratch);
   bundle = await buildAgentBundle("sandbar-snapshots-agent-");
-  t = await startTestServer({ settings: { agentBundle: bundle }, control: { registryCredentials: registryAccount(reg) } });
+  // The registry doubles as the Docker Hub mirror: unqualified names are pulled from it.
+  t = await startTestServer({ settings: { agentBundle: bundle, registries: { mirror: reg.host, insecureRegistries: [] } }, control: { registryCredentials: registryAccount(reg) } });
 }, 180_000);
 
 afterAll(async () => {
@@ -154,6 +155,28 @@ describe("snapshots from images", () => {
     expect(general.status).toBe(403);
     expect(general.body.message).toBe("You cannot delete a general snapshot");
   }, 90_000);
+
+  it("pulls unqualified (Docker Hub) names from the mirror, with the mirror's credentials", async () => {
+    const r = await call("POST", "/snapshots", { name: "hub-snap", imageName: "test/app:1.0" });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    const active = await waitFor(r.body.id, ["active", "error"]);
+    expect(active.errorReason ?? null).toBeNull();
+    // The same image as app-snap's (same manifest), named as the user wrote it.
+    expect(active).toMatchObject({ state: "active", imageName: "test/app:1.0", ref: (await call("GET", "/snapshots/app-snap")).body.ref });
+    const log = await (await fetch(`${t.url}/api/snapshots/${r.body.id}/build-logs`, { headers: { authorization: `Bearer ${t.adminKey}` } })).text();
+    expect(log).toContain(`pulling docker.io/test/app:1.0 from ${reg.host}`);
+    expect((await call("DELETE", `/snapshots/${r.body.id}`)).status).toBe(200);
+  }, 60_000);
+
+  it("refuses a snapshot over the organization's snapshot quota", async () => {
+    const org = (await call("GET", "/snapshots/app-snap")).body.organizationId;
+    const own = (await call("GET", "/snapshots")).body.items.filter((i: any) => !i.general).length;
+    expect((await call("PATCH", `/organizations/${org}/quota`, { snapshotQuota: own })).status).toBe(200);
+    const r = await call("POST", "/snapshots", { name: "one-too-many", imageName: app });
+    expect(r.status).toBe(400);
+    expect(r.body.message).toBe(`Snapshot quota exceeded. Maximum allowed: ${own}`);
+    expect((await call("PATCH", `/organizations/${org}/quota`, { snapshotQuota: 30 })).status).toBe(200);
+  });
 
   it("records snapshot webhook events in the transaction of each change", async () => {
     // An endpoint subscribed to snapshot events, disabled afterwards so nothing is sent from here.
