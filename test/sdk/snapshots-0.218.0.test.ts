@@ -52,6 +52,7 @@ it("snapshot.create({name, image}, {onLogs}) waits for active; create({snapshot}
   const r = await sandbox.process.executeCommand('cat /app/hello.txt; echo "$GREETING|$APP_MODE"');
   expect(r.exitCode).toBe(0);
   expect(r.result).toBe("hello from the image\nhello world|sdk\n");
+  expect(await sandbox.getWorkDir()).toBe("/app"); // the image's WORKDIR
   await sandbox.delete();
 
   await daytona.snapshot.delete(snap);

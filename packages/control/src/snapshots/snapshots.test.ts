@@ -94,9 +94,10 @@ describe("snapshots from images", () => {
     const s = await call("POST", "/sandbox", { snapshot: "app-snap", env: { APP_MODE: "override" } });
     expect(s.status, JSON.stringify(s.body)).toBe(200);
     expect(s.body).toMatchObject({ state: "started", snapshot: "app-snap" });
-    const r = await call("POST", `/toolbox/${s.body.id}/toolbox/process/execute`, { command: 'cat /app/hello.txt /etc/greeting; echo "$GREETING|$APP_MODE"; test -e /etc/debian_version && echo debian || echo not-debian' });
+    const r = await call("POST", `/toolbox/${s.body.id}/toolbox/process/execute`, { command: 'cat /app/hello.txt /etc/greeting; echo "$GREETING|$APP_MODE"; test -e /etc/debian_version && echo debian || echo not-debian; cat hello.txt' });
     expect(r.status, JSON.stringify(r.body)).toBe(200);
-    expect(r.body).toEqual({ exitCode: 0, result: "hello from the image\nhi\nhello world|override\nnot-debian\n" });
+    // Relative paths start at the image's WORKDIR (/app), as the reference's toolbox does.
+    expect(r.body).toEqual({ exitCode: 0, result: "hello from the image\nhi\nhello world|override\nnot-debian\nhello from the image\n" });
     expect((await call("GET", `/snapshots/${snapshotId}`)).body.lastUsedAt).toBeTruthy();
 
     // In use: not deleted.
