@@ -19,6 +19,46 @@ let bundle: string;
 let app: string;
 const call = (verb: string, p: string, body?: unknown) => api(t.url, t.adminKey, verb, p, body);
 
+/** The test registry behind a loopback proxy that holds connections until released. */
+async function holdingProxy(): Promise<{ host: string; release(): void; close(): Promise<void> }> {
+  let held = true;
+  const waiting: Array<() => void> = [];
+  const sockets = new Set<net.Socket>();
+  const proxy = net.createServer((client) => {
+    sockets.add(client);
+    const connect = () => {
+      const upstream = net.connect(Number(reg.host.split(":")[1]), "127.0.0.1");
+      sockets.add(upstream);
+      client.pipe(upstream).pipe(client);
+      upstream.on("error", () => client.destroy());
+      client.on("error", () => upstream.destroy());
+    };
+    if (held) waiting.push(connect);
+    else connect();
+  });
+  await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
+  const host = `127.0.0.1:${(proxy.address() as net.AddressInfo).port}`;
+  proxies.add(host);
+  return {
+    host,
+    release() {
+      held = false;
+      for (const c of waiting.splice(0)) c();
+    },
+    close: () => {
+      for (const s of sockets) s.destroy();
+      return new Promise<void>((r) => proxy.close(() => r()));
+    },
+  };
+}
+
+/** The registry's account for it and for every proxy in front of it. */
+const proxies = new Set<string>();
+function registryCredentials() {
+  const account = registryAccount(reg);
+  return (org: string, host: string) => account(org, proxies.has(host) ? reg.host : host);
+}
+
 async function waitFor(id: string, states: string[], ms = 60_000): Promise<any> {
   const until = Date.now() + ms;
   for (;;) {
@@ -35,7 +75,7 @@ beforeAll(async () => {
   app = await pushTestImage(reg, scratch);
   bundle = await buildAgentBundle("sandbar-snapshots-agent-");
   // The registry doubles as the Docker Hub mirror: unqualified names are pulled from it.
-  t = await startTestServer({ settings: { agentBundle: bundle, registries: { mirror: reg.host, insecureRegistries: [] } }, control: { registryCredentials: registryAccount(reg) } });
+  t = await startTestServer({ settings: { agentBundle: bundle, registries: { mirror: reg.host, insecureRegistries: [] } }, control: { registryCredentials: registryCredentials() } });
 }, 180_000);
 
 afterAll(async () => {
@@ -179,6 +219,35 @@ describe("snapshots from images", () => {
     expect((await call("PATCH", `/organizations/${org}/quota`, { snapshotQuota: 30 })).status).toBe(200);
   });
 
+  it("follows the build log of a pull in progress until it ends", async () => {
+    const proxy = await holdingProxy();
+    try {
+      const r = await call("POST", "/snapshots", { name: "followed", imageName: `${proxy.host}/test/app:1.0` });
+      expect(r.status).toBe(200);
+      await waitFor(r.body.id, ["pulling"]);
+      const res = await fetch(`${t.url}/api/snapshots/${r.body.id}/build-logs?follow=true`, { headers: { authorization: `Bearer ${t.adminKey}` } });
+      expect(res.status).toBe(200);
+      const reader = res.body!.getReader();
+      const first = new TextDecoder().decode((await reader.read()).value);
+      expect(first).toBe(`pulling ${proxy.host}/test/app:1.0\n`);
+      // Still pulling (the registry is held): the stream waits for more.
+      expect((await call("GET", `/snapshots/${r.body.id}`)).body.state).toBe("pulling");
+      proxy.release();
+      let rest = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        rest += new TextDecoder().decode(value);
+      }
+      // The same manifest as app-snap's: its root is on this host already, nothing is unpacked again.
+      expect(rest).toMatch(/^image sha256:[a-f0-9]{64} ready \(\d+ bytes\)\n$/);
+      expect((await call("GET", `/snapshots/${r.body.id}`)).body.state).toBe("active");
+      expect((await call("DELETE", `/snapshots/${r.body.id}`)).status).toBe(200);
+    } finally {
+      await proxy.close();
+    }
+  }, 60_000);
+
   it("records snapshot webhook events in the transaction of each change", async () => {
     // An endpoint subscribed to snapshot events, disabled afterwards so nothing is sent from here.
     const org = (await call("GET", "/snapshots/app-snap")).body.organizationId;
@@ -197,28 +266,23 @@ describe("snapshots from images", () => {
       "snapshot.removed",
     ]);
   }, 90_000);
+
+  it("deleting the last snapshot of an image removes the image from this host", async () => {
+    const ref = (await call("GET", "/snapshots/app-snap")).body.ref as string;
+    const store = await t.server.sandboxes.runtime.images!();
+    expect(await store.get(ref)).toBeDefined();
+    expect((await call("DELETE", "/snapshots/app-snap")).status).toBe(200);
+    expect(await store.get(ref)).toBeUndefined();
+    expect((await call("GET", "/snapshots/app-snap")).status).toBe(404);
+  });
 });
 
 describe("a restart during a pull", () => {
   it("resumes the pull: the snapshot does not stay `pulling`", async () => {
-    // The registry behind a loopback proxy that holds connections until released: the pull is
-    // certainly in progress when the server stops.
-    let held = true;
-    const waiting: Array<() => void> = [];
-    const proxy = net.createServer((client) => {
-      const connect = () => {
-        const upstream = net.connect(Number(reg.host.split(":")[1]), "127.0.0.1");
-        client.pipe(upstream).pipe(client);
-        upstream.on("error", () => client.destroy());
-        client.on("error", () => upstream.destroy());
-      };
-      if (held) waiting.push(connect);
-      else connect();
-    });
-    await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
-    const host = `127.0.0.1:${(proxy.address() as net.AddressInfo).port}`;
-    const account = registryAccount(reg);
-    const control = { registryCredentials: (org: string, h: string) => account(org, h === host ? reg.host : h) };
+    // The pull is certainly in progress when the server stops.
+    const proxy = await holdingProxy();
+    const { host } = proxy;
+    const control = { registryCredentials: registryCredentials() };
     const dataDir = await mkdtemp(path.join(os.tmpdir(), "sandbar-snapshots-restart-"));
     let server = await startTestServer({ dataDir, adminKey: t.adminKey, settings: { agentBundle: bundle }, control });
     const at = (s: TestServer) => (verb: string, p: string, body?: unknown) => api(s.url, s.adminKey, verb, p, body);
@@ -231,8 +295,7 @@ describe("a restart during a pull", () => {
       }
       await server.stop({ keepData: true });
 
-      held = false;
-      for (const c of waiting.splice(0)) c();
+      proxy.release();
       server = await startTestServer({ dataDir, adminKey: t.adminKey, settings: { agentBundle: bundle }, control });
       let row = (await at(server)("GET", "/snapshots/resumed")).body;
       for (let i = 0; i < 600 && row.state !== "active" && row.state !== "error"; i++) {
@@ -245,7 +308,7 @@ describe("a restart during a pull", () => {
     } finally {
       await server.stop({ keepData: true });
       await rm(dataDir, { recursive: true, force: true });
-      proxy.close();
+      await proxy.close();
     }
   }, 180_000);
 });
