@@ -112,7 +112,14 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       await store.update(row.id, { state: "removing" });
       await pulls.cancel(row.id);
       // The image goes from this host when nothing else needs it (another snapshot of the same image, a sandbox).
-      if (row.ref && !(await store.refInUse(row.ref, row.id))) await (await images()).remove(row.ref).catch((err: unknown) => deps.log?.(`snapshot ${row.id}: image removal failed: ${String(err)}`));
+      if (row.ref && !(await store.refInUse(row.ref, row.id))) {
+        try {
+          await (await images()).remove(row.ref);
+        } catch (err) {
+          // The row goes regardless: a leftover image costs disk, not correctness.
+          deps.log?.(`snapshot ${row.id}: removing image ${row.ref} failed: ${err instanceof Error ? err.message : String(err)}`);
+        }
+      }
       await store.remove(row.id);
       return {};
     },
