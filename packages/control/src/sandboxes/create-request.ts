@@ -5,8 +5,9 @@ import type { NewSandbox } from "./manager.ts";
 import { normalizeAutoArchive } from "./states.ts";
 
 // POST /sandbox checked as the reference checks it: field problems together in one 400, then
-// the rules one at a time, in the reference's order and words. Sandboxes here come from the
-// default snapshot, which (unlike the reference's snapshots) takes resources within the limits.
+// the rules one at a time, in the reference's order and words. Sandboxes come from the default
+// snapshot or from an image snapshot (resolved by the service); unlike the reference's, both take
+// resources from the request within the limits.
 
 /** The one snapshot sandboxes are made from, as GET /config names it. */
 export const DEFAULT_SNAPSHOT = "sandbar-default";

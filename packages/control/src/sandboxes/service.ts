@@ -82,11 +82,11 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
 
     async createSandbox(req, ctx) {
       const organizationId = organizationOf(ctx);
-      const input = newSandbox(organizationId, req, deps.snapshots !== undefined);
+      let input = newSandbox(organizationId, req, deps.snapshots !== undefined);
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
         // An image snapshot: its resources unless the request names its own.
         const { name, imageRef, row } = await deps.snapshots(organizationId, input.snapshot);
-        Object.assign(input, { snapshot: name, imageRef, cpu: req.cpu || row.cpu, memory: req.memory || row.mem, disk: req.disk || row.disk });
+        input = { ...input, snapshot: name, imageRef, cpu: req.cpu || row.cpu, memory: req.memory || row.mem, disk: req.disk || row.disk };
       }
       return dto(await manager.create({ ...input, regionId: await targetRegion(deps.orm, organizationId, req.target) }));
     },

@@ -1,6 +1,6 @@
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
-import { errors } from "@sandbar/protocol";
+import { Code, ConnectError, errors } from "@sandbar/protocol";
 import { SandboxClass, SortOrder } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { type CreateSnapshotRequest, type SnapshotService, SnapshotSortField } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
 import { type ImageStore, parseImageRef } from "@sandbar/runner/images";
@@ -176,12 +176,10 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
     store,
     pulls,
     async forSandbox(organizationId, idOrName) {
-      let row: SnapshotRow;
-      try {
-        row = await store.find(organizationId, idOrName);
-      } catch {
-        throw errors.invalidArgument(`Snapshot ${idOrName} not found. Did you add it through the Daytona Dashboard?`);
-      }
+      const row = await store.find(organizationId, idOrName).catch((err: unknown) => {
+        if (err instanceof ConnectError && err.code === Code.NotFound) throw errors.invalidArgument(`Snapshot ${idOrName} not found. Did you add it through the Daytona Dashboard?`);
+        throw err;
+      });
       if (row.state !== "active") throw errors.invalidArgument(`Snapshot ${idOrName} is ${row.state}`);
       if (row.id === DEFAULT_SNAPSHOT_ID) return { name: DEFAULT_SNAPSHOT, row };
       if (!row.ref) throw errors.invalidArgument("Snapshot ref is not defined");
