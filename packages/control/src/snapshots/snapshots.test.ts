@@ -219,6 +219,24 @@ describe("snapshots from images", () => {
     expect((await call("PATCH", `/organizations/${org}/quota`, { snapshotQuota: 30 })).status).toBe(200);
   });
 
+  it("takes the earlier set's CreateImage on /images (the name is the image) and the operator's general flag", async () => {
+    const r = await call("POST", "/images", { name: app });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    expect(r.body).toMatchObject({ name: app, imageName: app, enabled: true });
+    expect((await waitFor(r.body.id, ["active", "error"])).state).toBe("active");
+    expect((await call("GET", `/images/${r.body.id}`)).body.name).toBe(app);
+
+    const general = await call("PATCH", `/snapshots/${r.body.id}/general`, { general: true });
+    expect(general.status).toBe(200);
+    expect(general.body.general).toBe(true);
+    expect(general.body.organizationId ?? null).toBeNull();
+    // A general snapshot is listed after the organization's own, and not deleted.
+    expect((await call("GET", "/snapshots")).body.items.filter((i: any) => i.general).map((i: any) => i.name).sort()).toEqual([app, "sandbar-default"].sort());
+    expect((await call("DELETE", `/images/${r.body.id}`)).status).toBe(403);
+    expect((await call("PATCH", `/images/${r.body.id}/general`, { general: false })).body.general).toBe(false);
+    expect((await call("DELETE", `/images/${r.body.id}`)).status).toBe(200);
+  }, 60_000);
+
   it("follows the build log of a pull in progress until it ends", async () => {
     const proxy = await holdingProxy();
     try {
