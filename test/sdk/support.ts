@@ -11,6 +11,7 @@ import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import { buildAgentBundle, startTestServer, type TestServer } from "@sandbar/control/testing";
 import { it } from "vitest";
+import type { ControlOptions } from "../../packages/control/src/server/control-server.ts";
 
 const PROTO_ROOT = fileURLToPath(new URL("../../proto", import.meta.url));
 
@@ -22,10 +23,10 @@ export interface RealServer {
   stop(): Promise<void>;
 }
 
-export async function startRealServer(): Promise<RealServer> {
+export async function startRealServer(control?: ControlOptions): Promise<RealServer> {
   if (process.getuid?.() !== 0) throw new Error("the SDK suites run real sandboxes: run them as root");
   const bundle = await buildAgentBundle("sandbar-sdk-agent-");
-  const server = await startTestServer({ settings: { agentBundle: bundle } });
+  const server = await startTestServer({ settings: { agentBundle: bundle }, control });
   return {
     server,
     apiUrl: `${server.url}/api`,

@@ -64,7 +64,7 @@ afterAll(async () => {
 });
 
 /** Every id B's stored rows can be found by. */
-const bIds = () => [w.B.org, w.B.sandbox, w.B.role, w.B.invitation, w.B.region, w.B.registry, w.B.owner, "dan"];
+const bIds = () => [w.B.org, w.B.sandbox, w.B.role, w.B.invitation, w.B.region, w.B.registry, w.B.snapshot, w.B.owner, "dan"];
 
 /** One route of the contract, REST or toolbox. */
 interface RestCase {

@@ -49,7 +49,8 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
       if (service === "RegionService") return { theirs: [B.region], nobody: `nowhere-${nobodyUuid.slice(0, 8)}`, resource: true };
       if (service === "UserService") return { theirs: [B.owner, "dan"], nobody: "nobody-at-all", resource: true };
       if (service === "DockerRegistryService") return { theirs: [B.registry], nobody: nobodyUuid, resource: true };
-      if (["SnapshotService", "RunnerService"].includes(service)) return notBuilt();
+      if (service === "SnapshotService") return { theirs: [B.snapshot, "b-snapshot"], nobody: nobodyUuid, resource: true };
+      if (service === "RunnerService") return notBuilt();
       return undefined;
     case "volume_id":
       return { theirs: [w.B.volume], nobody: nobodyUuid, resource: true };

@@ -53,6 +53,8 @@ export interface World {
     webhookEndpoint: string;
     /** B's volume, named `b-volume`. */
     volume: string;
+    /** A snapshot of B's (its image is on no registry: it ends in `error`, a real row all the same). */
+    snapshot: string;
     owner: string;
     members: string[];
   };
@@ -118,6 +120,13 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
   await asBob("PUT", `/organizations/${b.org}/experimental-config`, { tenant: "b" });
   const bEndpoint = (await asBob("POST", `/webhooks/organizations/${b.org}/endpoints`, { url: "https://hooks.b.example.test/in", enabled: false })).body.endpoint.id as string;
 
+  const bSnapshot = (await asBob("POST", "/snapshots", { name: "b-snapshot", imageName: "127.0.0.1:9/b/image:1.0" })).body.id as string;
+  // Its pull settles before the sweep takes B's rows (port 9 refuses at once).
+  for (let i = 0; (await asBob("GET", `/snapshots/${bSnapshot}`)).body.state !== "error"; i++) {
+    if (i > 300) expect.fail("B's snapshot did not settle in error");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+
   const asBKey = caller(t, bKey);
   const bVolume = (await asBKey("POST", "/volumes", { name: "b-volume" })).body.id as string;
   const sandbox = (await asBKey("POST", "/sandbox", { name: "b-box", autoStopInterval: 0, labels: { tenant: "b" } })).body.id as string;
@@ -154,6 +163,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
       registry: bRegistry,
       webhookEndpoint: bEndpoint,
       volume: bVolume,
+      snapshot: bSnapshot,
       owner: "bob",
       members: ["dan", "erin"],
     },

@@ -2,6 +2,7 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
 import { parseTrustedProxies } from "./server/client-address.ts";
+import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
 import { loadWebhookSettings, type WebhookSettings } from "./webhooks/settings.ts";
 
 /** Server settings, read once from the environment (see README's configuration table). */
@@ -56,6 +57,8 @@ export interface Settings {
   previewDomain?: string;
   /** Rate limits per counter and window, and where the counters live (SANDBAR_RATE_LIMIT_*). */
   rateLimits: RateLimitSettings;
+  /** Where snapshot images are pulled from (SANDBAR_REGISTRY_MIRROR, SANDBAR_INSECURE_REGISTRIES). */
+  registries: RegistrySettings;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -92,6 +95,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     auditToolbox: booleanFlag(env, "SANDBAR_AUDIT_TOOLBOX"),
     previewDomain: previewDomain(env.SANDBAR_PREVIEW_DOMAIN),
     rateLimits: loadRateLimitSettings(env),
+    registries: loadRegistrySettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

@@ -74,6 +74,8 @@ export interface SandboxSpec {
   network?: NetworkMode;
   /** OS user inside the sandbox; default "sandbar". "root" is uid 0 inside, still without capabilities. */
   user?: string;
+  /** The first process's working directory (an image's WORKDIR; the agent's work dir); default the user's home. */
+  workdir?: string;
   init: InitCommand;
 }
 

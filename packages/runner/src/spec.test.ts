@@ -51,6 +51,12 @@ describe("sandbox spec validation", () => {
     rejects({ init: { node: "/n", bundle: "/a", main: "../x.js" } }, "init.main");
     rejects({ init: { node: "/n", bundle: "/a", args: [1] } }, "init.args");
     rejects({ init: undefined }, "init is required");
+    rejects({ workdir: "app" }, "workdir must be an absolute path");
+    rejects({ workdir: "/app/../etc" }, "workdir must be an absolute path without");
+  });
+
+  it("keeps a workdir (an image's WORKDIR)", () => {
+    expect(validateSpec({ ...good, workdir: "/app" }).workdir).toBe("/app");
   });
 
   it("checks volumes: absolute root and target, no reserved target, a relative subpath without '..'", () => {

@@ -138,6 +138,13 @@ export function validateSpec(spec: SandboxSpec): SandboxSpec {
   const out: SandboxSpec = { id, rootfs, mounts, cpu, memoryGiB, pidsLimit, env, network, user, init: validateInit(spec.init) };
   if (volumes.length > 0) out.volumes = volumes;
   if (diskGiB !== undefined) out.diskGiB = diskGiB;
+  if (spec.workdir !== undefined) {
+    const w = spec.workdir;
+    if (typeof w !== "string" || !w.startsWith("/") || w.includes("\0") || w.length > 4096 || w.split("/").includes("..")) {
+      throw errors.invalidArgument(`workdir must be an absolute path without "..", got ${JSON.stringify(String(w).slice(0, 200))}`);
+    }
+    out.workdir = w;
+  }
   return out;
 }
 

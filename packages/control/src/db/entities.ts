@@ -254,6 +254,8 @@ export const SandboxRecord = defineEntity({
     runnerId: p.string().nullable(),
     /** The volumes it mounts (migration 0013), volume ids resolved. */
     volumes: p.json<SandboxVolumeMount[]>(),
+    /** The image it boots from (manifest digest in the host's image store); null: the default snapshot. */
+    imageRef: p.string().nullable(),
   },
 });
 export interface SandboxVolumeMount {

@@ -14,6 +14,8 @@ import { SandboxTimers } from "./timers.ts";
 import { type PoolShape, WarmPool } from "./warm-pool.ts";
 import { HostDiskVolumes, type VolumeStorage } from "../volumes/storage.ts";
 import { DEFAULT_SNAPSHOT, DEFAULT_USER, RESOURCES } from "./create-request.ts";
+import { type Snapshots, snapshotServices } from "../snapshots/service.ts";
+import type { CredentialsFor } from "../snapshots/pulls.ts";
 
 /** The pool holds sandboxes of what a create without resources gets. */
 const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
@@ -31,11 +33,14 @@ export interface Sandboxes {
   agentClients: AgentClients;
   /** Where volume data lives on this host. */
   volumes: VolumeStorage;
+  /** Snapshots from images, pulled on this host's runtime. */
+  snapshots: Snapshots;
   /** Stops the timers, lets running operations finish; sandboxes keep running. */
   stop(): Promise<void>;
 }
 
-export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void): Promise<Sandboxes> {
+/** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup). */
+export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
   const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
   for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
@@ -45,6 +50,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
       snapshotCacheDir: settings.snapshotCacheDir,
       init: await agentInit(settings.agentBundle),
       volumeRoot: (id) => volumes.hostPath(id),
+      images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },
       log,
     });
   } catch (err) {
@@ -54,11 +60,14 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   }
   const agentClients = new AgentClients();
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool });
+  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, log });
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // After reconciliation, which removes from the host what has no row (a pool of an earlier run too).
   pool?.fill();
+  // No snapshot stays `pulling` across a restart: each unfinished pull starts again.
+  await snapshots.pulls.resume().catch((err: unknown) => log(`snapshot pulls not resumed: ${err instanceof Error ? err.message : String(err)}`));
   const timers = new SandboxTimers(manager, { minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
   timers.start();
   return {
@@ -68,8 +77,10 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     timers,
     agentClients,
     volumes,
+    snapshots,
     async stop() {
       await timers.stop();
+      await snapshots.pulls.close();
       await pool?.close();
       await manager.close();
       await runtime.close();

@@ -5,8 +5,9 @@ import type { NewSandbox } from "./manager.ts";
 import { normalizeAutoArchive } from "./states.ts";
 
 // POST /sandbox checked as the reference checks it: field problems together in one 400, then
-// the rules one at a time, in the reference's order and words. Sandboxes here come from the
-// default snapshot, which (unlike the reference's snapshots) takes resources within the limits.
+// the rules one at a time, in the reference's order and words. Sandboxes come from the default
+// snapshot or from an image snapshot (resolved by the service); unlike the reference's, both take
+// resources from the request within the limits.
 
 /** The one snapshot sandboxes are made from, as GET /config names it. */
 export const DEFAULT_SNAPSHOT = "sandbar-default";
@@ -42,7 +43,7 @@ const USER = /^[a-z_][a-z0-9_-]{0,31}$/;
 const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /** Checks a create request as the reference does (field problems together, then one by one). */
-export function newSandbox(organizationId: string, req: CreateSandboxRequest): Omit<NewSandbox, "regionId" | "volumes"> {
+export function newSandbox(organizationId: string, req: CreateSandboxRequest, imageSnapshots = false): Omit<NewSandbox, "regionId" | "volumes"> {
   const snapshot = (req.snapshot ?? req.image ?? "").trim();
   const checks = new Checks();
   if (req.name !== undefined) checks.displayName("name", req.name);
@@ -62,7 +63,7 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest): O
   if (req.buildInfo && req.linkedSandbox) throw errors.invalidArgument("linkedSandbox is not supported with declarative builds. Create a sandbox from a snapshot");
   if (req.gpuType.length > 0) throw errors.invalidArgument("Cannot specify GPU type when creating sandbox from snapshot. GPU type is inherited from snapshot.");
   if (req.buildInfo) throw errors.unimplemented("Declarative builds (buildInfo) are not supported yet: create from the default snapshot");
-  if (snapshot && snapshot !== DEFAULT_SNAPSHOT) throw errors.invalidArgument(`Snapshot ${snapshot} not found. Only the default snapshot (${DEFAULT_SNAPSHOT}) exists on this server`);
+  if (snapshot && snapshot !== DEFAULT_SNAPSHOT && !imageSnapshots) throw errors.invalidArgument(`Snapshot ${snapshot} not found. Only the default snapshot (${DEFAULT_SNAPSHOT}) exists on this server`);
   if (req.linkedSandbox) throw errors.unimplemented("Linked sandboxes are not supported yet");
   if (req.networkAllowList || req.domainAllowList) {
     throw errors.unimplemented("Network allow lists are not supported yet: sandboxes have no network access (loopback only)");
@@ -81,7 +82,8 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest): O
   return {
     organizationId,
     name: req.name,
-    snapshot: DEFAULT_SNAPSHOT,
+    // Another snapshot's name or id is resolved by the service (snapshots/service.ts).
+    snapshot: snapshot || DEFAULT_SNAPSHOT,
     user,
     env: req.env,
     labels: req.labels,

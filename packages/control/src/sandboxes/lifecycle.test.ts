@@ -78,7 +78,7 @@ describe("create", () => {
     [{ disk: 11 }, /^Disk request 11GB exceeds maximum allowed per sandbox \(10GB\)\.\n/],
     [{ gpu: 1 }, "GPU request 1 exceeds maximum allowed per sandbox (0)."],
     [{ gpu: 2, cpu: -1 }, "cpu must not be less than 0, gpu must not be greater than 1"],
-    [{ snapshot: "ubuntu:22.04" }, "Snapshot ubuntu:22.04 not found. Only the default snapshot (sandbar-default) exists on this server"],
+    [{ snapshot: "ubuntu:22.04" }, "Snapshot ubuntu:22.04 not found. Did you add it through the Daytona Dashboard?"],
     [{ autoStopInterval: -1 }, "Auto-stop interval must be non-negative"],
     [{ autoArchiveInterval: -1 }, "Auto-archive interval must be non-negative"],
     [{ name: "<b>x</b>" }, "name must not contain HTML tags, URLs, or control characters"],

@@ -6,6 +6,7 @@ import { fileURLToPath } from "node:url";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { InitCommand, SandboxInfo, SandboxSpec } from "@sandbar/runner";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
+import { ImageStore, sandboxSpecFor, type ImageStoreOptions } from "@sandbar/runner/images";
 import type { RuntimeHealth, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 
 // Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
@@ -47,6 +48,8 @@ export interface LocalRuntimeOptions {
   pidsLimit?: number;
   /** Host directory of a volume (volumes/storage.ts); sandboxes with volumes need it. */
   volumeRoot?: (volumeId: string) => string;
+  /** The image store under `<dataDir>/images`: Docker Hub mirror, insecure registries, caps. */
+  images?: Omit<ImageStoreOptions, "dataDir" | "log">;
   log?: (line: string) => void;
 }
 
@@ -65,6 +68,8 @@ export class LocalRuntime implements SandboxRuntime {
   readonly #pidsLimit: number;
   readonly #volumeRoot?: (volumeId: string) => string;
   readonly #log: (line: string) => void;
+  readonly #imageOptions: ImageStoreOptions;
+  #images: Promise<ImageStore> | undefined;
 
   private constructor(provider: LinuxProvider, runnerId: string, hostSecret: Buffer, uidBase: number, o: LocalRuntimeOptions) {
     this.provider = provider;
@@ -76,6 +81,7 @@ export class LocalRuntime implements SandboxRuntime {
     this.#pidsLimit = o.pidsLimit ?? 4096;
     this.#volumeRoot = o.volumeRoot;
     this.#log = o.log ?? (() => undefined);
+    this.#imageOptions = { ...o.images, dataDir: o.dataDir, log: (l) => this.#log(`images: ${l}`) };
   }
 
   /** Opens the provider (root, bubblewrap and cgroups are checked) and the runner's identity. */
@@ -108,8 +114,23 @@ export class LocalRuntime implements SandboxRuntime {
     return ensureDefaultSnapshot({ dataDir: this.#snapshotDir, onProgress: compactProgress((l) => this.#log(`snapshot: ${l}`)), log: this.#log });
   }
 
+  /** Opened on first use (it removes what dead pulls left in its temp dir). */
+  images(): Promise<ImageStore> {
+    this.#images ??= ImageStore.open(this.#imageOptions);
+    return this.#images;
+  }
+
   async #spec(s: RuntimeSandboxSpec): Promise<SandboxSpec> {
-    const snapshot = await this.#snapshot();
+    if (s.image !== undefined) {
+      const image = await (await this.images()).get(s.image);
+      if (!image) throw errors.failedPrecondition(`The image ${s.image} of this sandbox is not on this host any more`);
+      // The image's own root, no host binds: what the agent needs (node's libraries) is the image's.
+      return sandboxSpecFor(image, this.#specOn({ rootfs: image.rootfs, mounts: [], kind: "host-usr" }, s));
+    }
+    return this.#specOn(await this.#snapshot(), s);
+  }
+
+  #specOn(snapshot: Snapshot, s: RuntimeSandboxSpec): SandboxSpec {
     return {
       id: s.id,
       rootfs: snapshot.rootfs,

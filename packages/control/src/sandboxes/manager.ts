@@ -34,6 +34,8 @@ export interface NewSandbox {
   regionId: string;
   name?: string;
   snapshot: string;
+  /** The snapshot's image (manifest digest); absent for the default snapshot. */
+  imageRef?: string;
   user: string;
   env: Record<string, string>;
   labels: Record<string, string>;
@@ -155,7 +157,7 @@ export class SandboxManager {
 
   async create(input: NewSandbox): Promise<SandboxRecord> {
     this.#assertOpen();
-    const warm = this.pool?.fits(input) && input.volumes.length === 0 ? this.pool.claim() : undefined;
+    const warm = input.imageRef === undefined && input.volumes.length === 0 && this.pool?.fits(input) ? this.pool.claim() : undefined;
     if (!warm) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
     const now = new Date();
@@ -187,6 +189,7 @@ export class SandboxManager {
       regionId: input.regionId,
       runnerId: this.runtime.runnerId,
       volumes: input.volumes,
+      imageRef: input.imageRef ?? null,
     };
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
@@ -578,7 +581,9 @@ export class SandboxManager {
 }
 
 export function specOf(row: SandboxRecord): RuntimeSandboxSpec {
-  return { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser, volumes: row.volumes ?? [] };
+  const spec: RuntimeSandboxSpec = { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser, volumes: row.volumes ?? [] };
+  if (row.imageRef) spec.image = row.imageRef;
+  return spec;
 }
 
 function reasonOf(err: unknown): string {

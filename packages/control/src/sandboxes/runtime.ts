@@ -1,11 +1,12 @@
 import type { Readable } from "node:stream";
 import { errors } from "@sandbar/protocol";
+import type { ImageStore } from "@sandbar/runner/images";
 
 // What the control plane needs from a host that runs sandboxes. One implementation today
 // (LocalRuntime: this host, the linux provider); a remote runner will implement the same.
 // Every method may be called again after a crash: the host's state is on its disk.
 
-/** How a sandbox is made: always from the default snapshot for now. */
+/** How a sandbox is made: from the default snapshot, or from a pulled image. */
 export interface RuntimeSandboxSpec {
   /** The sandbox id (a UUID), also its name on the host. */
   id: string;
@@ -20,6 +21,8 @@ export interface RuntimeSandboxSpec {
   user: string;
   /** Volumes mounted read-write (ids resolved; paths checked by volumes/mount-paths.ts). */
   volumes?: Array<{ volumeId: string; mountPath: string; subpath?: string }>;
+  /** The image's manifest digest in the host's image store; absent: the default snapshot. */
+  image?: string;
 }
 
 export type RuntimeState = "created" | "started" | "stopped" | "error";
@@ -73,6 +76,8 @@ export interface SandboxRuntime {
   agentSecret(id: string): string;
   /** Releases what the runtime holds beyond its sandboxes (which keep running). */
   close(): Promise<void>;
+  /** The host's image store (snapshots from OCI images); absent where images cannot be pulled. */
+  images?(): Promise<ImageStore>;
 }
 
 /** Stands in where sandboxes cannot run (not root, no bubblewrap): every call says why. */

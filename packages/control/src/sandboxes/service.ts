@@ -18,7 +18,7 @@ import { SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import type { WarmPool } from "./warm-pool.ts";
 import { normalizeAutoArchive } from "./states.ts";
-import { LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
+import { DEFAULT_SNAPSHOT, LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
 import { targetRegion } from "../organizations/target-region.ts";
 import { resolveMounts } from "../volumes/sandbox-mounts.ts";
 
@@ -33,6 +33,8 @@ export interface SandboxServiceDeps {
   runtime: SandboxRuntime;
   log?: (line: string) => void;
   pool?: WarmPool;
+  /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
+  snapshots?: (organizationId: string, idOrName: string) => Promise<{ name: string; imageRef?: string; row: { cpu: number; mem: number; disk: number } }>;
 }
 
 export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<ServiceImpl<typeof SandboxService>>; manager: SandboxManager } {
@@ -81,7 +83,12 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
 
     async createSandbox(req, ctx) {
       const organizationId = organizationOf(ctx);
-      const input = newSandbox(organizationId, req);
+      let input = newSandbox(organizationId, req, deps.snapshots !== undefined);
+      if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
+        // An image snapshot: its resources unless the request names its own.
+        const { name, imageRef, row } = await deps.snapshots(organizationId, input.snapshot);
+        input = { ...input, snapshot: name, imageRef, cpu: req.cpu || row.cpu, memory: req.memory || row.mem, disk: req.disk || row.disk };
+      }
       const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
       return dto(await manager.create({ ...input, volumes, regionId: await targetRegion(deps.orm, organizationId, req.target) }));
     },

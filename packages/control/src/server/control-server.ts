@@ -10,6 +10,7 @@ import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_
 import { AuditService } from "@sandbar/protocol/gen/sandbar/control/v1/audit_pb.js";
 import { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
 import { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { SnapshotService } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
 import {
   OrganizationInvitationService,
   OrganizationMemberService,
@@ -42,6 +43,7 @@ import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
 import { type Sandboxes, startSandboxes } from "../sandboxes/boot.ts";
+import type { CredentialsFor } from "../snapshots/pulls.ts";
 import { apiKeyService } from "../services/api-keys.ts";
 import { configService } from "../services/config.ts";
 import { organizationInvitationService } from "../services/organization-invitations.ts";
@@ -49,7 +51,7 @@ import { organizationMemberService } from "../services/organization-members.ts";
 import { organizationRoleService } from "../services/organization-roles.ts";
 import { organizationService } from "../services/organizations.ts";
 import { regionService } from "../services/regions.ts";
-import { dockerRegistryService } from "../registries/index.ts";
+import { dockerRegistryService, registryCredentialsFor } from "../registries/index.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
 import { clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
@@ -83,6 +85,11 @@ type Impl = Partial<ServiceImpl<DescService>>;
 export interface ControlOptions {
   /** Locates agents for the toolbox; default: the sandboxes this server runs. */
   agentLocator?: AgentLocator;
+  /**
+   * Registry credentials for snapshot pulls, per organization and registry host; default: the
+   * organization's registries (the registries API).
+   */
+  registryCredentials?: CredentialsFor;
 }
 
 export async function startControlServer(settings: Settings, log: (line: string) => void = console.log, options: ControlOptions = {}): Promise<ControlServer> {
@@ -96,8 +103,9 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const identity = await startIdentity(settings, databaseUrl, credentials, log);
   const limits = startRateLimits(settings.rateLimits, databaseUrl, log);
   const guard = new Guard(credentials, limits);
-  const sandboxes = await startSandboxes(settings, orm, log);
   const box = await SecretBox.open(orm, settings.encryptionKey);
+  const registryCredentials = options.registryCredentials ?? ((organizationId, host) => registryCredentialsFor(orm, organizationId, host, box));
+  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
   // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
   const recorder = new AuditRecorder(orm, log);
@@ -114,6 +122,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
     [SandboxService.typeName, ({ ...sandboxes.impl, ...preview.sandboxMethods }) as unknown as Impl],
     [PreviewService.typeName, preview.service as Impl],
+    [SnapshotService.typeName, sandboxes.snapshots.impl as Impl],
     [UserService.typeName, userService(orm) as Impl],
     [OrganizationService.typeName, organizationService(orm, credentials, box) as Impl],
     [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],

@@ -57,9 +57,12 @@ export function lowers(image: Image): string[] {
   return image.layers.map((l) => l.dir).reverse();
 }
 
-/** `spec` booting from `image`: its root, and its env under the caller's (the caller wins). */
+/** `spec` booting from `image`: its root, its env under the caller's (the caller wins), its WORKDIR unless the caller names one. */
 export function sandboxSpecFor(image: Image, spec: Omit<SandboxSpec, "rootfs">): SandboxSpec {
   const env: Record<string, string> = {};
   for (const [k, v] of Object.entries(image.config.env)) if (/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) && !v.includes("\0")) env[k] = v;
-  return { ...spec, rootfs: image.rootfs, env: { ...env, ...spec.env } };
+  const out: SandboxSpec = { ...spec, rootfs: image.rootfs, env: { ...env, ...spec.env } };
+  const workdir = spec.workdir ?? image.config.workdir;
+  if (workdir !== undefined) out.workdir = workdir;
+  return out;
 }

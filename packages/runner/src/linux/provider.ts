@@ -295,7 +295,7 @@ export class LinuxProvider implements SandboxProvider {
       const env = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, ...spec.env };
       // /dev/shm is memory charged to the user leaf that no OOM kill gives back: half its budget.
       const shmBytes = Math.floor(userLimits.memoryBytes / 2);
-      const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: user.home, mounts, shmBytes });
+      const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: spec.workdir ?? user.home, mounts, shmBytes });
       this.#exits.delete(id);
       const child = launch({ bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command, logFile: L.initLog(id), seccompFile: this.#tools.seccompFile, ...(spec.volumes?.length ? { groups: [this.#volumeGid], umask: 0o002 } : {}) });
       child.on("exit", (code, signal) => this.#exits.set(id, { code, signal }));

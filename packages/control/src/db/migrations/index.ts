@@ -7,6 +7,7 @@ import { Migration0007RateLimits } from "./0007-rate-limits.ts";
 import { Migration0008Preview } from "./0008-preview.ts";
 import { Migration0009Webhooks } from "./0009-webhooks.ts";
 import { Migration0010Audit } from "./0010-audit.ts";
+import { Migration0011Snapshots } from "./0011-snapshots.ts";
 import { Migration0012DockerRegistries } from "./0012-docker-registries.ts";
 import { Migration0013Volumes } from "./0013-volumes.ts";
 
@@ -21,6 +22,7 @@ export const migrations = [
   { name: "0008-preview", class: Migration0008Preview },
   { name: "0009-webhooks", class: Migration0009Webhooks },
   { name: "0010-audit", class: Migration0010Audit },
+  { name: "0011-snapshots", class: Migration0011Snapshots },
   { name: "0012-docker-registries", class: Migration0012DockerRegistries },
   { name: "0013-volumes", class: Migration0013Volumes },
 ];

@@ -1,0 +1,221 @@
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import type { MikroORM } from "@mikro-orm/postgresql";
+import { Code, ConnectError, errors } from "@sandbar/protocol";
+import { SandboxClass, SortOrder } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { type CreateSnapshotRequest, type SnapshotService, SnapshotSortField } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
+import { type ImageStore, parseImageRef } from "@sandbar/runner/images";
+import { callerOf, organizationOf } from "../auth/principal.ts";
+import { targetRegion } from "../organizations/target-region.ts";
+import { DEFAULT_SNAPSHOT, RESOURCES } from "../sandboxes/create-request.ts";
+import { Checks } from "../services/validate.ts";
+import { toSnapshot } from "./dto.ts";
+import { type CredentialsFor, type PullSettings, SnapshotPulls } from "./pulls.ts";
+import { DEFAULT_SNAPSHOT_ID, type ListSort, type SnapshotRow, SnapshotStore } from "./store.ts";
+
+// SnapshotService (spec 4.7, the /images aliases of 4.11): snapshots from OCI images, pulled in the
+// background on this host (pulls.ts), per organization, with the default snapshot listed as a
+// general one. Reads take an id or a name; changes only the organization's own snapshots.
+
+export interface SnapshotDeps {
+  orm: MikroORM;
+  /** This host's image store; absent when sandboxes cannot run here. */
+  images?: () => Promise<ImageStore>;
+  settings: PullSettings;
+  /** The hook the registries API fills: credentials per organization and registry host. */
+  credentialsFor?: CredentialsFor;
+  log?: (line: string) => void;
+}
+
+const NAME = /^[a-zA-Z0-9_.\-:]+(\/[a-zA-Z0-9_.\-:]+)*(@sha256:[a-f0-9]{64})?$/;
+const SORTS: Partial<Record<SnapshotSortField, ListSort>> = {
+  [SnapshotSortField.NAME]: "name",
+  [SnapshotSortField.STATE]: "state",
+  [SnapshotSortField.LAST_USED_AT]: "last_used_at",
+  [SnapshotSortField.CREATED_AT]: "created_at",
+};
+
+export interface Snapshots {
+  impl: Partial<ServiceImpl<typeof SnapshotService>>;
+  store: SnapshotStore;
+  pulls: SnapshotPulls;
+  /** The active snapshot a sandbox create names (its image digest, or none for the default snapshot). */
+  forSandbox(organizationId: string, idOrName: string): Promise<{ name: string; imageRef?: string; row: SnapshotRow }>;
+}
+
+export function snapshotServices(deps: SnapshotDeps): Snapshots {
+  const store = new SnapshotStore(deps.orm);
+  const unavailable = async (): Promise<never> => {
+    throw errors.unavailable("Snapshots from images are not available on this server: sandboxes cannot run here");
+  };
+  const images = deps.images ?? unavailable;
+  const maxSizeGb = async (organizationId: string) => {
+    const rows = (await deps.orm.em.getConnection().execute(`select max_snapshot_size from organization where id = ?`, [organizationId])) as Array<{ max_snapshot_size: number | null }>;
+    return rows[0]?.max_snapshot_size ?? null;
+  };
+  const pulls = new SnapshotPulls({ store, images, credentialsFor: deps.credentialsFor ?? (async () => undefined), settings: deps.settings, maxSizeGb, log: deps.log ?? (() => undefined) });
+  const isAdmin = (ctx: HandlerContext) => callerOf(ctx).systemRole === "admin";
+
+  async function setActive(ctx: HandlerContext, id: string, active: boolean): Promise<SnapshotRow> {
+    const row = await store.findOwn(organizationOf(ctx), id);
+    if (active) {
+      if (row.state === "active") throw errors.invalidArgument(`Snapshot ${row.id} is already active`);
+      if (row.state !== "inactive") throw errors.invalidArgument(`Snapshot ${row.id} cannot be activated - it is in ${row.state} state`);
+      // Deactivation keeps the image on this host; without it the snapshot is pulled again.
+      const present = row.ref ? await (await images()).get(row.ref) : undefined;
+      const next = await store.update(row.id, { state: present ? "active" : "pending" }, ["inactive"]);
+      if (!next) throw errors.invalidArgument(`Snapshot ${row.id} cannot be activated - it changed meanwhile`);
+      if (next.state === "pending") pulls.start(next);
+      return next;
+    }
+    if (row.state === "inactive") return row;
+    if (row.state !== "active") throw errors.invalidArgument(`Snapshot ${row.id} cannot be deactivated - it is in ${row.state} state`);
+    return (await store.update(row.id, { state: "inactive" }, ["active"])) ?? (await store.findOwn(organizationOf(ctx), row.id));
+  }
+
+  const impl: Partial<ServiceImpl<typeof SnapshotService>> = {
+    async createSnapshot(req, ctx) {
+      const organizationId = organizationOf(ctx);
+      const input = checkCreate(req);
+      if (req.general && !isAdmin(ctx)) throw errors.permissionDenied("Insufficient permissions for creating general images");
+      if (req.regionId) await targetRegion(deps.orm, organizationId, req.regionId);
+      await images(); // 503 here rather than a snapshot in error
+      let row = await store.insert({ organizationId, ...input });
+      if (req.general) row = (await store.update(row.id, { general: true })) ?? row;
+      pulls.start(row);
+      return toSnapshot(row);
+    },
+
+    async listSnapshots(req, ctx) {
+      const page = req.page ?? 1;
+      const limit = req.limit ?? 100;
+      new Checks().that(Number.isInteger(page) && page >= 1, "page must not be less than 1").that(limit >= 1, "limit must not be less than 1").that(limit <= 200, "limit must not be greater than 200").done();
+      const { items, total } = await store.list(organizationOf(ctx), {
+        name: req.name || undefined,
+        sort: SORTS[req.sort] ?? "last_used_at",
+        order: req.order === SortOrder.ASC ? "asc" : "desc",
+        page,
+        limit,
+      });
+      return { items: items.map(toSnapshot), total, page, totalPages: Math.ceil(total / limit) };
+    },
+
+    async getSnapshot(req, ctx) {
+      return toSnapshot(await store.find(organizationOf(ctx), req.id));
+    },
+
+    async deleteSnapshot(req, ctx) {
+      const organizationId = organizationOf(ctx);
+      const row = await store.find(organizationId, req.id);
+      if (row.general || row.organizationId !== organizationId) throw errors.permissionDenied("You cannot delete a general snapshot");
+      const user = await store.userOf(row);
+      if (user !== undefined) throw errors.failedPrecondition(`Snapshot cannot be deleted because it is in use by one or more sandboxes (e.g. ${user})`);
+      await store.update(row.id, { state: "removing" });
+      await pulls.cancel(row.id);
+      // The image goes from this host when nothing else needs it (another snapshot of the same image, a sandbox).
+      if (row.ref && !(await store.refInUse(row.ref, row.id))) {
+        try {
+          await (await images()).remove(row.ref);
+        } catch (err) {
+          // The row goes regardless: a leftover image costs disk, not correctness.
+          deps.log?.(`snapshot ${row.id}: removing image ${row.ref} failed: ${err instanceof Error ? err.message : String(err)}`);
+        }
+      }
+      await store.remove(row.id);
+      return {};
+    },
+
+    async toggleSnapshot(req, ctx) {
+      const row = await store.findOwn(organizationOf(ctx), req.id);
+      const enable = req.enabled ?? row.state === "inactive";
+      if (enable === (row.state !== "inactive")) return toSnapshot(row);
+      return toSnapshot(await setActive(ctx, req.id, enable));
+    },
+
+    async activateSnapshot(req, ctx) {
+      return toSnapshot(await setActive(ctx, req.id, true));
+    },
+
+    async deactivateSnapshot(req, ctx) {
+      await setActive(ctx, req.id, false);
+      return {};
+    },
+
+    // Operator only (the route's auth): any organization's snapshot, by id.
+    async setSnapshotGeneral(req) {
+      const row = await store.byId(req.id);
+      if (!row) throw errors.notFound(`Snapshot with ID or name ${req.id} not found`);
+      if (row.id === DEFAULT_SNAPSHOT_ID && !req.general) throw errors.invalidArgument("The default snapshot stays general");
+      return toSnapshot((await store.update(row.id, { general: req.general })) ?? row);
+    },
+
+    async *getSnapshotBuildLogs(req, ctx) {
+      const row = await store.find(organizationOf(ctx), req.id);
+      const live = pulls.live(row.id);
+      if (!live) {
+        // Ended (or never pulled: the default snapshot): what was recorded.
+        if (row.buildLog) yield { data: new TextEncoder().encode(row.buildLog) };
+        return;
+      }
+      let sent = 0;
+      for (;;) {
+        if (sent < live.lines.length) {
+          const lines = live.lines.slice(sent);
+          sent += lines.length;
+          yield { data: new TextEncoder().encode(lines.join("\n") + "\n") };
+          continue;
+        }
+        if (live.done || !req.follow) return;
+        await live.changed(ctx.signal);
+        if (ctx.signal.aborted) return;
+      }
+    },
+  };
+
+  return {
+    impl,
+    store,
+    pulls,
+    async forSandbox(organizationId, idOrName) {
+      const row = await store.find(organizationId, idOrName).catch((err: unknown) => {
+        if (err instanceof ConnectError && err.code === Code.NotFound) throw errors.invalidArgument(`Snapshot ${idOrName} not found. Did you add it through the Daytona Dashboard?`);
+        throw err;
+      });
+      if (row.state !== "active") throw errors.invalidArgument(`Snapshot ${idOrName} is ${row.state}`);
+      if (row.id === DEFAULT_SNAPSHOT_ID) return { name: DEFAULT_SNAPSHOT, row };
+      if (!row.ref) throw errors.invalidArgument("Snapshot ref is not defined");
+      await store.markUsed(row.id).catch(() => undefined);
+      return { name: row.name, imageRef: row.ref, row };
+    },
+  };
+}
+
+/** The reference's checks of a create body, field problems together, then its rules in order. */
+function checkCreate(req: CreateSnapshotRequest) {
+  const checks = new Checks();
+  checks.displayName("name", req.name);
+  if (req.name.trim() !== "") checks.that(NAME.test(req.name), "Invalid snapshot name format. May contain letters, digits, dots, colons, and dashes");
+  for (const field of ["cpu", "memory", "disk", "gpu"] as const) {
+    const v = req[field];
+    checks.that(v === undefined || v >= 0, `${field} must not be less than 0`);
+  }
+  checks.that(req.gpu === undefined || req.gpu <= 1, "gpu must not be greater than 1");
+  checks.done();
+  if (req.buildInfo && req.imageName) throw errors.invalidArgument("Cannot specify an image name when using a build info entry");
+  if (req.buildInfo && req.entrypoint.length) throw errors.invalidArgument("Cannot specify an entrypoint when using a build info entry");
+  if (req.buildInfo) throw errors.invalidArgument("Declarative builds (buildInfo) are not supported on this server: create the snapshot from an image (imageName)");
+  if (req.sandboxClass === SandboxClass.WINDOWS) throw errors.invalidArgument("Windows snapshots cannot be created via this endpoint; they are produced by snapshot-from-sandbox flows.");
+  // The earlier CreateImage (POST /images): `name` is the image reference itself.
+  const imageName = req.imageName ?? (req.name.includes(":") || req.name.includes("@") ? req.name : undefined);
+  if (!imageName) throw errors.invalidArgument("Must specify an image name when not using a build info entry");
+  parseImageRef(imageName); // the reference's 400s for names, tags, digests and `:latest`
+  if (req.gpu) throw errors.invalidArgument(`GPU request ${req.gpu} exceeds maximum allowed per sandbox (0).`);
+  return {
+    name: req.name,
+    imageName: imageName.trim(),
+    entrypoint: req.entrypoint.filter((e) => e !== ""),
+    cpu: req.cpu || RESOURCES.cpu.default,
+    gpu: 0,
+    mem: req.memory || RESOURCES.memory.default,
+    disk: req.disk || RESOURCES.disk.default,
+  };
+}
