@@ -32,6 +32,8 @@ export interface LaunchOptions {
   logFile: string;
   /** A compiled seccomp program (see syscall-filter.ts), installed by bwrap for every sandbox process. */
   seccompFile?: string;
+  /** Network namespace (its /run/netns path) entered, still as root, before dropping to the sandbox uid. */
+  netns?: { nsenter: string; path: string };
 }
 
 export function launch(o: LaunchOptions): ChildProcess {
@@ -43,6 +45,7 @@ export function launch(o: LaunchOptions): ChildProcess {
       "/bin/sh",
       [
         "-c", JOIN, "sandbar-launch", ...o.procsFiles, "--",
+        ...(o.netns ? [o.netns.nsenter, `--net=${o.netns.path}`, "--"] : []),
         o.setpriv, `--reuid=${o.hostUid}`, `--regid=${o.hostGid}`, "--clear-groups", "--no-new-privs",
         o.bwrap, "--args", "3", "--", ...o.command,
       ],
