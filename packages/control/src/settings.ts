@@ -56,6 +56,10 @@ export interface Settings {
   previewDomain?: string;
   /** Rate limits per counter and window, and where the counters live (SANDBAR_RATE_LIMIT_*). */
   rateLimits: RateLimitSettings;
+  /** Network of creates that ask for none (SANDBAR_SANDBOX_NETWORK): "none" loopback only, "egress" anywhere outside the host. */
+  sandboxNetwork: "none" | "egress";
+  /** IPv4 range the sandboxes' veth /30s come from (SANDBAR_SANDBOX_SUBNET); default 10.213.0.0/16. */
+  sandboxSubnet?: string;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -92,8 +96,16 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     auditToolbox: booleanFlag(env, "SANDBAR_AUDIT_TOOLBOX"),
     previewDomain: previewDomain(env.SANDBAR_PREVIEW_DOMAIN),
     rateLimits: loadRateLimitSettings(env),
+    sandboxNetwork: sandboxNetwork(env.SANDBAR_SANDBOX_NETWORK),
+    sandboxSubnet: env.SANDBAR_SANDBOX_SUBNET || undefined,
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
+}
+
+function sandboxNetwork(raw: string | undefined): Settings["sandboxNetwork"] {
+  const v = (raw ?? "").trim().toLowerCase() || "none";
+  if (v !== "none" && v !== "egress") throw new Error(`SANDBAR_SANDBOX_NETWORK must be none or egress, got "${raw}"`);
+  return v;
 }
 
 function nonNegativeInt(env: NodeJS.ProcessEnv, name: string): number {

@@ -252,6 +252,10 @@ export const SandboxRecord = defineEntity({
     regionId: p.string().default("local"),
     /** The runner holding the sandbox's files; null when archived or destroyed. */
     runnerId: p.string().nullable(),
+    /** Loopback only (unless networkAllowList is set). */
+    networkBlockAll: p.boolean().default(true),
+    /** Comma-separated IPv4 CIDRs, the only destinations reachable; null: none given. */
+    networkAllowList: p.text().nullable(),
   },
 });
 export type SandboxRecord = InferEntity<typeof SandboxRecord>;

@@ -39,6 +39,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     runtime = await LocalRuntime.open({
       dataDir: path.join(settings.dataDir, "runner"),
       snapshotCacheDir: settings.snapshotCacheDir,
+      sandboxSubnet: settings.sandboxSubnet,
       init: await agentInit(settings.agentBundle),
       log,
     });

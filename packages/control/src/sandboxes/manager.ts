@@ -3,6 +3,7 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { SandboxRecord } from "../db/entities.ts";
 import { LayerFiles } from "./layer-files.ts";
+import { type NetworkFields, runtimeNetwork } from "./network-policy.ts";
 import { OperationLocks } from "./operation-locks.ts";
 import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 import { isEphemeral, isErrored } from "./states.ts";
@@ -44,6 +45,8 @@ export interface NewSandbox {
   autoStopInterval: number;
   autoArchiveInterval: number;
   autoDeleteInterval: number;
+  networkBlockAll: boolean;
+  networkAllowList: string | null;
 }
 
 /** Where the toolbox reaches a sandbox's agent. */
@@ -153,7 +156,8 @@ export class SandboxManager {
 
   async create(input: NewSandbox): Promise<SandboxRecord> {
     this.#assertOpen();
-    const warm = this.pool?.fits(input) ? this.pool.claim() : undefined;
+    // Pool sandboxes are loopback only: one with egress is made for its request.
+    const warm = input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
     if (!warm) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
     const now = new Date();
@@ -184,6 +188,8 @@ export class SandboxManager {
       authToken: newAuthToken(),
       regionId: input.regionId,
       runnerId: this.runtime.runnerId,
+      networkBlockAll: input.networkBlockAll,
+      networkAllowList: input.networkAllowList,
     };
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
@@ -450,6 +456,24 @@ export class SandboxManager {
 
   // ---- attributes ----------------------------------------------------------------------------
 
+  /**
+   * A new network policy, pushed to the host first (at once for a sandbox running with egress; one
+   * started loopback-only gets it at its next start), then persisted, as the reference does.
+   */
+  async setNetwork(organizationId: string, idOrName: string, next: (current: NetworkFields) => NetworkFields): Promise<SandboxRecord> {
+    this.#assertOpen();
+    const row = await this.store.find(organizationId, idOrName);
+    const fields = next(row);
+    const op = this.locks.tryRun(row.id, async () => {
+      if (row.runnerId === this.runtime.runnerId && (await this.runtime.inspect(row.id))) await this.runtime.setNetwork(row.id, runtimeNetwork(fields));
+      await this.store.update(row.id, { networkBlockAll: fields.networkBlockAll, networkAllowList: fields.networkAllowList ?? null });
+    });
+    if (!op) throw stateChangeInProgress();
+    await op;
+    this.touch(row.id);
+    return this.#current(row.id);
+  }
+
   async update(organizationId: string, idOrName: string, patch: SandboxPatch): Promise<SandboxRecord> {
     const row = await this.store.find(organizationId, idOrName);
     await this.store.update(row.id, patch);
@@ -575,7 +599,7 @@ export class SandboxManager {
 }
 
 export function specOf(row: SandboxRecord): RuntimeSandboxSpec {
-  return { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser };
+  return { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser, network: runtimeNetwork(row) };
 }
 
 function reasonOf(err: unknown): string {

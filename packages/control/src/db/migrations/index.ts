@@ -7,6 +7,7 @@ import { Migration0007RateLimits } from "./0007-rate-limits.ts";
 import { Migration0008Preview } from "./0008-preview.ts";
 import { Migration0009Webhooks } from "./0009-webhooks.ts";
 import { Migration0010Audit } from "./0010-audit.ts";
+import { Migration0014SandboxNetwork } from "./0014-sandbox-network.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -19,4 +20,5 @@ export const migrations = [
   { name: "0008-preview", class: Migration0008Preview },
   { name: "0009-webhooks", class: Migration0009Webhooks },
   { name: "0010-audit", class: Migration0010Audit },
+  { name: "0014-sandbox-network", class: Migration0014SandboxNetwork },
 ];
