@@ -1,6 +1,3 @@
-import type { ChildProcess } from "node:child_process";
-import { spawn } from "node:child_process";
-import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { readFile, rm } from "node:fs/promises";
 import http from "node:http";
@@ -9,26 +6,23 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { run } from "./command.ts";
 import type { NetworkLease } from "./network.ts";
+import { type FakeInternet, fakeInternet } from "./testing/fake-internet.ts";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, leftovers, sh, uniqueId } from "./testing/harness.ts";
 
 // Egress policy with real namespaces, veth pairs and nftables. No traffic leaves the machine:
-// "the internet" is a network namespace this test creates, wired to the host by a veth of its own
-// on test-only addresses (198.18.0.0/15, RFC 2544), holding an HTTP server that answers with the
-// address it was reached on. The host's own services are stood for by an HTTP server listening on
-// every host address (what the control port and PostgreSQL do).
+// "the internet" is a network namespace this test creates (testing/fake-internet.ts). The host's
+// own services are stood for by an HTTP server listening on every host address (what the control
+// port and PostgreSQL do).
 
-const tag = randomBytes(3).toString("hex");
-const INET_NS = `sbt-inet-${tag}`;
-const INET_IF = `sbti${tag}`;
-const INET = "198.18.0.1"; // the "internet" side of the test veth
-const HOST_ON_INET = "198.18.0.2"; // the host's side: a host address
-const FAR = "198.18.7.1"; // a second "internet" address, routed via INET
-const METADATA = "169.254.169.254"; // as a cloud puts it, here inside the test's "internet"
 const PORT = 8080;
+let net: FakeInternet;
+let INET: string; // the "internet" side of the test veth
+let HOST_ON_INET: string; // the host's side: a host address
+let FAR: string; // a second "internet" address, routed via INET
+let METADATA: string; // 169.254.169.254, as a cloud puts it, here inside the test's "internet"
 
 let f: Fixture;
-let inetServer: ChildProcess;
 let hostServer: http.Server;
 let hostPort: number;
 let hostAddress: string;
@@ -60,31 +54,14 @@ async function networkLeftovers(l: NetworkLease): Promise<string[]> {
 }
 
 beforeAll(async () => {
-  // The "internet": a namespace with a veth to the host and two more addresses behind it.
-  await ipCmd("netns", "add", INET_NS);
-  await ipCmd("link", "add", INET_IF, "type", "veth", "peer", "name", "eth0", "netns", INET_NS);
-  await ipCmd("addr", "add", `${HOST_ON_INET}/30`, "dev", INET_IF);
-  await ipCmd("link", "set", INET_IF, "up");
-  await ipCmd("-n", INET_NS, "addr", "add", `${INET}/30`, "dev", "eth0");
-  await ipCmd("-n", INET_NS, "link", "set", "eth0", "up");
-  await ipCmd("-n", INET_NS, "link", "set", "lo", "up");
-  for (const a of [FAR, METADATA]) {
-    await ipCmd("-n", INET_NS, "addr", "add", `${a}/32`, "dev", "lo");
-    await ipCmd("route", "add", `${a}/32`, "via", INET);
-  }
-  await ipCmd("-n", INET_NS, "route", "add", "default", "via", HOST_ON_INET);
-  const server = `require("http").createServer((q, s) => s.end("inet " + q.socket.localAddress.replace("::ffff:", ""))).listen(${PORT}, "0.0.0.0", () => console.log("up"))`;
-  inetServer = spawn("ip", ["netns", "exec", INET_NS, process.execPath, "-e", server], { stdio: ["ignore", "pipe", "inherit"] });
-  await new Promise<void>((resolve, reject) => {
-    inetServer.stdout!.once("data", () => resolve());
-    inetServer.once("exit", (c) => reject(new Error(`internet server exited with ${c}`)));
-  });
+  net = await fakeInternet(PORT);
+  ({ inet: INET, hostSide: HOST_ON_INET, far: FAR, metadata: METADATA } = net);
   // The host's services: every host address.
   hostServer = http.createServer((_q, s) => s.end("host"));
   await new Promise<void>((r) => hostServer.listen(0, "0.0.0.0", r));
   hostPort = (hostServer.address() as AddressInfo).port;
   const addrs = (await ipCmd("-4", "-o", "addr", "show")).stdout.split("\n").map((l) => /inet (\d+\.\d+\.\d+\.\d+)\//.exec(l)?.[1]);
-  hostAddress = addrs.find((a) => a && !a.startsWith("127.") && !a.startsWith("198.18.") && !a.startsWith("10.213.")) ?? HOST_ON_INET;
+  hostAddress = addrs.find((a) => a && !a.startsWith("127.") && !a.startsWith("198.1") && !a.startsWith("10.213.")) ?? HOST_ON_INET;
 
   f = await fixture();
   // The allow list names everything forbidden too: the refusals hold whatever it says.
@@ -101,11 +78,8 @@ afterAll(async () => {
   for (const id of [allow, full, none]) await f?.provider.destroy(id).catch(() => undefined);
   await f?.provider.close();
   if (f) await rm(f.dataDir, { recursive: true, force: true });
-  inetServer?.kill();
   hostServer?.close();
-  for (const a of [FAR, METADATA]) await ipCmd("route", "del", `${a}/32`).catch(() => undefined);
-  await ipCmd("link", "del", INET_IF).catch(() => undefined);
-  await ipCmd("netns", "del", INET_NS).catch(() => undefined);
+  await net?.close();
 });
 
 describe("sandbox egress policy (veth + NAT + nftables in the host namespace)", () => {
