@@ -100,6 +100,11 @@ describe("network policy through the API", () => {
     expect(plain.networkBlockAll).toBe(true);
     expect(await sandboxAddress(plain.id)).toBe("none");
     expect(await reach(plain.id, net.inet, net.port)).toMatch(/^fail/);
+    // Egress given to a sandbox started loopback-only, while it runs.
+    const opened = await f.call("POST", `/sandbox/${plain.id}/network-settings`, { networkAllowList: `${net.far}/32` });
+    expect(opened.body).toMatchObject({ networkBlockAll: false, networkAllowList: `${net.far}/32`, state: "started" });
+    expect(await reach(plain.id, net.far, net.port)).toBe(`inet ${net.far}`);
+    expect(await reach(plain.id, net.inet, net.port)).toMatch(/^fail/);
     for (const s of [blocked, plain]) await f.call("DELETE", `/sandbox/${s.id}`);
   });
 

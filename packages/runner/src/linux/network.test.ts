@@ -46,7 +46,7 @@ async function lease(id: string): Promise<NetworkLease> {
 /** What of a sandbox's network is still on the host (netns, veth, nft chain or map element). */
 async function networkLeftovers(l: NetworkLease): Promise<string[]> {
   const found: string[] = [];
-  if (existsSync(`/run/netns/${l.netns}`)) found.push(`netns ${l.netns}`);
+  if (l.netns && existsSync(`/run/netns/${l.netns}`)) found.push(`netns ${l.netns}`);
   if ((await ipCmd("-o", "link", "show").then((r) => r.stdout)).includes(` ${l.hostIf}@`)) found.push(`link ${l.hostIf}`);
   const table = (await run("nft", ["list", "table", "inet", "sandbar"])).stdout;
   if (new RegExp(`chain s${l.slot} \\{`).test(table)) found.push(`chain s${l.slot}`);
@@ -149,8 +149,26 @@ describe("sandbox egress policy (veth + NAT + nftables in the host namespace)", 
     // Kept for the next start.
     expect(await f.provider.updateNetwork(allow, "allow-list", [`${INET}/32`])).toBe(true);
     expect(await get(allow, INET)).toBe(`inet ${INET}`);
-    // A loopback-only sandbox gets the change at its next start.
+  });
+
+  it("gives a sandbox started loopback-only egress while it runs, and takes it back on stop", async () => {
+    const before = await f.provider.inspect(none);
+    expect(await f.provider.updateNetwork(none, "allow-list", [`${INET}/32`])).toBe(true);
+    expect(await get(none, INET)).toBe(`inet ${INET}`);
+    expect(await get(none, FAR)).toMatch(/^fail /);
+    expect(await get(none, hostAddress, hostPort)).toMatch(/^fail /);
+    const attached = await lease(none);
+    expect(attached.netns).toBe("");
+    expect(await f.provider.updateNetwork(none, "none")).toBe(true);
+    expect(await get(none, INET)).toMatch(/^fail /);
+    expect((await f.provider.inspect(none)).startedAt).toEqual(before.startedAt);
+    await f.provider.stop(none);
+    expect(await networkLeftovers(attached)).toEqual([]);
+    // Stopped: recorded for the next start, which makes its namespace as for any sandbox with egress.
     expect(await f.provider.updateNetwork(none, "full")).toBe(false);
+    await f.provider.start(none);
+    expect(await get(none, FAR)).toBe(`inet ${FAR}`);
+    expect((await lease(none)).netns).not.toBe("");
   });
 
   it("rejects bad allow lists", async () => {

@@ -7,7 +7,8 @@ import type { NetworkMode } from "../provider.ts";
 // wired to the host by a veth pair on a /30 of the sandbox subnet, masqueraded on the way out.
 // The policy lives in the HOST namespace, in one nftables table of ours, where nothing inside the
 // sandbox can reach it (the sandbox has no capability over a namespace owned by the host's user
-// namespace). Sandboxes with mode "none" get none of this: bubblewrap's own loopback-only netns.
+// namespace). Sandboxes with mode "none" get none of this: bubblewrap's own loopback-only netns
+// (given a veth later if their policy changes while they run: see attach).
 //
 //   table inet <table>
 //     map egress: host veth name -> jump <the sandbox's chain>
@@ -44,6 +45,7 @@ export interface NetworkPolicy {
 /** Where a sandbox's network lives; written to its runtime dir so a restarted runner can undo it. */
 export interface NetworkLease {
   slot: number;
+  /** Name of the namespace (under /run/netns); empty when the veth was added to a running sandbox's own. */
   netns: string;
   hostIf: string;
   /** Sandbox side and gateway (host side) addresses. */
@@ -175,7 +177,7 @@ add rule ${t} postrouting iifname "${HOST_IF_PREFIX}*" masquerade
     await this.#removeNetns(netns);
     await ip("netns", "add", netns);
     try {
-      const lease = await this.#wire(netns);
+      const lease = await this.#wire({ netns });
       await this.applyPolicy(lease, policy);
       return lease;
     } catch (err) {
@@ -188,14 +190,37 @@ add rule ${t} postrouting iifname "${HOST_IF_PREFIX}*" masquerade
     return `${this.#netnsPrefix}${id}`;
   }
 
-  /** A free slot's veth pair, its addresses and routes. */
-  async #wire(netns: string): Promise<NetworkLease> {
+  /**
+   * Egress for a sandbox running loopback-only: the veth goes into the namespace bubblewrap made,
+   * the one its init (`pid`, on the host) is in. Owned by the sandbox's user namespace, in which it
+   * holds no capability (all dropped, no new user namespaces), so it can change nothing there either.
+   */
+  async attach(pid: number, nsenter: string, policy: NetworkPolicy): Promise<NetworkLease> {
+    await this.#ensureBase();
+    const lease = await this.#wire({ pid, nsenter });
+    try {
+      await this.applyPolicy(lease, policy);
+      return lease;
+    } catch (err) {
+      await this.#unwire(lease).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  /** A free slot's veth pair, its addresses and routes, into a named namespace or a process's. */
+  async #wire(target: { netns: string } | { pid: number; nsenter: string }): Promise<NetworkLease> {
+    const netns = "netns" in target ? target.netns : "";
+    const inNs =
+      "netns" in target
+        ? (...args: string[]) => ip("-n", target.netns, ...args)
+        : async (...args: string[]) => (await run(target.nsenter, [`--net=/proc/${target.pid}/ns/net`, "--", "ip", ...args])).stdout;
+    const peerNs = "netns" in target ? target.netns : String(target.pid);
     for (let slot = 0; slot < this.#slotCount(); slot++) {
       if (this.#used.has(slot)) continue;
       const hostIf = `${HOST_IF_PREFIX}${slot}`;
       this.#used.add(slot);
       try {
-        await ip("link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", netns);
+        await ip("link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", peerNs);
       } catch (err) {
         if (/exists/i.test((err as Error).message)) continue; // another runner's; stays marked used here
         this.#used.delete(slot);
@@ -207,7 +232,6 @@ add rule ${t} postrouting iifname "${HOST_IF_PREFIX}*" masquerade
         await writeFile(`/proc/sys/net/ipv6/conf/${hostIf}/disable_ipv6`, "1").catch(() => undefined);
         await ip("addr", "add", `${lease.gateway}/30`, "dev", hostIf);
         await ip("link", "set", hostIf, "up");
-        const inNs = (...args: string[]) => ip("-n", netns, ...args);
         await inNs("link", "set", "lo", "up");
         await inNs("addr", "add", `${lease.address}/30`, "dev", "eth0");
         await inNs("link", "set", "eth0", "up");
@@ -250,6 +274,7 @@ add rule ${t} postrouting iifname "${HOST_IF_PREFIX}*" masquerade
 
   /** Removes the sandbox's rules, veth pair and namespace. Idempotent. */
   async tearDown(lease: NetworkLease | undefined, id: string): Promise<void> {
+    // An attached veth goes with its namespace when the sandbox's processes end; named ones stay until removed.
     if (lease) await this.#unwire(lease);
     await this.#removeNetns(this.netnsName(id));
   }

@@ -25,7 +25,7 @@ import { isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder,
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser } from "./rootprep.ts";
-import { sandboxAgent } from "./sandbox-procs.ts";
+import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
 
@@ -323,9 +323,9 @@ export class LinuxProvider implements SandboxProvider {
   }
 
   /**
-   * Changes a sandbox's network policy. A sandbox running with egress gets it at once (its nft chain
-   * is replaced in one transaction); one started loopback-only gets it at its next start.
-   * Returns whether it took effect now.
+   * Changes a sandbox's network policy, at once when it runs: its nft chain is replaced in one
+   * transaction; one started loopback-only gets a veth into its namespace (its resolv.conf stays the
+   * snapshot's until its next start). Returns whether it took effect now (false: stopped).
    */
   async updateNetwork(id: string, network: NetworkMode, allowList: string[] = []): Promise<boolean> {
     validateId(id);
@@ -335,9 +335,18 @@ export class LinuxProvider implements SandboxProvider {
       rec.spec.network = checked.network;
       rec.spec.networkAllowList = checked.networkAllowList;
       await writeRecord(this.layout, rec);
+      if ((await this.cgroups.pids(id)).length === 0) return false;
+      const policy = { mode: checked.network ?? "none", allowCidrs: checked.networkAllowList };
       const lease = await readLease(this.layout, id);
-      if (!lease || (await this.cgroups.pids(id)).length === 0) return false;
-      await this.#networks.applyPolicy(lease, { mode: checked.network ?? "none", allowCidrs: checked.networkAllowList });
+      if (lease) {
+        await this.#networks.applyPolicy(lease, policy);
+        return true;
+      }
+      if (policy.mode === "none") return true; // loopback only already
+      const init = await sandboxInit(this.cgroups, id);
+      if (init === undefined || !this.#tools.nsenter) throw errors.failedPrecondition(`sandbox ${id}: cannot reach its network namespace to add egress; restart it`);
+      const attached = await this.#networks.attach(init, this.#tools.nsenter, policy);
+      await writeFile(leaseFile(this.layout, id), JSON.stringify(attached), { mode: 0o600 });
       return true;
     });
   }
