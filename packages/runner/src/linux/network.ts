@@ -1,6 +1,6 @@
 import { readFile, rm, writeFile } from "node:fs/promises";
 import { errors } from "@sandbar/protocol";
-import { run } from "./command.ts";
+import { run, which } from "./command.ts";
 import type { NetworkMode } from "../provider.ts";
 
 // Egress for sandboxes that ask for it (DESIGN.md decision 14): a network namespace per sandbox,
@@ -138,6 +138,7 @@ export class SandboxNetworks {
   /** Forwarding on, the table and its static chains (once per runner, idempotent). */
   #ensureBase(): Promise<void> {
     this.#ready ??= (async () => {
+      if (!which("nft")) throw errors.failedPrecondition("nftables is not installed (apt-get install nftables): sandboxes with network access need it");
       await writeFile("/proc/sys/net/ipv4/ip_forward", "1");
       const t = `inet ${this.#table}`;
       await nft(`
