@@ -68,5 +68,8 @@ describe("the policy of a sandbox", () => {
     expect(loadSettings({}).sandboxNetwork).toBe("none");
     expect(loadSettings({ SANDBAR_SANDBOX_NETWORK: "egress" }).sandboxNetwork).toBe("egress");
     expect(() => loadSettings({ SANDBAR_SANDBOX_NETWORK: "full" })).toThrow("SANDBAR_SANDBOX_NETWORK must be none or egress");
+    expect(loadSettings({ SANDBAR_SANDBOX_SUBNET: "10.50.0.0/20" }).sandboxSubnet).toBe("10.50.0.0/20");
+    expect(() => loadSettings({ SANDBAR_SANDBOX_SUBNET: "10.50.0.0/28" })).toThrow("SANDBAR_SANDBOX_SUBNET must be an IPv4 CIDR of at least a /24");
+    expect(() => loadSettings({ SANDBAR_SANDBOX_SUBNET: "10.50.0.0" })).toThrow("SANDBAR_SANDBOX_SUBNET must be an IPv4 CIDR");
   });
 });
