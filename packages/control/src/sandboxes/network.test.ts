@@ -146,9 +146,14 @@ describe("network policy through the API", () => {
     expect(await reach(b.id, net.far, net.port)).toBe(`inet ${net.far}`);
   });
 
-  it("keeps the policy across stop and start, and delete leaves no namespace behind", async () => {
+  it("keeps the policy across stop and start and across archive and restore, and delete leaves no namespace behind", async () => {
     await f.call("POST", `/sandbox/${b.id}/network-settings`, { networkAllowList: `${net.inet}/32` });
     await f.call("POST", `/sandbox/${b.id}/stop`);
+    expect((await f.call("POST", `/sandbox/${b.id}/start`)).body.state).toBe("started");
+    expect(await reach(b.id, net.inet, net.port)).toBe(`inet ${net.inet}`);
+    expect(await reach(b.id, net.far, net.port)).toMatch(/^fail/);
+    await f.call("POST", `/sandbox/${b.id}/stop`);
+    expect((await f.call("POST", `/sandbox/${b.id}/archive`)).body.state).toBe("archived");
     expect((await f.call("POST", `/sandbox/${b.id}/start`)).body.state).toBe("started");
     expect(await reach(b.id, net.inet, net.port)).toBe(`inet ${net.inet}`);
     expect(await reach(b.id, net.far, net.port)).toMatch(/^fail/);
