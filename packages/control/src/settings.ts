@@ -59,6 +59,10 @@ export interface Settings {
   rateLimits: RateLimitSettings;
   /** Where snapshot images are pulled from (SANDBAR_REGISTRY_MIRROR, SANDBAR_INSECURE_REGISTRIES). */
   registries: RegistrySettings;
+  /** Network of creates that ask for none (SANDBAR_SANDBOX_NETWORK): "none" loopback only, "egress" anywhere outside the host. */
+  sandboxNetwork: "none" | "egress";
+  /** IPv4 range the sandboxes' veth /30s come from (SANDBAR_SANDBOX_SUBNET); default 10.213.0.0/16. */
+  sandboxSubnet?: string;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -96,8 +100,25 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     previewDomain: previewDomain(env.SANDBAR_PREVIEW_DOMAIN),
     rateLimits: loadRateLimitSettings(env),
     registries: loadRegistrySettings(env),
+    sandboxNetwork: sandboxNetwork(env.SANDBAR_SANDBOX_NETWORK),
+    sandboxSubnet: sandboxSubnet(env.SANDBAR_SANDBOX_SUBNET),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
+}
+
+function sandboxNetwork(raw: string | undefined): Settings["sandboxNetwork"] {
+  const v = (raw ?? "").trim().toLowerCase() || "none";
+  if (v !== "none" && v !== "egress") throw new Error(`SANDBAR_SANDBOX_NETWORK must be none or egress, got "${raw}"`);
+  return v;
+}
+
+function sandboxSubnet(raw: string | undefined): string | undefined {
+  if (!raw) return undefined;
+  const m = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{1,2})$/.exec(raw.trim());
+  if (!m || m.slice(1, 5).some((o) => Number(o) > 255) || Number(m[5]) > 24) {
+    throw new Error(`SANDBAR_SANDBOX_SUBNET must be an IPv4 CIDR of at least a /24 (e.g. 10.213.0.0/16), got "${raw}"`);
+  }
+  return raw.trim();
 }
 
 function nonNegativeInt(env: NodeJS.ProcessEnv, name: string): number {

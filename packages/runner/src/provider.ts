@@ -4,8 +4,11 @@ import type { Readable } from "node:stream";
 // Sandboxes are named by the caller's id; every method is safe to call again after a crash
 // (state lives on disk and in the kernel, not in the provider object).
 
-/** Network modes. Only "none" (loopback only) exists so far; veth + NAT is planned. */
-export type NetworkMode = "none";
+/**
+ * Network modes: "none" is loopback only; "full" reaches anything outside the host (NAT);
+ * "allow-list" only `networkAllowList`. Never the host itself nor another sandbox (linux/network.ts).
+ */
+export type NetworkMode = "none" | "full" | "allow-list";
 
 /** A host path made visible inside the sandbox. */
 export interface BindMount {
@@ -72,6 +75,8 @@ export interface SandboxSpec {
   env?: Record<string, string>;
   /** Default "none". */
   network?: NetworkMode;
+  /** IPv4 CIDRs (a.b.c.d/n) reachable in mode "allow-list". */
+  networkAllowList?: string[];
   /** OS user inside the sandbox; default "sandbar". "root" is uid 0 inside, still without capabilities. */
   user?: string;
   /** The first process's working directory (an image's WORKDIR; the agent's work dir); default the user's home. */

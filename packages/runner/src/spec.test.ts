@@ -42,7 +42,7 @@ describe("sandbox spec validation", () => {
     rejects({ pidsLimit: 1.5 }, "pidsLimit must be a positive integer");
     rejects({ env: { "BAD-NAME": "x" } }, "env name");
     rejects({ env: { OK: 1 } }, "env OK must be a string");
-    rejects({ network: "bridge" }, 'network mode "bridge" is not supported');
+    rejects({ network: "bridge" as "none" }, 'network mode "bridge" is not supported');
     rejects({ user: "Root" }, "user");
     rejects({ mounts: [{ source: "/x", target: "/proc/x" }] }, "reserved");
     rejects({ mounts: [{ source: "/x", target: "/opt" }] }, "reserved");

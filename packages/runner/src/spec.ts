@@ -1,6 +1,6 @@
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
-import type { BindMount, InitCommand, SandboxSpec, VolumeMount } from "./provider.ts";
+import type { BindMount, InitCommand, NetworkMode, SandboxSpec, VolumeMount } from "./provider.ts";
 import { SANDBOX_PATHS } from "./provider.ts";
 
 // Shape checks every provider shares. They run before anything touches the host, and say
@@ -123,9 +123,10 @@ export function validateSpec(spec: SandboxSpec): SandboxSpec {
   }
 
   const network = spec.network ?? "none";
-  if (network !== "none") {
-    throw errors.invalidArgument(`network mode ${JSON.stringify(network)} is not supported yet; only "none" (loopback only) is`);
+  if (!NETWORK_MODES.includes(network)) {
+    throw errors.invalidArgument(`network mode ${JSON.stringify(network)} is not supported: one of ${NETWORK_MODES.join(", ")}`);
   }
+  const networkAllowList = validateAllowList(spec.networkAllowList);
   const user = spec.user ?? DEFAULT_USER;
   if (typeof user !== "string" || !USER.test(user)) {
     throw errors.invalidArgument(`user ${JSON.stringify(user)} is invalid: lower-case letters, digits, '_' or '-', at most 32`);
@@ -137,6 +138,7 @@ export function validateSpec(spec: SandboxSpec): SandboxSpec {
 
   const out: SandboxSpec = { id, rootfs, mounts, cpu, memoryGiB, pidsLimit, env, network, user, init: validateInit(spec.init) };
   if (volumes.length > 0) out.volumes = volumes;
+  if (network === "allow-list") out.networkAllowList = networkAllowList;
   if (diskGiB !== undefined) out.diskGiB = diskGiB;
   if (spec.workdir !== undefined) {
     const w = spec.workdir;
@@ -154,4 +156,22 @@ export function memoryBytesOf(spec: SandboxSpec): number {
 
 export function diskBytesOf(spec: SandboxSpec): number | undefined {
   return spec.diskGiB === undefined ? undefined : Math.round(spec.diskGiB * GiB);
+}
+
+const NETWORK_MODES: readonly NetworkMode[] = ["none", "full", "allow-list"];
+/** The control plane allows 10 (as the reference does); the runner takes a little more. */
+const MAX_ALLOW_CIDRS = 64;
+const CIDR = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{1,2})$/;
+
+function validateAllowList(list: unknown): string[] {
+  if (list === undefined || list === null) return [];
+  if (!Array.isArray(list)) throw errors.invalidArgument("networkAllowList must be an array of IPv4 CIDRs");
+  if (list.length > MAX_ALLOW_CIDRS) throw errors.invalidArgument(`networkAllowList must hold at most ${MAX_ALLOW_CIDRS} CIDRs`);
+  return list.map((c: unknown) => {
+    const m = typeof c === "string" ? CIDR.exec(c) : null;
+    if (!m || m.slice(1, 5).some((o) => Number(o) > 255) || Number(m[5]) > 32) {
+      throw errors.invalidArgument(`networkAllowList: ${JSON.stringify(c)} is not an IPv4 CIDR (a.b.c.d/n)`);
+    }
+    return c as string;
+  });
 }

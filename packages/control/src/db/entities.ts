@@ -256,6 +256,10 @@ export const SandboxRecord = defineEntity({
     volumes: p.json<SandboxVolumeMount[]>(),
     /** The image it boots from (manifest digest in the host's image store); null: the default snapshot. */
     imageRef: p.string().nullable(),
+    /** Loopback only (unless networkAllowList is set). */
+    networkBlockAll: p.boolean().default(true),
+    /** Comma-separated IPv4 CIDRs, the only destinations reachable; null: none given. */
+    networkAllowList: p.text().nullable(),
   },
 });
 export interface SandboxVolumeMount {

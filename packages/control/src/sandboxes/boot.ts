@@ -48,6 +48,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     runtime = await LocalRuntime.open({
       dataDir: path.join(settings.dataDir, "runner"),
       snapshotCacheDir: settings.snapshotCacheDir,
+      sandboxSubnet: settings.sandboxSubnet,
       init: await agentInit(settings.agentBundle),
       volumeRoot: (id) => volumes.hostPath(id),
       images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },

@@ -2,6 +2,7 @@ import { errors } from "@sandbar/protocol";
 import type { CreateSandboxRequest } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { Checks } from "../services/validate.ts";
 import type { NewSandbox } from "./manager.ts";
+import { createNetwork, type DefaultNetwork, refuseDomainAllowList } from "./network-policy.ts";
 import { normalizeAutoArchive } from "./states.ts";
 
 // POST /sandbox checked as the reference checks it: field problems together in one 400, then
@@ -43,7 +44,7 @@ const USER = /^[a-z_][a-z0-9_-]{0,31}$/;
 const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /** Checks a create request as the reference does (field problems together, then one by one). */
-export function newSandbox(organizationId: string, req: CreateSandboxRequest, imageSnapshots = false): Omit<NewSandbox, "regionId" | "volumes"> {
+export function newSandbox(organizationId: string, req: CreateSandboxRequest, imageSnapshots = false, defaultNetwork: DefaultNetwork = "none"): Omit<NewSandbox, "regionId" | "volumes"> {
   const snapshot = (req.snapshot ?? req.image ?? "").trim();
   const checks = new Checks();
   if (req.name !== undefined) checks.displayName("name", req.name);
@@ -65,9 +66,8 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
   if (req.buildInfo) throw errors.unimplemented("Declarative builds (buildInfo) are not supported yet: create from the default snapshot");
   if (snapshot && snapshot !== DEFAULT_SNAPSHOT && !imageSnapshots) throw errors.invalidArgument(`Snapshot ${snapshot} not found. Only the default snapshot (${DEFAULT_SNAPSHOT}) exists on this server`);
   if (req.linkedSandbox) throw errors.unimplemented("Linked sandboxes are not supported yet");
-  if (req.networkAllowList || req.domainAllowList) {
-    throw errors.unimplemented("Network allow lists are not supported yet: sandboxes have no network access (loopback only)");
-  }
+  const network = createNetwork(req.networkBlockAll, req.networkAllowList, defaultNetwork);
+  refuseDomainAllowList(req.domainAllowList);
 
   const cpu = req.cpu || RESOURCES.cpu.default;
   const memory = req.memory || RESOURCES.memory.default;
@@ -94,5 +94,7 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
     autoStopInterval: autoStop,
     autoArchiveInterval: normalizeAutoArchive(autoArchive),
     autoDeleteInterval: req.autoDeleteInterval ?? -1,
+    networkBlockAll: network.networkBlockAll,
+    networkAllowList: network.networkAllowList ?? null,
   };
 }

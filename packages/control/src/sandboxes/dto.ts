@@ -62,8 +62,8 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     env: r.env,
     labels: r.labels,
     public: r.public,
-    // Sandboxes here have loopback only (the linux provider's network mode "none").
-    networkBlockAll: true,
+    networkBlockAll: r.networkBlockAll,
+    networkAllowList: r.networkAllowList ?? undefined,
     target: r.regionId,
     cpu: r.cpu,
     gpu: r.gpu,

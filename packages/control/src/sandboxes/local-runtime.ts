@@ -7,7 +7,7 @@ import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { InitCommand, SandboxInfo, SandboxSpec } from "@sandbar/runner";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
 import { ImageStore, sandboxSpecFor, type ImageStoreOptions } from "@sandbar/runner/images";
-import type { RuntimeHealth, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
+import type { RuntimeHealth, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime, RuntimeNetwork } from "./runtime.ts";
 
 // Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
 // from the default snapshot, with the agent as its first process. Each agent gets its own secret,
@@ -50,6 +50,8 @@ export interface LocalRuntimeOptions {
   volumeRoot?: (volumeId: string) => string;
   /** The image store under `<dataDir>/images`: Docker Hub mirror, insecure registries, caps. */
   images?: Omit<ImageStoreOptions, "dataDir" | "log">;
+  /** IPv4 range the /30s of sandboxes with egress come from (SANDBAR_SANDBOX_SUBNET). */
+  sandboxSubnet?: string;
   log?: (line: string) => void;
 }
 
@@ -92,7 +94,7 @@ export class LocalRuntime implements SandboxRuntime {
     const runnerId = await loadRunnerId(path.join(dataDir, "runner-id"));
     const slot = createHash("sha256").update(dataDir).digest().readUInt32BE(0) % UID_SLOTS;
     const uidBase = o.uidBase ?? UID_FIRST + slot * UID_SLOT;
-    const provider = await LinuxProvider.open({ dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log });
+    const provider = await LinuxProvider.open({ dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log, network: { subnet: o.sandboxSubnet } });
     const runtime = new LocalRuntime(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
     // Built (once per host, a minute or two) while the server starts serving, not on the first create.
     runtime.#snapshot().catch((err: unknown) => runtime.#log(`default snapshot: ${(err as Error).message}`));
@@ -145,6 +147,8 @@ export class LocalRuntime implements SandboxRuntime {
         if (!this.#volumeRoot) throw errors.failedPrecondition("Volumes are not available on this runner");
         return { root: this.#volumeRoot(v.volumeId), target: v.mountPath, ...(v.subpath ? { subpath: v.subpath } : {}) };
       }),
+      network: s.network?.mode ?? "none",
+      networkAllowList: s.network?.allowList,
       init: { ...this.#init, secret: this.agentSecret(s.id) },
     };
   }
@@ -169,6 +173,10 @@ export class LocalRuntime implements SandboxRuntime {
 
   setEnv(id: string, env: Record<string, string>): Promise<void> {
     return this.provider.setEnv(id, env);
+  }
+
+  async setNetwork(id: string, network: RuntimeNetwork): Promise<void> {
+    await this.provider.updateNetwork(id, network.mode, network.allowList);
   }
 
   pack(id: string): Promise<Readable> {

@@ -3,6 +3,7 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { SandboxRecord, SandboxVolumeMount } from "../db/entities.ts";
 import { LayerFiles } from "./layer-files.ts";
+import { type NetworkFields, runtimeNetwork } from "./network-policy.ts";
 import { OperationLocks } from "./operation-locks.ts";
 import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 import { isEphemeral, isErrored } from "./states.ts";
@@ -48,6 +49,8 @@ export interface NewSandbox {
   autoDeleteInterval: number;
   /** Volumes to mount, resolved (volumes/sandbox-mounts.ts). */
   volumes: SandboxVolumeMount[];
+  networkBlockAll: boolean;
+  networkAllowList: string | null;
 }
 
 /** Where the toolbox reaches a sandbox's agent. */
@@ -157,7 +160,8 @@ export class SandboxManager {
 
   async create(input: NewSandbox): Promise<SandboxRecord> {
     this.#assertOpen();
-    const warm = input.imageRef === undefined && input.volumes.length === 0 && this.pool?.fits(input) ? this.pool.claim() : undefined;
+    // Pool sandboxes are loopback only, of the default snapshot, without volumes: any other create is made for its request.
+    const warm = input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
     if (!warm) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
     const now = new Date();
@@ -190,6 +194,8 @@ export class SandboxManager {
       runnerId: this.runtime.runnerId,
       volumes: input.volumes,
       imageRef: input.imageRef ?? null,
+      networkBlockAll: input.networkBlockAll,
+      networkAllowList: input.networkAllowList,
     };
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
@@ -456,6 +462,24 @@ export class SandboxManager {
 
   // ---- attributes ----------------------------------------------------------------------------
 
+  /**
+   * A new network policy, pushed to the host first (at once for a sandbox running with egress; one
+   * started loopback-only gets it at its next start), then persisted, as the reference does.
+   */
+  async setNetwork(organizationId: string, idOrName: string, next: (current: NetworkFields) => NetworkFields): Promise<SandboxRecord> {
+    this.#assertOpen();
+    const row = await this.store.find(organizationId, idOrName);
+    const fields = next(row);
+    const op = this.locks.tryRun(row.id, async () => {
+      if (row.runnerId === this.runtime.runnerId && (await this.runtime.inspect(row.id))) await this.runtime.setNetwork(row.id, runtimeNetwork(fields));
+      await this.store.update(row.id, { networkBlockAll: fields.networkBlockAll, networkAllowList: fields.networkAllowList ?? null });
+    });
+    if (!op) throw stateChangeInProgress();
+    await op;
+    this.touch(row.id);
+    return this.#current(row.id);
+  }
+
   async update(organizationId: string, idOrName: string, patch: SandboxPatch): Promise<SandboxRecord> {
     const row = await this.store.find(organizationId, idOrName);
     await this.store.update(row.id, patch);
@@ -581,7 +605,7 @@ export class SandboxManager {
 }
 
 export function specOf(row: SandboxRecord): RuntimeSandboxSpec {
-  const spec: RuntimeSandboxSpec = { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser, volumes: row.volumes ?? [] };
+  const spec: RuntimeSandboxSpec = { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser, volumes: row.volumes ?? [], network: runtimeNetwork(row) };
   if (row.imageRef) spec.image = row.imageRef;
   return spec;
 }

@@ -23,6 +23,14 @@ export interface RuntimeSandboxSpec {
   volumes?: Array<{ volumeId: string; mountPath: string; subpath?: string }>;
   /** The image's manifest digest in the host's image store; absent: the default snapshot. */
   image?: string;
+  /** Default: loopback only. */
+  network?: RuntimeNetwork;
+}
+
+/** Egress of a sandbox: "none" loopback only, "full" anywhere outside the host, "allow-list" only those IPv4 CIDRs. */
+export interface RuntimeNetwork {
+  mode: "none" | "full" | "allow-list";
+  allowList: string[];
 }
 
 export type RuntimeState = "created" | "started" | "stopped" | "error";
@@ -63,6 +71,8 @@ export interface SandboxRuntime {
   destroy(id: string): Promise<void>;
   /** The environment the sandbox's processes start with, from its next start on. */
   setEnv(id: string, env: Record<string, string>): Promise<void>;
+  /** Changes the sandbox's network policy: at once if it runs with egress, else from its next start. */
+  setNetwork(id: string, network: RuntimeNetwork): Promise<void>;
   /** The writable layer as a tar stream. */
   pack(id: string): Promise<Readable>;
   /** Makes the sandbox (not started) with its writable layer from a `pack` stream. */
@@ -93,6 +103,7 @@ export function unavailableRuntime(reason: string): SandboxRuntime {
     stop: fail,
     destroy: fail,
     setEnv: fail,
+    setNetwork: fail,
     pack: fail,
     restore: fail,
     list: async () => [],

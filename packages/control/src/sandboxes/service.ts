@@ -21,6 +21,8 @@ import { normalizeAutoArchive } from "./states.ts";
 import { DEFAULT_SNAPSHOT, LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
 import { targetRegion } from "../organizations/target-region.ts";
 import { resolveMounts } from "../volumes/sandbox-mounts.ts";
+import { Organization } from "../db/entities.ts";
+import { parseNetworkAllowList, refuseDomainAllowList, updateNetwork } from "./network-policy.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -83,7 +85,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
 
     async createSandbox(req, ctx) {
       const organizationId = organizationOf(ctx);
-      let input = newSandbox(organizationId, req, deps.snapshots !== undefined);
+      let input = newSandbox(organizationId, req, deps.snapshots !== undefined, deps.settings.sandboxNetwork);
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
         // An image snapshot: its resources unless the request names its own.
         const { name, imageRef, row } = await deps.snapshots(organizationId, input.snapshot);
@@ -132,6 +134,19 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       return dto(await manager.backup(organizationOf(ctx), req.sandboxId));
     },
 
+    async updateNetworkSettings(req, ctx) {
+      const organizationId = organizationOf(ctx);
+      await manager.get(organizationId, req.sandboxId); // another organization's sandbox: 404 before any 400
+      if (req.networkBlockAll === undefined && req.networkAllowList === undefined && req.domainAllowList === undefined) {
+        throw errors.invalidArgument("At least one of networkBlockAll, networkAllowList or domainAllowList must be provided");
+      }
+      const org = await deps.orm.em.fork().findOne(Organization, { id: organizationId });
+      if (org?.sandboxLimitedNetworkEgress) throw errors.invalidArgument(LIMITED_EGRESS);
+      refuseDomainAllowList(req.domainAllowList);
+      if (req.networkAllowList !== undefined) parseNetworkAllowList(req.networkAllowList); // a 400 before the sandbox is looked up
+      return dto(await manager.setNetwork(organizationId, req.sandboxId, (cur) => updateNetwork(cur, req.networkBlockAll, req.networkAllowList)));
+    },
+
     async setPublicStatus(req, ctx) {
       return dto(await manager.update(organizationOf(ctx), req.sandboxId, { public: req.isPublic }));
     },
@@ -169,6 +184,9 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
   };
   return { impl, manager };
 }
+
+const LIMITED_EGRESS =
+  "Network access is restricted and cannot be overridden at the sandbox level. See https://www.daytona.io/docs/en/network-limits/#tier-based-network-restrictions";
 
 const CURSOR_SORTS: Partial<Record<SandboxListSortField, CursorSort>> = {
   [SandboxListSortField.NAME]: "name",

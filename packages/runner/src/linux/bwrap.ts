@@ -20,6 +20,8 @@ export interface BwrapPlan {
   cwd: string;
   /** Applied in order after the root, /proc and /dev. */
   mounts: BwrapMount[];
+  /** Join the namespace bwrap is started in (a sandbox with egress) instead of a new loopback-only one. */
+  shareNet?: boolean;
   /** Size of /dev/shm (a tmpfs charged to the sandbox's memory); default the kernel's (half the host's RAM). */
   shmBytes?: number;
 }
@@ -31,7 +33,7 @@ export function bwrapOptions(plan: BwrapPlan): string[] {
     "--unshare-pid",
     "--unshare-ipc",
     "--unshare-uts",
-    "--unshare-net",
+    ...(plan.shareNet ? [] : ["--unshare-net"]),
     "--unshare-cgroup",
     // No nested user namespaces: they would hand the sandbox capabilities (inside them) and with
     // them much more kernel surface (mounting, netfilter, ...).

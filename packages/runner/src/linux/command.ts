@@ -22,14 +22,15 @@ export interface RunResult {
 }
 
 /** Runs a command to completion; rejects with CommandError when it fails. Output is kept small. */
-export function run(cmd: string, args: readonly string[], options: { env?: NodeJS.ProcessEnv; cwd?: string } = {}): Promise<RunResult> {
+export function run(cmd: string, args: readonly string[], options: { env?: NodeJS.ProcessEnv; cwd?: string; /** Written to stdin. */ input?: string } = {}): Promise<RunResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], env: options.env ?? process.env, cwd: options.cwd });
+    const child = spawn(cmd, args, { stdio: [options.input === undefined ? "ignore" : "pipe", "pipe", "pipe"], env: options.env ?? process.env, cwd: options.cwd });
+    if (options.input !== undefined) child.stdin?.end(options.input);
     let stdout = "";
     let stderr = "";
     const cap = (acc: string, chunk: Buffer) => (acc.length > 65536 ? acc : acc + chunk.toString());
-    child.stdout.on("data", (c: Buffer) => (stdout = cap(stdout, c)));
-    child.stderr.on("data", (c: Buffer) => (stderr = cap(stderr, c)));
+    child.stdout?.on("data", (c: Buffer) => (stdout = cap(stdout, c)));
+    child.stderr?.on("data", (c: Buffer) => (stderr = cap(stderr, c)));
     child.on("error", (err) => reject(new Error(`cannot run ${cmd}: ${err.message}`)));
     child.on("close", (code, signal) => {
       if (code === 0) resolve({ stdout, stderr });

@@ -36,6 +36,8 @@ export interface LaunchOptions {
   groups?: number[];
   /** File creation mask of the first process (inherited by all); 002 lets volume users share files. */
   umask?: number;
+  /** Network namespace (its /run/netns path) entered, still as root, before dropping to the sandbox uid. */
+  netns?: { nsenter: string; path: string };
 }
 
 export function launch(o: LaunchOptions): ChildProcess {
@@ -47,6 +49,7 @@ export function launch(o: LaunchOptions): ChildProcess {
       "/bin/sh",
       [
         "-c", o.umask === undefined ? JOIN : `umask ${o.umask.toString(8).padStart(3, "0")}; ${JOIN}`, "sandbar-launch", ...o.procsFiles, "--",
+        ...(o.netns ? [o.netns.nsenter, `--net=${o.netns.path}`, "--"] : []),
         o.setpriv, `--reuid=${o.hostUid}`, `--regid=${o.hostGid}`, ...(o.groups?.length ? [`--groups=${o.groups.join(",")}`] : ["--clear-groups"]), "--no-new-privs",
         o.bwrap, "--args", "3", "--", ...o.command,
       ],

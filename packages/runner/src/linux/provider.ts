@@ -1,9 +1,9 @@
 import type { ChildProcess } from "node:child_process";
-import { chmod, chown, mkdir, readdir, readlink, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
+import { chmod, chown, mkdir, readdir, readFile, readlink, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { ConnectError, errors } from "@sandbar/protocol";
-import type { SandboxInfo, SandboxProvider, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
+import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
 import { diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { bwrapOptions, type BwrapMount } from "./bwrap.ts";
@@ -16,7 +16,9 @@ import { assertReachable, statOrFail } from "./host-paths.ts";
 import { KeyedLock } from "./keyed-lock.ts";
 import { packLayer, restoreLayer } from "./layer.ts";
 import { INIT_SCRIPT, initArgs } from "./init-script.ts";
-import type { AgentRestarts } from "./launcher.ts";
+import type { AgentRestarts, LaunchOptions } from "./launcher.ts";
+import type { NetworkLease, NetworkOptions } from "./network.ts";
+import { SandboxNetworks } from "./network.ts";
 import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
@@ -24,7 +26,7 @@ import { isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder,
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser } from "./rootprep.ts";
-import { sandboxAgent } from "./sandbox-procs.ts";
+import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
 
@@ -47,9 +49,11 @@ export interface LinuxProviderOptions {
   log?: (line: string) => void;
   /** Time spent in each phase of a start (ms), for benchmarks and tracing. */
   trace?: (id: string, phase: StartPhase, ms: number) => void;
+  /** Egress of sandboxes whose network mode is not "none" (subnet, nftables table, resolvers). */
+  network?: NetworkOptions;
 }
 
-export type StartPhase = "cleanup" | "dirs" | "overlay" | "root-prep" | "cgroup" | "spawn" | "socket";
+export type StartPhase = "cleanup" | "dirs" | "overlay" | "root-prep" | "cgroup" | "network" | "spawn" | "socket";
 
 const DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/sandbar/bin";
 const CPU_PERIOD_US = 100_000;
@@ -61,6 +65,7 @@ interface Tools {
   initSh: string;
   /** The compiled seccomp program every sandbox process runs under. */
   seccompFile: string;
+  nsenter?: string;
 }
 
 /** Pids and memory the user leaf leaves to the agent (bounded to a share of small sandboxes). */
@@ -82,6 +87,7 @@ export class LinuxProvider implements SandboxProvider {
   /** Tools layers (node, init shell, agent bundle) shared by the sandboxes that run the same ones. */
   readonly #toolsLayers: SharedToolsLayers;
   readonly #uids: UidAllocator;
+  readonly #networks: SandboxNetworks;
   readonly #lock = new KeyedLock();
   readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
   readonly #log: (line: string) => void;
@@ -91,8 +97,9 @@ export class LinuxProvider implements SandboxProvider {
 
   readonly #volumeGid: number;
 
-  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, options: LinuxProviderOptions) {
+  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, networks: SandboxNetworks, options: LinuxProviderOptions) {
     this.layout = layout;
+    this.#networks = networks;
     this.cgroups = cgroups;
     this.#tools = tools;
     this.#toolsLayers = new SharedToolsLayers(path.join(layout.dataDir, "tools-layers"), () => this.#toolsLayersLinked());
@@ -137,10 +144,13 @@ export class LinuxProvider implements SandboxProvider {
     const uids = new UidAllocator(options.uidBase, options.uidCount);
     const volumeGid = options.volumeGid ?? uids.base + uids.count - 1;
     if (volumeGid >= uids.base && volumeGid < uids.base + uids.count) uids.markUsed(volumeGid);
-    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile }, uids, { ...options, volumeGid });
+    const networks = await SandboxNetworks.create({ netnsPrefix: `sandbar-${layout.key}-`, ...options.network });
+    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, { ...options, volumeGid });
     for (const id of await listRecordIds(layout)) {
       const rec = await readRecord(layout, id).catch(() => undefined);
       if (rec) uids.markUsed(rec.hostUid);
+      const lease = await readLease(layout, id);
+      if (lease) networks.markUsed(lease);
     }
     return provider;
   }
@@ -295,9 +305,14 @@ export class LinuxProvider implements SandboxProvider {
       const env = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, ...spec.env };
       // /dev/shm is memory charged to the user leaf that no OOM kill gives back: half its budget.
       const shmBytes = Math.floor(userLimits.memoryBytes / 2);
-      const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: spec.workdir ?? user.home, mounts, shmBytes });
+      const netns = await this.#setUpNetwork(spec, mounts);
+      phase("network");
+      const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: spec.workdir ?? user.home, mounts, shmBytes, shareNet: netns !== undefined });
       this.#exits.delete(id);
-      const child = launch({ bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command, logFile: L.initLog(id), seccompFile: this.#tools.seccompFile, ...(spec.volumes?.length ? { groups: [this.#volumeGid], umask: 0o002 } : {}) });
+      const child = launch({
+        bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command,
+        logFile: L.initLog(id), seccompFile: this.#tools.seccompFile, netns, ...(spec.volumes?.length ? { groups: [this.#volumeGid], umask: 0o002 } : {}),
+      });
       child.on("exit", (code, signal) => this.#exits.set(id, { code, signal }));
       phase("spawn");
       return child;
@@ -306,6 +321,51 @@ export class LinuxProvider implements SandboxProvider {
       if (err instanceof ConnectError) throw err;
       throw errors.failedPrecondition(`sandbox ${id} failed to start: ${(err as Error).message}`);
     }
+  }
+
+  /**
+   * The sandbox's network namespace, veth pair and policy when it has egress (its resolv.conf is
+   * bound over the snapshot's); undefined for loopback only (bubblewrap's own namespace).
+   */
+  async #setUpNetwork(spec: SandboxSpec, mounts: BwrapMount[]): Promise<LaunchOptions["netns"]> {
+    if (!spec.network || spec.network === "none") return undefined;
+    if (!this.#tools.nsenter) throw errors.failedPrecondition("nsenter is not installed (util-linux): needed for sandboxes with network access");
+    const lease = await this.#networks.setUp(spec.id, { mode: spec.network, allowCidrs: spec.networkAllowList });
+    await writeFile(leaseFile(this.layout, spec.id), JSON.stringify(lease), { mode: 0o600 });
+    const resolv = path.join(this.layout.runtime(spec.id), "resolv.conf");
+    await writeFile(resolv, this.#networks.resolvConf(), { mode: 0o644 });
+    await ensureMountPoint(this.layout.rootMount(spec.id), "/etc/resolv.conf", false, {});
+    mounts.push({ source: resolv, target: "/etc/resolv.conf", readonly: true });
+    return { nsenter: this.#tools.nsenter, path: `/run/netns/${lease.netns}` };
+  }
+
+  /**
+   * Changes a sandbox's network policy, at once when it runs: its nft chain is replaced in one
+   * transaction; one started loopback-only gets a veth into its namespace (its resolv.conf stays the
+   * snapshot's until its next start). Returns whether it took effect now (false: stopped).
+   */
+  async updateNetwork(id: string, network: NetworkMode, allowList: string[] = []): Promise<boolean> {
+    validateId(id);
+    const checked = validateSpec({ ...(await this.#record(id)).spec, network, networkAllowList: allowList });
+    return this.#lock.with(id, async () => {
+      const rec = await this.#record(id);
+      rec.spec.network = checked.network;
+      rec.spec.networkAllowList = checked.networkAllowList;
+      await writeRecord(this.layout, rec);
+      if ((await this.cgroups.pids(id)).length === 0) return false;
+      const policy = { mode: checked.network ?? "none", allowCidrs: checked.networkAllowList };
+      const lease = await readLease(this.layout, id);
+      if (lease) {
+        await this.#networks.applyPolicy(lease, policy);
+        return true;
+      }
+      if (policy.mode === "none") return true; // loopback only already
+      const init = await sandboxInit(this.cgroups, id);
+      if (init === undefined || !this.#tools.nsenter) throw errors.failedPrecondition(`sandbox ${id}: cannot reach its network namespace to add egress; restart it`);
+      const attached = await this.#networks.attach(init, this.#tools.nsenter, policy);
+      await writeFile(leaseFile(this.layout, id), JSON.stringify(attached), { mode: 0o600 });
+      return true;
+    });
   }
 
   // ---- stop / destroy -----------------------------------------------------------------------
@@ -331,6 +391,7 @@ export class LinuxProvider implements SandboxProvider {
     if (await isMountpoint(L.rootMount(id))) await unmount(L.rootMount(id));
     if (await isMountpoint(L.diskMount(id))) await unmount(L.diskMount(id));
     for (const m of (await mountsUnder(path.join(L.runtime(id), "volumes"))).reverse()) await unmount(m);
+    await this.#networks.tearDown(await readLease(L, id), id);
     const left = await mountsUnder(L.runtime(id));
     if (left.length > 0) throw errors.internal(`sandbox ${id}: still mounted after stop: ${left.join(", ")}`);
     await rm(L.runtime(id), { recursive: true, force: true });
@@ -491,5 +552,18 @@ export class LinuxProvider implements SandboxProvider {
     } catch {
       // missing or in use
     }
+  }
+}
+
+function leaseFile(layout: Layout, id: string): string {
+  return path.join(layout.runtime(id), "network.json");
+}
+
+/** The network a sandbox got at its last start, if it still has one (kept in its runtime dir). */
+async function readLease(layout: Layout, id: string): Promise<NetworkLease | undefined> {
+  try {
+    return JSON.parse(await readFile(leaseFile(layout, id), "utf8")) as NetworkLease;
+  } catch {
+    return undefined;
   }
 }

@@ -10,6 +10,7 @@ import { Migration0010Audit } from "./0010-audit.ts";
 import { Migration0011Snapshots } from "./0011-snapshots.ts";
 import { Migration0012DockerRegistries } from "./0012-docker-registries.ts";
 import { Migration0013Volumes } from "./0013-volumes.ts";
+import { Migration0014SandboxNetwork } from "./0014-sandbox-network.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -25,4 +26,5 @@ export const migrations = [
   { name: "0011-snapshots", class: Migration0011Snapshots },
   { name: "0012-docker-registries", class: Migration0012DockerRegistries },
   { name: "0013-volumes", class: Migration0013Volumes },
+  { name: "0014-sandbox-network", class: Migration0014SandboxNetwork },
 ];

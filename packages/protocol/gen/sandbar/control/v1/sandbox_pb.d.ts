@@ -1014,6 +1014,41 @@ export declare type BackupSandboxRequest = Message<"sandbar.control.v1.BackupSan
 export declare const BackupSandboxRequestSchema: GenMessage<BackupSandboxRequest>;
 
 /**
+ * @generated from message sandbar.control.v1.UpdateNetworkSettingsRequest
+ */
+export declare type UpdateNetworkSettingsRequest = Message<"sandbar.control.v1.UpdateNetworkSettingsRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * @generated from field: optional bool network_block_all = 2;
+   */
+  networkBlockAll?: boolean | undefined;
+
+  /**
+   * Comma-separated IPv4 CIDRs, at most 10.
+   *
+   * @generated from field: optional string network_allow_list = 3;
+   */
+  networkAllowList?: string | undefined;
+
+  /**
+   * Validated as the reference does, then refused: domains cannot be enforced here.
+   *
+   * @generated from field: optional string domain_allow_list = 4;
+   */
+  domainAllowList?: string | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.UpdateNetworkSettingsRequest.
+ * Use `create(UpdateNetworkSettingsRequestSchema)` to create a new message.
+ */
+export declare const UpdateNetworkSettingsRequestSchema: GenMessage<UpdateNetworkSettingsRequest>;
+
+/**
  * @generated from message sandbar.control.v1.SetPublicStatusRequest
  */
 export declare type SetPublicStatusRequest = Message<"sandbar.control.v1.SetPublicStatusRequest"> & {
@@ -1839,6 +1874,17 @@ export declare const SandboxService: GenService<{
   backupSandbox: {
     methodKind: "unary";
     input: typeof BackupSandboxRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * Reference semantics: an empty list clears it; networkBlockAll=true clears it; a non-empty list
+   * forces networkBlockAll=false. A running sandbox with egress gets the new policy at once.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.UpdateNetworkSettings
+   */
+  updateNetworkSettings: {
+    methodKind: "unary";
+    input: typeof UpdateNetworkSettingsRequestSchema;
     output: typeof SandboxSchema;
   },
   /**
