@@ -71,7 +71,26 @@ if (becomeInitIfPid1(process.argv.slice(1), process.execArgv)) {
   // A fresh start owes nothing to an earlier run's sessions; a restart keeps their logs on disk.
   if (restarts === 0 && values["state-dir"]) await rm(path.join(values["state-dir"], "sessions"), { recursive: true, force: true }).catch(() => undefined);
 
-  const agent = await startAgent({
+  // Signals are handled from here on: the socket accepts before startup ends (the tunnel socket and
+  // the TCP port come after it), and a stop in that window must still be a graceful one.
+  let agent: Awaited<ReturnType<typeof startAgent>> | undefined;
+  let stopping = false;
+  const stop = (signal: NodeJS.Signals) => {
+    if (stopping) return;
+    stopping = true;
+    writeErr(`sandbar-agent: stopping on ${signal}\n`);
+    if (!agent) return void process.exit(0); // still starting: nothing to close yet
+    agent.close().then(
+      () => process.exit(0),
+      (err: unknown) => {
+        agent!.context.log(`shutdown after ${signal} failed`, err);
+        process.exit(1);
+      },
+    );
+  };
+  for (const s of ["SIGTERM", "SIGINT", "SIGHUP"] as const) process.on(s, () => stop(s));
+
+  const started = await startAgent({
     socketPath: values.socket,
     secret,
     port,
@@ -81,31 +100,17 @@ if (becomeInitIfPid1(process.argv.slice(1), process.execArgv)) {
     shell: values.shell,
     preload: values.preload,
   }).catch((err: unknown) => fail(`cannot start: ${(err as Error).message}`));
+  agent = started;
 
   // No request may take the agent down: report what escaped and go on serving.
   // (A caller or reader that went away is no news.)
-  process.on("uncaughtException", (err) => isBrokenPipe(err) || agent.context.log("uncaught exception", err));
-  process.on("unhandledRejection", (err) => isBrokenPipe(err) || agent.context.log("unhandled rejection", err));
-
-  let stopping = false;
-  const stop = (signal: NodeJS.Signals) => {
-    if (stopping) return;
-    stopping = true;
-    writeErr(`sandbar-agent: stopping on ${signal}\n`);
-    agent.close().then(
-      () => process.exit(0),
-      (err: unknown) => {
-        agent.context.log(`shutdown after ${signal} failed`, err);
-        process.exit(1);
-      },
-    );
-  };
-  for (const s of ["SIGTERM", "SIGINT", "SIGHUP"] as const) process.on(s, () => stop(s));
+  process.on("uncaughtException", (err) => isBrokenPipe(err) || started.context.log("uncaught exception", err));
+  process.on("unhandledRejection", (err) => isBrokenPipe(err) || started.context.log("unhandled rejection", err));
 
   // readyMs: time since this process started (node's own boot included); cpuMs: CPU time spent so far.
   // (process.uptime, not performance.now: the latter loads perf_hooks.)
   const readyMs = Math.round(process.uptime() * 10000) / 10;
   const cpu = process.cpuUsage();
   const cpuMs = Math.round((cpu.user + cpu.system) / 100) / 10;
-  writeOut(JSON.stringify({ event: "ready", socket: agent.socketPath, port: agent.port, pid: process.pid, readyMs, cpuMs, restarts }) + "\n");
+  writeOut(JSON.stringify({ event: "ready", socket: started.socketPath, port: started.port, pid: process.pid, readyMs, cpuMs, restarts }) + "\n");
 }

@@ -71,7 +71,7 @@ describe("every route", () => {
   });
 
   it("unimplemented routes answer 501 with the standard body", async () => {
-    const route = routes.find((r) => r.template === "/volumes" && r.verb === "GET")!;
+    const route = routes.find((r) => r.template === "/runners" && r.verb === "GET")!;
     const res = await hit(route, t.adminKey);
     expect(res.status).toBe(501);
     expect(res.body).toMatchObject({ statusCode: 501, error: "Not Implemented", message: expect.stringContaining("not implemented") });

@@ -71,13 +71,15 @@ export function classify(source: string, stderr: string, status: string | number
   // The password must never come back in a message; skopeo does not print it, but be sure.
   const why = text.replace(/"auth"\s*:\s*"[^"]*"/g, '"auth":"***"').slice(-600);
   const lower = text.toLowerCase();
-  if (/unauthorized|authentication required|invalid username\/password|incorrect username or password|401/.test(lower)) {
+  // An HTTP status, not digits of a port or an address (a registry on port 38401 is no 401).
+  const httpStatus = (code: number) => new RegExp(`(?<![\\d.:])${code}(?!\\d)`).test(lower);
+  if (/unauthorized|authentication required|invalid username\/password|incorrect username or password/.test(lower) || httpStatus(401)) {
     return errors.permissionDenied(`registry refused the credentials for ${source}: check the registry's username and password (${why})`);
   }
   if (/denied|403 forbidden|requested access to the resource is denied/.test(lower)) {
     return errors.permissionDenied(`registry denied access to ${source} (${why})`);
   }
-  if (/manifest unknown|name unknown|not found|404|no image found|does not exist/.test(lower)) {
+  if (/manifest unknown|name unknown|not found|no image found|does not exist/.test(lower) || httpStatus(404)) {
     return errors.notFound(`image ${source} not found in its registry (${why})`);
   }
   if (/choosing an image from manifest list|no image found in manifest list|matching the platform/.test(lower)) {
