@@ -43,7 +43,7 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       const signal = requestSignal(res);
       if (match.kind === "handwritten") {
         // The caller is checked before the route reads a body (401/403 before 413 or 400).
-        await precheckRequest(impls, match.route.method, req, res, {});
+        if (!match.route.selfAuthorized) await precheckRequest(impls, match.route.method, req, res, {});
         return await match.route.serve({ req, res, params: match.params, query, signal });
       }
       const { route, params } = match;

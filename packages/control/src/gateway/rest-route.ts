@@ -33,6 +33,11 @@ export interface HandwrittenRoute {
   verb: string;
   template: string;
   method: DescMethod;
+  /**
+   * The route authorizes each request itself and is not API traffic (the preview proxy's path
+   * form): the gateway neither checks nor rate-limits the caller first, as for the host form.
+   */
+  selfAuthorized?: boolean;
   serve(call: RestCall): Promise<void>;
 }
 

@@ -167,6 +167,18 @@ describe("rate limits (memory store)", () => {
     }
   });
 
+  it("preview traffic through the path form is a web app's, not the API's: never counted", async () => {
+    // Found by bench/preview: the path form passed the gateway's check of a public method and
+    // counted as anonymous API calls, so a page past 600 requests a minute got 429s.
+    const from = "127.0.0.8";
+    const path = `/preview-proxy/${randomUUID()}/8000/index.html`;
+    for (let i = 0; i < LIMITS.anonymous + 2; i++) {
+      const a = await callFrom(from, t.url, "GET", path);
+      expect(a.status).toBe(404); // no such sandbox, answered by the proxy itself
+      expect(a.headers["x-ratelimit-limit"]).toBeUndefined();
+    }
+  });
+
   it("failed authentication: blocked at the limit-th 401 (plain Retry-After), refused before auth while blocked, not reset by a success", async () => {
     const p = await person("failed");
     const from = "127.0.0.7";

@@ -121,8 +121,10 @@ export async function startPreview(deps: PreviewDeps): Promise<Preview> {
       (verb): HandwrittenRoute => ({
         verb,
         template: pathRoute,
-        // The gateway's precheck passes (a public method): the proxy authorizes each request itself.
+        // Named after the public check it stands for; the proxy authorizes each request itself, and
+        // a web app's traffic is not counted against the API's anonymous rate limit.
         method: PreviewService.method.isSandboxPublic,
+        selfAuthorized: true,
         serve: ({ req, res }) => serve(req, res, pathAddress(req.url ?? "/", basePath)),
       }),
     ),
