@@ -1,6 +1,6 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { connect, createServer, type Server, type Socket } from "node:net";
-import { encodeTunnelReply, parseTunnelRequest, TUNNEL_MAX_HEADER, type TunnelRefusal } from "@sandbar/protocol/tunnel";
+import { encodeTunnelReply, parseTunnelRequest, readTunnelLine, type TunnelRefusal } from "@sandbar/protocol/tunnel";
 
 /** How long a caller may take to send its header line. */
 const HEADER_TIMEOUT_MS = 5000;
@@ -55,36 +55,13 @@ function refuse(client: Socket, reason: TunnelRefusal, message: string): void {
   client.end(encodeTunnelReply({ reason, message }));
 }
 
-/** The first line (up to the newline) and whatever came after it; undefined if the caller left or sent too much. */
-function readHeader(client: Socket): Promise<{ line: string; rest: Buffer } | undefined> {
-  return new Promise((resolve) => {
-    let buffered: Buffer = Buffer.alloc(0);
-    const onData = (chunk: Buffer) => {
-      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
-      const nl = buffered.indexOf(10);
-      if (nl < 0 && buffered.length <= TUNNEL_MAX_HEADER) return;
-      done();
-      if (nl < 0 || nl > TUNNEL_MAX_HEADER) {
-        refuse(client, "bad-request", "tunnel header too long");
-        return resolve(undefined);
-      }
-      client.pause();
-      resolve({ line: buffered.subarray(0, nl).toString("latin1"), rest: buffered.subarray(nl + 1) });
-    };
-    const onEnd = () => {
-      done();
-      client.destroy();
-      resolve(undefined);
-    };
-    const done = () => {
-      client.off("data", onData);
-      client.off("end", onEnd);
-      client.off("close", onEnd);
-    };
-    client.on("data", onData);
-    client.once("end", onEnd);
-    client.once("close", onEnd);
-  });
+/** The header line and whatever came after it; undefined (the connection answered or closed) if the caller left or sent too much. */
+async function readHeader(client: Socket): Promise<{ line: string; rest: Buffer } | undefined> {
+  const got = await readTunnelLine(client);
+  if (got === "too-long") refuse(client, "bad-request", "tunnel header too long");
+  else if (got === "ended") client.destroy();
+  else return got;
+  return undefined;
 }
 
 /** A connection to the port on the sandbox's loopback: IPv4 first, then IPv6 (servers bound to `localhost` may be either). */

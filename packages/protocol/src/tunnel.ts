@@ -9,6 +9,8 @@
 // The agent answers once it has connected to 127.0.0.1:<port> (or ::1) inside the sandbox, so a
 // port nobody listens on is reported before any request byte is sent.
 
+import type { Readable } from "node:stream";
+
 /** The tunnel socket's file name, in the directory of the agent's Connect socket. */
 export const TUNNEL_SOCKET_NAME = "tunnel.sock";
 export const TUNNEL_MAGIC = "SANDBAR-TUNNEL/1";
@@ -45,6 +47,38 @@ export function parseTunnelReply(line: string): { reason: TunnelRefusal | "proto
   if (line === "OK") return undefined;
   const m = /^ERR (auth|bad-request|refused|unreachable) (.*)$/.exec(line);
   return m ? { reason: m[1] as TunnelRefusal, message: m[2]! } : { reason: "protocol", message: `unexpected tunnel reply: ${line.slice(0, 80)}` };
+}
+
+/**
+ * Reads one header line (without its newline) from a tunnel connection, either side's: what came
+ * after it is `rest`, and the socket is left paused there. "too-long": no newline within
+ * TUNNEL_MAX_HEADER bytes; "ended": the peer ended or closed first.
+ */
+export function readTunnelLine(socket: Readable): Promise<{ line: string; rest: Buffer } | "too-long" | "ended"> {
+  return new Promise((resolve) => {
+    let buffered: Buffer = Buffer.alloc(0);
+    const onData = (chunk: Buffer) => {
+      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
+      const nl = buffered.indexOf(10);
+      if (nl < 0 && buffered.length <= TUNNEL_MAX_HEADER) return;
+      done();
+      if (nl < 0 || nl > TUNNEL_MAX_HEADER) return resolve("too-long");
+      socket.pause();
+      resolve({ line: buffered.subarray(0, nl).toString("latin1"), rest: buffered.subarray(nl + 1) });
+    };
+    const onEnd = () => {
+      done();
+      resolve("ended");
+    };
+    const done = () => {
+      socket.off("data", onData);
+      socket.off("end", onEnd);
+      socket.off("close", onEnd);
+    };
+    socket.on("data", onData);
+    socket.once("end", onEnd);
+    socket.once("close", onEnd);
+  });
 }
 
 /** The tunnel socket beside an agent socket. */

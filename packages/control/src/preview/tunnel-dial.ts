@@ -1,5 +1,5 @@
 import { connect, type Socket } from "node:net";
-import { encodeTunnelRequest, parseTunnelReply, TUNNEL_MAX_HEADER, type TunnelRefusal } from "@sandbar/protocol/tunnel";
+import { encodeTunnelRequest, parseTunnelReply, readTunnelLine, type TunnelRefusal } from "@sandbar/protocol/tunnel";
 
 /** How long the agent may take to connect to the port and answer. */
 const DIAL_TIMEOUT_MS = 10_000;
@@ -21,9 +21,15 @@ export class TunnelError extends Error {
 export function dialTunnel(tunnelSocket: string, secret: string, port: number): Promise<Socket> {
   return new Promise((resolve, reject) => {
     const s = connect({ path: tunnelSocket, allowHalfOpen: true });
-    let buffered: Buffer = Buffer.alloc(0);
+    let settled = false;
+    const settle = () => {
+      settled = true;
+      clearTimeout(timer);
+      s.off("error", onError);
+    };
     const fail = (err: TunnelError) => {
-      cleanup();
+      if (settled) return;
+      settle();
       s.destroy();
       reject(err);
     };
@@ -39,34 +45,21 @@ export function dialTunnel(tunnelSocket: string, secret: string, port: number): 
               : `its agent: ${err.message}`,
         ),
       );
-    const onEnd = () => fail(new TunnelError("protocol", "the sandbox's agent closed the tunnel"));
-    const onData = (chunk: Buffer) => {
-      buffered = buffered.length === 0 ? chunk : Buffer.concat([buffered, chunk]);
-      const nl = buffered.indexOf(10);
-      if (nl < 0) {
-        if (buffered.length > TUNNEL_MAX_HEADER) fail(new TunnelError("protocol", "the tunnel's answer is too long"));
-        return;
-      }
-      const refusal = parseTunnelReply(buffered.subarray(0, nl).toString("latin1"));
-      if (refusal) return fail(new TunnelError(refusal.reason, refusal.message));
-      cleanup();
-      s.pause();
-      const rest = buffered.subarray(nl + 1);
-      if (rest.length) s.unshift(rest);
-      resolve(s);
-    };
-    const cleanup = () => {
-      clearTimeout(timer);
-      s.off("error", onError);
-      s.off("data", onData);
-      s.off("end", onEnd);
-    };
     s.on("error", onError);
-    s.on("data", onData);
-    s.on("end", onEnd);
     s.once("connect", () => {
       s.setNoDelay(true);
       s.write(encodeTunnelRequest({ port, secret }));
+    });
+    void readTunnelLine(s).then((got) => {
+      if (got === "ended") return fail(new TunnelError("protocol", "the sandbox's agent closed the tunnel"));
+      if (got === "too-long") return fail(new TunnelError("protocol", "the tunnel's answer is too long"));
+      const refusal = parseTunnelReply(got.line);
+      if (refusal) return fail(new TunnelError(refusal.reason, refusal.message));
+      if (settled) return;
+      settle();
+      // Anything the target already sent is put back, before the caller reads.
+      if (got.rest.length) s.unshift(got.rest);
+      resolve(s);
     });
   });
 }
