@@ -93,3 +93,10 @@ function percentile(sorted: Float64Array, q: number): number {
   if (sorted.length === 0) return Number.NaN;
   return sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)];
 }
+
+/** A command-line option that must be a whole number >= 1 (both control benches take a few). */
+export function positiveOption(name: string, text: string): number {
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive whole number, got "${text}"`);
+  return n;
+}

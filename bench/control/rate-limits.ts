@@ -17,7 +17,7 @@ import { cpus, loadavg } from "node:os";
 import { parseArgs } from "node:util";
 import { startSandbar, type SandbarChild } from "./children.ts";
 import { cpuPerRequest, sampleCpu } from "./cpu-usage.ts";
-import { runLoad } from "./load.ts";
+import { positiveOption, runLoad } from "./load.ts";
 import { failures, type Run } from "./report.ts";
 import { withSection } from "./sections.ts";
 
@@ -53,16 +53,11 @@ function options() {
     },
     strict: true,
   });
-  const positive = (name: string, text: string) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive whole number, got "${text}"`);
-    return n;
-  };
   return {
-    durationSeconds: positive("duration", values.duration),
-    connections: positive("connections", values.connections),
-    warmupSeconds: positive("warmup", values.warmup),
-    rounds: positive("rounds", values.rounds),
+    durationSeconds: positiveOption("duration", values.duration),
+    connections: positiveOption("connections", values.connections),
+    warmupSeconds: positiveOption("warmup", values.warmup),
+    rounds: positiveOption("rounds", values.rounds),
   };
 }
 

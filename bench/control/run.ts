@@ -16,7 +16,7 @@ import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { startBare, startSandbar, type RunningChild } from "./children.ts";
 import { cpuPerRequest, sampleCpu } from "./cpu-usage.ts";
-import { runLoad } from "./load.ts";
+import { positiveOption, runLoad } from "./load.ts";
 import { sectionsOf } from "./sections.ts";
 import { currentLoad, failures, resultsMarkdown, table, verdicts, verdictTable, type Measurement, type Run } from "./report.ts";
 
@@ -33,15 +33,10 @@ function options() {
     },
     strict: true,
   });
-  const positive = (name: string, text: string) => {
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive whole number, got "${text}"`);
-    return n;
-  };
   return {
-    durationSeconds: positive("duration", values.duration),
-    connections: positive("connections", values.connections),
-    warmupSeconds: positive("warmup", values.warmup),
+    durationSeconds: positiveOption("duration", values.duration),
+    connections: positiveOption("connections", values.connections),
+    warmupSeconds: positiveOption("warmup", values.warmup),
     /** Directory for a V8 CPU profile of the control server (written when it exits). */
     profileDir: values.profile === undefined ? undefined : resolve(values.profile),
   };
