@@ -144,6 +144,13 @@ export interface StopOptions {
   graceMs?: number;
 }
 
+/** New resources of a sandbox (absent: unchanged), in SandboxSpec's units. */
+export interface SandboxResources {
+  cpu?: number;
+  memoryGiB?: number;
+  diskGiB?: number;
+}
+
 export interface SandboxProvider {
   readonly name: string;
   /** Prepares the sandbox (writable layer, disk cap, identity) without starting it. */
@@ -162,6 +169,11 @@ export interface SandboxProvider {
    * agent is told separately, over its own API).
    */
   setEnv(id: string, env: Record<string, string>): Promise<void>;
+  /**
+   * Changes cpu, memory or the disk cap, kept for every later start. cpu and memory take effect at
+   * once in a running sandbox (its cgroup); the disk cap only grows, and only while it is not running.
+   */
+  resize(id: string, resources: SandboxResources): Promise<SandboxInfo>;
   /** The writable layer as a tar stream (for archive and backup). */
   pack(id: string): Promise<Readable>;
   /** Replaces the writable layer of a sandbox that is not running with a `pack` stream. */

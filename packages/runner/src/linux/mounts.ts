@@ -55,6 +55,29 @@ export async function makeDiskImage(image: string, bytes: number): Promise<void>
   await run("mkfs.ext4", ["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", image]);
 }
 
+/**
+ * Grows an unmounted ext4 image to `bytes`: the file first (sparse), then the filesystem over it.
+ * e2fsck -f first because resize2fs refuses a filesystem not checked since its last mount. A
+ * failure after the truncate leaves a valid filesystem of the old size in a larger file.
+ */
+export async function growDiskImage(image: string, bytes: number): Promise<void> {
+  const fh = await open(image, "r+");
+  try {
+    const { size } = await fh.stat();
+    if (bytes < size) throw errors.invalidArgument(`the disk image cannot shrink (${size} to ${bytes} bytes)`);
+    await fh.truncate(bytes);
+  } finally {
+    await fh.close();
+  }
+  try {
+    await run("e2fsck", ["-f", "-p", image]);
+  } catch (err) {
+    // Exit 1: errors corrected; anything else leaves the filesystem as it was, at its old size.
+    if (!(err instanceof CommandError && err.code === 1)) throw err;
+  }
+  await run("resize2fs", [image]);
+}
+
 export async function mountDiskImage(image: string, target: string, readonly = false): Promise<void> {
   // mount(8) sets the loop device up with autoclear, so unmounting frees it. Two loop setups
   // racing for the same free device make the loser fail with "already mounted or mount point

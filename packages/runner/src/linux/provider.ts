@@ -3,7 +3,7 @@ import { chmod, chown, mkdir, readdir, readFile, readlink, realpath, rm, rmdir, 
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { ConnectError, errors } from "@sandbar/protocol";
-import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
+import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
 import { diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { bwrapOptions, type BwrapMount } from "./bwrap.ts";
@@ -22,7 +22,7 @@ import { SandboxNetworks } from "./network.ts";
 import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
-import { isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
+import { growDiskImage, isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser } from "./rootprep.ts";
@@ -296,9 +296,7 @@ export class LinuxProvider implements SandboxProvider {
       command.push(...(spec.init.args ?? []));
       phase("root-prep");
 
-      const memoryBytes = memoryBytesOf(spec);
-      const userLimits = userLimitsOf(memoryBytes, spec.pidsLimit);
-      await this.cgroups.create(id, { memoryBytes, pidsMax: spec.pidsLimit, cpuPeriodUs: CPU_PERIOD_US, cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)) }, userLimits, hostUid);
+      const userLimits = await this.#applyLimits(spec, hostUid);
       for (const u of userProcs) mounts.push({ source: u.source, target: u.target, readonly: false });
 
       phase("cgroup");
@@ -365,6 +363,39 @@ export class LinuxProvider implements SandboxProvider {
       const attached = await this.#networks.attach(init, this.#tools.nsenter, policy);
       await writeFile(leaseFile(this.layout, id), JSON.stringify(attached), { mode: 0o600 });
       return true;
+    });
+  }
+
+  /** Creates the sandbox's cgroup, or resets the limits of the one it runs in, from its spec. */
+  async #applyLimits(spec: SandboxSpec, hostUid: number): Promise<UserLimits> {
+    const memoryBytes = memoryBytesOf(spec);
+    const userLimits = userLimitsOf(memoryBytes, spec.pidsLimit);
+    await this.cgroups.create(spec.id, { memoryBytes, pidsMax: spec.pidsLimit, cpuPeriodUs: CPU_PERIOD_US, cpuQuotaUs: Math.max(1000, Math.round(spec.cpu * CPU_PERIOD_US)) }, userLimits, hostUid);
+    return userLimits;
+  }
+
+  // ---- resize -------------------------------------------------------------------------------
+
+  async resize(id: string, resources: SandboxResources): Promise<SandboxInfo> {
+    validateId(id);
+    return this.#lock.with(id, async () => {
+      const rec = await this.#record(id);
+      const spec = validateSpec({ ...rec.spec, ...definedOf(resources) });
+      const running = (await this.cgroups.pids(id)).length > 0;
+      const growDisk = spec.diskGiB !== rec.spec.diskGiB;
+      if (growDisk) {
+        if (running) throw errors.failedPrecondition(`sandbox ${id} is running: its disk can only grow while it is stopped`);
+        if (rec.spec.diskGiB === undefined) throw errors.failedPrecondition(`sandbox ${id} has no disk cap to grow`);
+        if (spec.diskGiB! < rec.spec.diskGiB) throw errors.invalidArgument(`sandbox ${id}: the disk cannot shrink (${rec.spec.diskGiB} to ${spec.diskGiB} GiB)`);
+        if (await isMountpoint(this.layout.diskMount(id))) throw errors.failedPrecondition(`sandbox ${id}: its disk is in use (being packed?)`);
+        await growDiskImage(this.layout.diskImage(id), diskBytesOf(spec)!);
+      }
+      // A running sandbox's cgroup takes the new cpu and memory at once (the kernel refuses a
+      // memory limit below what the sandbox uses); a stopped one gets them at its next start.
+      if (running && (spec.cpu !== rec.spec.cpu || spec.memoryGiB !== rec.spec.memoryGiB)) await this.#applyLimits(spec, rec.hostUid);
+      rec.spec = { ...rec.spec, cpu: spec.cpu, memoryGiB: spec.memoryGiB, ...(spec.diskGiB !== undefined ? { diskGiB: spec.diskGiB } : {}) };
+      await writeRecord(this.layout, rec);
+      return this.#info(rec);
     });
   }
 
@@ -553,6 +584,11 @@ export class LinuxProvider implements SandboxProvider {
       // missing or in use
     }
   }
+}
+
+/** The fields of `r` that are set (a spread of undefined would overwrite the spec's). */
+function definedOf(r: SandboxResources): SandboxResources {
+  return Object.fromEntries(Object.entries(r).filter(([, v]) => v !== undefined)) as SandboxResources;
 }
 
 function leaseFile(layout: Layout, id: string): string {
