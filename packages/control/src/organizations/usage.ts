@@ -73,8 +73,12 @@ const MORE = "To run more at once, stop or archive sandboxes you are not using, 
  * transaction that creates or starts the sandbox, under a per-organization lock, so concurrent
  * requests cannot both fit in the same room.
  */
-/** `d` is what the sandbox would add: starting a stopped sandbox adds no disk (it holds it already). */
-export async function admit(exec: Exec, organizationId: string, regionId: string, d: Demand): Promise<void> {
+/**
+ * `d` is what the sandbox would add: starting a stopped sandbox adds no disk (it holds it already).
+ * `size` is the sandbox's whole size after the change, for the per-sandbox limits (default `d`; a
+ * resize adds only the difference to the totals).
+ */
+export async function admit(exec: Exec, organizationId: string, regionId: string, d: Demand, size: Demand = d): Promise<void> {
   await exec(`select pg_advisory_xact_lock(hashtext('quota:' || ?))`, [organizationId]);
   const rows = (await exec(
     `select o.max_cpu_per_sandbox, o.max_memory_per_sandbox, o.max_disk_per_sandbox, r.region_type, r.enforce_quotas
@@ -93,9 +97,9 @@ export async function admit(exec: Exec, organizationId: string, regionId: string
     memory: usage?.maxMemoryPerSandbox ?? org.max_memory_per_sandbox,
     disk: usage?.maxDiskPerSandbox ?? org.max_disk_per_sandbox,
   };
-  if (d.cpu > max.cpu) throw errors.invalidArgument(`CPU request ${d.cpu} exceeds maximum allowed per sandbox (${max.cpu}).\n${PER_SANDBOX}`);
-  if (d.memory > max.memory) throw errors.invalidArgument(`Memory request ${d.memory}GB exceeds maximum allowed per sandbox (${max.memory}GB).\n${PER_SANDBOX}`);
-  if (d.disk > max.disk) throw errors.invalidArgument(`Disk request ${d.disk}GB exceeds maximum allowed per sandbox (${max.disk}GB).\n${PER_SANDBOX}`);
+  if (size.cpu > max.cpu) throw errors.invalidArgument(`CPU request ${size.cpu} exceeds maximum allowed per sandbox (${max.cpu}).\n${PER_SANDBOX}`);
+  if (size.memory > max.memory) throw errors.invalidArgument(`Memory request ${size.memory}GB exceeds maximum allowed per sandbox (${max.memory}GB).\n${PER_SANDBOX}`);
+  if (size.disk > max.disk) throw errors.invalidArgument(`Disk request ${size.disk}GB exceeds maximum allowed per sandbox (${max.disk}GB).\n${PER_SANDBOX}`);
   if (!usage) return; // a region that enforces no quota (an organization's own)
   if (usage.cpu + d.cpu > usage.totalCpuQuota) throw errors.permissionDenied(`Total CPU limit exceeded. Maximum allowed: ${usage.totalCpuQuota}.\n${MORE}`);
   if (usage.memory + d.memory > usage.totalMemoryQuota) throw errors.permissionDenied(`Total memory limit exceeded. Maximum allowed: ${usage.totalMemoryQuota}GiB.\n${MORE}`);

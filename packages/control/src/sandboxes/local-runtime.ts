@@ -7,7 +7,7 @@ import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { InitCommand, SandboxInfo, SandboxSpec } from "@sandbar/runner";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
 import { ImageStore, sandboxSpecFor, type ImageStoreOptions } from "@sandbar/runner/images";
-import type { RuntimeHealth, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime, RuntimeNetwork } from "./runtime.ts";
+import type { RuntimeHealth, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime, RuntimeNetwork } from "./runtime.ts";
 
 // Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
 // from the default snapshot, with the agent as its first process. Each agent gets its own secret,
@@ -177,6 +177,10 @@ export class LocalRuntime implements SandboxRuntime {
 
   async setNetwork(id: string, network: RuntimeNetwork): Promise<void> {
     await this.provider.updateNetwork(id, network.mode, network.allowList);
+  }
+
+  async resize(id: string, resources: RuntimeResources): Promise<void> {
+    await this.provider.resize(id, resources);
   }
 
   pack(id: string): Promise<Readable> {

@@ -53,6 +53,13 @@ export interface NewSandbox {
   networkAllowList: string | null;
 }
 
+/** A sandbox's resources as stored: cores, GiB of memory, GiB of disk. */
+export interface Resources {
+  cpu: number;
+  memory: number;
+  disk: number;
+}
+
 /** Where the toolbox reaches a sandbox's agent. */
 export interface AgentEndpoint {
   sandboxId: string;
@@ -458,6 +465,60 @@ export class SandboxManager {
     this.#backups.set(id, work);
     this.touch(id);
     return this.#current(id);
+  }
+
+  // ---- resize --------------------------------------------------------------------------------
+
+  /** cpu, memory (GiB) and disk (GiB) as asked; absent fields stay (checked by the service: each ≥ 1). */
+  async resize(organizationId: string, idOrName: string, want: Partial<Resources>): Promise<SandboxRecord> {
+    const row = await this.store.find(organizationId, idOrName);
+    const op = this.#operate(row.id, () => this.#resizeChecked(row.id, want));
+    return this.#answer(row.id, op, "Sandbox failed to resize");
+  }
+
+  /** The reference's rules in its order, then the quota (reserved with the new size), then the host. */
+  async #resizeChecked(id: string, want: Partial<Resources>): Promise<Outcome> {
+    const cur = await this.#current(id);
+    if (cur.state !== "started" && cur.state !== "stopped") throw bad("Sandbox must be in started or stopped state to resize");
+    if (cur.state !== cur.desiredState) throw stateChangeInProgress();
+    const next: Resources = { cpu: want.cpu ?? cur.cpu, memory: want.memory ?? cur.memory, disk: want.disk ?? cur.disk };
+    if (next.cpu === cur.cpu && next.memory === cur.memory && next.disk === cur.disk) {
+      throw bad("No resource changes specified - sandbox is already at the desired configuration");
+    }
+    const running = cur.state === "started";
+    if (running && next.disk !== cur.disk) throw bad("Disk resize can only be performed on a stopped sandbox");
+    if (running && next.cpu < cur.cpu) throw bad("Sandbox must be in stopped state to decrease the number of CPU cores");
+    if (running && next.memory < cur.memory) throw bad("Sandbox must be in stopped state to decrease memory");
+    if (next.disk < cur.disk) throw bad("Sandbox disk size cannot be decreased");
+    if (cur.runnerId === null) throw bad("Sandbox has no runner assigned");
+    this.#assertHere(cur);
+    // The totals take what the resize adds (cpu and memory count only while the sandbox runs); the
+    // per-sandbox limits its new size. The new size is written with `resizing`, so the room it
+    // needs is held against concurrent creates and starts, and given back if the host fails.
+    const added = { cpu: running ? next.cpu - cur.cpu : 0, memory: running ? next.memory - cur.memory : 0, disk: next.disk - cur.disk, gpu: 0 };
+    await this.store.updateAdmitted(cur, added, { state: "resizing", ...next }, { ...next, gpu: cur.gpu });
+    return this.driveResize({ ...cur, ...next, state: "resizing" }, cur);
+  }
+
+  /**
+   * Applies the row's resources on the host, then puts the sandbox back in the state it was in
+   * (`desiredState`: a resize never changes it). On failure the old resources come back when they
+   * are known (`before`); after a crash they are not, and the sandbox goes to `error`.
+   */
+  async driveResize(row: SandboxRecord, before?: Resources): Promise<Outcome> {
+    const back = row.desiredState === "started" ? "started" : "stopped";
+    try {
+      await this.runtime.resize(row.id, { cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk });
+      await this.store.update(row.id, { state: back });
+      this.touch(row.id);
+      return {};
+    } catch (err) {
+      if (!before) return this.#fail(row.id, err);
+      const reason = reasonOf(err);
+      this.#log(`sandbox ${row.id}: resize failed: ${reason}`);
+      await this.store.update(row.id, { state: back, cpu: before.cpu, memory: before.memory, disk: before.disk });
+      return { failed: reason };
+    }
   }
 
   // ---- attributes ----------------------------------------------------------------------------

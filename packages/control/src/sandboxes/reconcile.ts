@@ -3,7 +3,7 @@ import type { SandboxManager } from "./manager.ts";
 
 // At start, after a clean stop or a crash (kill -9): the database says what each sandbox should
 // be, the host says what is there. Sandboxes running and started in the database are adopted;
-// operations a crash interrupted are finished (create, start, restore, stop, archive, delete);
+// operations a crash interrupted are finished (create, start, restore, stop, archive, delete, resize);
 // sandboxes the database wants started but whose process is gone are started again, or marked
 // `error` with the reason; sandboxes on the host the database does not know (or knows as
 // destroyed) are destroyed. Nothing leaks either way.
@@ -75,6 +75,11 @@ async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | un
   const done = (o: { failed?: string }): Result => (o.failed === undefined ? "resumed" : "failed");
   if (row.state === "error") return "adopted"; // left for the user to see (and start again when its first process died, or delete)
   if (row.desiredState === "destroyed") return done(await m.driveDestroy(row));
+  if (row.state === "resizing") {
+    // The row holds the new size: applied again (a no-op where it was), then on as usual.
+    if ((await m.driveResize(row)).failed !== undefined) return "failed";
+    row = { ...row, state: row.desiredState === "started" ? "started" : "stopped" };
+  }
   if (row.desiredState === "archived") {
     if (row.state === "archived") return "adopted"; // a leftover host copy is removed below
     return done(await m.driveArchive(row));

@@ -33,6 +33,13 @@ export interface RuntimeNetwork {
   allowList: string[];
 }
 
+/** Cores and GiB, as in RuntimeSandboxSpec. */
+export interface RuntimeResources {
+  cpu?: number;
+  memoryGiB?: number;
+  diskGiB?: number;
+}
+
 export type RuntimeState = "created" | "started" | "stopped" | "error";
 
 export interface RuntimeSandbox {
@@ -73,6 +80,11 @@ export interface SandboxRuntime {
   setEnv(id: string, env: Record<string, string>): Promise<void>;
   /** Changes the sandbox's network policy: at once if it runs with egress, else from its next start. */
   setNetwork(id: string, network: RuntimeNetwork): Promise<void>;
+  /**
+   * New resources, kept for every later start: cpu and memory at once in a running sandbox (its
+   * cgroup), the disk cap grown only while it is stopped. Absent fields stay as they are.
+   */
+  resize(id: string, resources: RuntimeResources): Promise<void>;
   /** The writable layer as a tar stream. */
   pack(id: string): Promise<Readable>;
   /** Makes the sandbox (not started) with its writable layer from a `pack` stream. */
@@ -104,6 +116,7 @@ export function unavailableRuntime(reason: string): SandboxRuntime {
     destroy: fail,
     setEnv: fail,
     setNetwork: fail,
+    resize: fail,
     pack: fail,
     restore: fail,
     list: async () => [],

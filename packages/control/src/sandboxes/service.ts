@@ -23,6 +23,7 @@ import { targetRegion } from "../organizations/target-region.ts";
 import { resolveMounts } from "../volumes/sandbox-mounts.ts";
 import { Organization } from "../db/entities.ts";
 import { parseNetworkAllowList, refuseDomainAllowList, updateNetwork } from "./network-policy.ts";
+import { resizeRequest } from "./resize-request.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -145,6 +146,14 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       refuseDomainAllowList(req.domainAllowList);
       if (req.networkAllowList !== undefined) parseNetworkAllowList(req.networkAllowList); // a 400 before the sandbox is looked up
       return dto(await manager.setNetwork(organizationId, req.sandboxId, (cur) => updateNetwork(cur, req.networkBlockAll, req.networkAllowList)));
+    },
+
+    async resizeSandbox(req, ctx) {
+      return dto(await manager.resize(organizationOf(ctx), req.sandboxId, resizeRequest(req)));
+    },
+
+    async resizeWorkspace(req, ctx) {
+      return dto(await manager.resize(organizationOf(ctx), req.sandboxId, resizeRequest(req)));
     },
 
     async setPublicStatus(req, ctx) {

@@ -4,7 +4,7 @@
 // where the sandbox is (state). While the two differ the API reports the transition, derived as
 // the reference derives it: stopped + desired started reads "starting", and so on.
 
-export type StoredState = "unknown" | "started" | "stopped" | "restoring" | "archived" | "error" | "destroyed";
+export type StoredState = "unknown" | "started" | "stopped" | "restoring" | "resizing" | "archived" | "error" | "destroyed";
 export type DesiredState = "started" | "stopped" | "archived" | "destroyed";
 export type BackupStateName = "None" | "Pending" | "InProgress" | "Completed" | "Error";
 

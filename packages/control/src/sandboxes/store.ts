@@ -83,10 +83,10 @@ export class SandboxStore {
     await this.#write(id, {}, patch);
   }
 
-  /** `update`, once the organization's quota admits what the change adds (starting a sandbox). */
-  async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch): Promise<void> {
+  /** `update`, once the organization's quota admits what the change adds (starting or resizing a sandbox; see `admit`). */
+  async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch, size?: Demand): Promise<void> {
     await this.#em().transactional(async (em) => {
-      await admit(execIn(em), row.organizationId, row.regionId, demand);
+      await admit(execIn(em), row.organizationId, row.regionId, demand, size);
       await this.#apply(em, row.id, {}, patch);
     });
   }
