@@ -159,10 +159,16 @@ describe("resize", () => {
     expect(sizeMb).toBeLessThanOrEqual(2048);
   });
 
-  it("refuses a sandbox that is neither started nor stopped", async () => {
+  it("refuses an archived sandbox; one resized before its archive comes back with its new size", async () => {
     const c = await f.create({});
     expect((await f.call("POST", `/sandbox/${c.id}/stop`)).status).toBe(200);
+    expect((await resize(c.id, { memory: 2, disk: 4 })).body).toMatchObject({ state: "stopped", memory: 2, disk: 4 });
     expect((await f.call("POST", `/sandbox/${c.id}/archive`)).status).toBe(200);
     await refused(c.id, { cpu: 2 }, 400, "Sandbox must be in started or stopped state to resize");
+    const restored = await f.call("POST", `/sandbox/${c.id}/start`);
+    expect(restored.body).toMatchObject({ state: "started", cpu: 1, memory: 2, disk: 4 });
+    expect(await memoryLimit(c.id)).toBe(2 * GiB);
+    const df = (await f.exec(c.id, "df -BG / | tail -1")).result.trim().split(/\s+/);
+    expect(df[1]).toBe("4G");
   });
 });
