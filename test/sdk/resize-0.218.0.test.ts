@@ -28,7 +28,8 @@ async function hold(sandbox: import("sdk-0218").Sandbox, mib: number): Promise<s
 
 describe("SDK 0.218.0 resize", () => {
   it("resizes cpu and memory hot, refuses what the reference refuses, grows the disk when stopped", async () => {
-    const sandbox = await daytona.create({ labels: { suite: label }, resources: { cpu: 1, memory: 1, disk: 3 } }, { timeout: 120 });
+    // The default shape: 1 core, 1 GiB, 3 GiB of disk (the client sends resources only with an image).
+    const sandbox = await daytona.create({ labels: { suite: label } }, { timeout: 120 });
     expect(sandbox).toMatchObject({ cpu: 1, memory: 1, disk: 3 });
     expect(await hold(sandbox, 1280)).not.toBe("0");
 

@@ -78,7 +78,8 @@ async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | un
   if (row.state === "resizing") {
     // The row holds the new size: applied again (a no-op where it was), then on as usual.
     if ((await m.driveResize(row)).failed !== undefined) return "failed";
-    row = { ...row, state: row.desiredState === "started" ? "started" : "stopped" };
+    const then = await resume(m, { ...row, state: row.desiredState === "started" ? "started" : "stopped" }, onHost);
+    return then === "adopted" ? "resumed" : then;
   }
   if (row.desiredState === "archived") {
     if (row.state === "archived") return "adopted"; // a leftover host copy is removed below

@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { reconcile } from "./reconcile.ts";
 import { type SandboxDto, type SandboxFixture, sandboxFixture } from "./testing/fixtures.ts";
 
 // POST /sandbox/{id}/resize with real sandboxes: the reference's rules and messages, cpu and
@@ -170,5 +171,24 @@ describe("resize", () => {
     expect(await memoryLimit(c.id)).toBe(2 * GiB);
     const df = (await f.exec(c.id, "df -BG / | tail -1")).result.trim().split(/\s+/);
     expect(df[1]).toBe("4G");
+  });
+
+  it("reconcile finishes a resize a crash interrupted (the row holds the new size, the host the old one)", async () => {
+    const running = await f.create({ cpu: 1, memory: 1 });
+    const stopped = await f.create({ disk: 3 });
+    expect((await f.call("POST", `/sandbox/${stopped.id}/stop`)).status).toBe(200);
+    await f.manager.store.update(running.id, { state: "resizing", cpu: 2, memory: 2 });
+    await f.manager.store.update(stopped.id, { state: "resizing", disk: 5 });
+    expect((await f.call("GET", `/sandbox/${running.id}`)).body.state).toBe("resizing");
+
+    const report = await reconcile(f.manager);
+    expect(report.failed).toEqual([]);
+    expect(report.resumed).toEqual(expect.arrayContaining([running.id, stopped.id]));
+    expect((await f.call("GET", `/sandbox/${running.id}`)).body).toMatchObject({ state: "started", cpu: 2, memory: 2 });
+    expect(await memoryLimit(running.id)).toBe(2 * GiB);
+    expect(await cpuQuotaUs(running.id)).toBe(200_000);
+    expect((await f.call("GET", `/sandbox/${stopped.id}`)).body).toMatchObject({ state: "stopped", disk: 5 });
+    expect((await f.call("POST", `/sandbox/${stopped.id}/start`)).body.state).toBe("started");
+    expect((await f.exec(stopped.id, "df -BG / | tail -1")).result.trim().split(/\s+/)[1]).toBe("5G");
   });
 });
