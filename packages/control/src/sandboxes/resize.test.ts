@@ -77,6 +77,8 @@ describe("resize", () => {
     expect(await memoryLimit(a.id)).toBe(GiB);
     expect(await cpuQuotaUs(a.id)).toBe(100_000);
     expect(await hold(a.id, 1280)).toBe(137); // 1.25 GiB does not fit in 1 GiB
+    const hook = await f.call("POST", `/webhooks/organizations/${f.orgId}/endpoints`, { url: "https://hooks.example.com/sandbar", eventTypes: ["sandbox.state.updated"] });
+    expect(hook.status, JSON.stringify(hook.body)).toBeLessThan(300);
 
     const res = await resize(a.id, { cpu: 2, memory: 2 });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
@@ -89,6 +91,13 @@ describe("resize", () => {
     // The process started before the resize still runs, and 1.25 GiB fits now.
     expect((await f.exec(a.id, `kill -0 ${pid} && echo alive`)).result.trim()).toBe("alive");
     expect(await hold(a.id, 1280)).toBe(0);
+    // The state changes went out as the reference's sandbox.state.updated events.
+    const events = (await f.t.server.orm.em.fork().getConnection().execute(
+      `select body from webhook_message where event_type = 'sandbox.state.updated' and body::jsonb ->> 'id' = ? order by created_at`,
+      [a.id],
+    )) as Array<{ body: string }>;
+    expect(events.map((e) => JSON.parse(e.body) as { oldState: string; newState: string }).map((e) => `${e.oldState}>${e.newState}`)).toEqual(["started>resizing", "resizing>started"]);
+    expect((await f.call("DELETE", `/webhooks/organizations/${f.orgId}/endpoints/${hook.body.endpoint.id}`)).status).toBeLessThan(300);
   });
 
   it("refuses on a running sandbox what the reference refuses, with its messages", async () => {
