@@ -65,7 +65,7 @@ describe("resize", () => {
     for (const [body, message] of cases) await refused(a.id, body, 400, message);
     await refused("00000000-0000-4000-8000-000000000000", { cpu: 2 }, 404, "Sandbox with ID or name 00000000-0000-4000-8000-000000000000 not found");
     const other = await f.otherOrganization();
-    expect((await f.call("POST", `/sandbox/${a.id}/resize`, { cpu: 2 }, other.key)).status).toBe(404);
+    for (const body of [{ cpu: 2 }, { cpu: 0 }, {}]) expect((await f.call("POST", `/sandbox/${a.id}/resize`, body, other.key)).status).toBe(404);
     // Nothing changed.
     expect((await f.call("GET", `/sandbox/${a.id}`)).body).toMatchObject({ cpu: 1, memory: 1, disk: 3, state: "started" });
   });

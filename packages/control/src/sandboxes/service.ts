@@ -8,6 +8,7 @@ import {
   SandboxSortField,
   SortOrder,
   SandboxClassSchema,
+  type ResizeSandboxRequest,
 } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { organizationOf } from "../auth/principal.ts";
 import { Checks } from "../services/validate.ts";
@@ -149,11 +150,11 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     },
 
     async resizeSandbox(req, ctx) {
-      return dto(await manager.resize(organizationOf(ctx), req.sandboxId, resizeRequest(req)));
+      return dto(await resize(req, organizationOf(ctx)));
     },
 
     async resizeWorkspace(req, ctx) {
-      return dto(await manager.resize(organizationOf(ctx), req.sandboxId, resizeRequest(req)));
+      return dto(await resize(req, organizationOf(ctx)));
     },
 
     async setPublicStatus(req, ctx) {
@@ -191,6 +192,11 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       return { url: dtoContext.toolboxProxyUrl };
     },
   };
+  async function resize(req: ResizeSandboxRequest, organizationId: string) {
+    await manager.get(organizationId, req.sandboxId); // another organization's sandbox: 404 before any 400
+    return manager.resize(organizationId, req.sandboxId, resizeRequest(req));
+  }
+
   return { impl, manager };
 }
 
