@@ -53,6 +53,18 @@ describe("cgroup v2 back end", () => {
     expect(cg.paths("sbx1")).toEqual([dir]);
   });
 
+  it("create on an existing group resets its limits (how a running sandbox is resized)", async () => {
+    const cg = new CgroupV2({ base, group: "g" });
+    const dir = path.join(base, "g", "grow");
+    await cg.create("grow", { memoryBytes: 2 ** 30, pidsMax: 64, cpuQuotaUs: 100_000, cpuPeriodUs: 100_000 }, { memoryBytes: 2 ** 30 - 64 * 2 ** 20, pidsMax: 32 });
+    await writeFile(path.join(dir, "agent", "cgroup.procs"), "4242\n"); // the sandbox runs
+    await cg.create("grow", { memoryBytes: 2 * 2 ** 30, pidsMax: 64, cpuQuotaUs: 200_000, cpuPeriodUs: 100_000 }, { memoryBytes: 2 * 2 ** 30 - 64 * 2 ** 20, pidsMax: 32 });
+    expect(await read(dir, "memory.max")).toBe(String(2 * 2 ** 30));
+    expect(await read(dir, "cpu.max")).toBe("200000 100000");
+    expect(await read(dir, "user", "memory.max")).toBe(String(2 * 2 ** 30 - 64 * 2 ** 20));
+    expect(await read(dir, "agent", "cgroup.procs")).toBe("4242\n");
+  });
+
   it("splits a sandbox group into an agent leaf and a user leaf with the user's own budget", async () => {
     const cg = new CgroupV2({ base, group: "g" });
     const dir = path.join(base, "g", "split");
