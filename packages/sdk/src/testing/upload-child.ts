@@ -38,4 +38,5 @@ const stored = await sandbox.fs.upload(dest, source());
 const ms = performance.now() - t0;
 const peakRss = await vm("VmHWM");
 sandbar.close();
-process.stdout.write(JSON.stringify({ bytes: Number(stored.bytes), sha256: hash.digest("hex"), baseRss, quarterPeakRss, peakRss, ms }));
+const cpu = process.cpuUsage();
+process.stdout.write(JSON.stringify({ bytes: Number(stored.bytes), sha256: hash.digest("hex"), baseRss, quarterPeakRss, peakRss, ms, cpuMs: (cpu.user + cpu.system) / 1000 }));
