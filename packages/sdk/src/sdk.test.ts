@@ -70,6 +70,8 @@ describe("sandboxes", () => {
     await s.stop();
     await s.waitUntilStopped({ timeoutMs: 30_000 });
     expect(s.state).toBe(SandboxState.STOPPED);
+    // Waiting for a state that does not come ends at the deadline.
+    await expect(s.waitUntilStarted({ timeoutMs: 300 })).rejects.toBeInstanceOf(TimeoutError);
     await sandbar.sandboxes.start("sdk-lifecycle");
     await s.waitUntilStarted({ timeoutMs: 30_000 });
     expect((await s.process.exec("echo back")).result).toBe("back\n");
@@ -113,6 +115,9 @@ describe("toolbox", () => {
     const back = path.join(scratch, "back.bin");
     expect(await sandbox.fs.downloadFile(`${dir}/d.bin`, back)).toBe(bytes.length);
     expect((await readFile(back)).equals(bytes)).toBe(true);
+    const missing = path.join(scratch, "missing.bin");
+    await expect(sandbox.fs.downloadFile(`${dir}/nope.bin`, missing)).rejects.toBeInstanceOf(NotFoundError);
+    await expect(readFile(missing)).rejects.toMatchObject({ code: "ENOENT" });
 
     expect((await sandbox.fs.list(dir)).map((f) => f.name).sort()).toEqual(["a.txt", "b.txt", "c.txt", "d.bin"]);
     expect(Number((await sandbox.fs.stat(`${dir}/d.bin`)).size)).toBe(bytes.length);
