@@ -139,6 +139,20 @@ describe("toolbox", () => {
     expect(r).toMatchObject({ exitCode: 3, result: "hi from /tmp\n" });
   });
 
+  it("process.run: output handed over as written, stdout and stderr apart, and the exit code", async () => {
+    const out: string[] = [];
+    const err: string[] = [];
+    const d = new TextDecoder();
+    const r = await sandbox.process.run("echo one; sleep 0.3; echo two; echo bad >&2; exit 4", {
+      onStdout: (b) => out.push(d.decode(b)),
+      onStderr: (b) => err.push(d.decode(b)),
+    });
+    expect(r.exitCode).toBe(4);
+    expect(out.join("")).toBe("one\ntwo\n");
+    expect(err.join("")).toBe("bad\n");
+    expect((await sandbox.process.listSessions()).filter((s) => s.sessionId.startsWith("run-"))).toEqual([]);
+  });
+
   it("sessions: logs() follows a running command's output as it is written, stdout and stderr apart", async () => {
     await sandbox.process.createSession("sdk-session");
     const started = await sandbox.process.sessionExec("sdk-session", "for i in 1 2 3; do echo line $i; sleep 0.4; done; echo oops >&2", { async: true });
