@@ -125,6 +125,36 @@ export function providerContract(get: () => ProviderFixture, created: Set<string
     expect(Number((await sh(provider, id, "ps -e -o pid= | wc -l")).stdout.trim())).toBeLessThan(10);
   });
 
+  it("cannot create nested user namespaces; sees none of the host's environment; writes never reach the base", async () => {
+    const { provider, rootfs } = f();
+    const id = await make("iso-env", { env: { GREETING: "hello" } });
+    // Under gVisor a nested namespace is one of gVisor's kernel, which holds nothing of the host's.
+    if (!options.gvisor) expect((await sh(provider, id, "unshare -U true 2>/dev/null && echo nested-ok || echo nested-denied")).stdout).toBe("nested-denied\n");
+    const keys = (await sh(provider, id, "env")).stdout.trim().split("\n").map((l) => l.split("=")[0]);
+    expect(keys).toContain("GREETING");
+    // The engine adds HOSTNAME (the sandbox's id); nothing else beyond the sandbox's own.
+    for (const k of keys) expect(["GREETING", "HOME", "PATH", "PWD", "USER", "HOSTNAME", "SHLVL", "_"]).toContain(k);
+    await sh(provider, id, "echo changed > /srv/shared/gone.txt; echo new > /srv/shared/new.txt");
+    expect(await readFile(path.join(rootfs, "srv/shared/gone.txt"), "utf8")).toBe("gone\n");
+    await expect(readFile(path.join(rootfs, "srv/shared/new.txt"))).rejects.toThrow();
+  });
+
+  it("user root is uid 0 inside, still without capabilities, and cannot write the host's binds", async () => {
+    const { provider } = f();
+    const id = await make("iso-root", { user: "root" });
+    const res = await sh(provider, id, "id -u; grep CapEff /proc/self/status; touch /usr/sandbar-test 2>/dev/null && echo wrote || echo denied; echo hi > ~/mine && cat ~/mine; echo ~");
+    expect(res.stdout.trim().split("\n")).toEqual(["0", "CapEff:\t0000000000000000", "denied", "hi", "/root"]);
+  });
+
+  unlessGvisor("a process that kills every pid it can see (kill -9 -1): the agent comes back", async () => {
+    const { provider } = f();
+    const id = await make("killall");
+    await sh(provider, id, "echo kept > ~/k").catch(() => undefined);
+    await sh(provider, id, "kill -9 -1").catch(() => undefined);
+    expect((await retry(() => sh(provider, id, "cat ~/k"), 15_000)).stdout).toBe("kept\n");
+    expect((await provider.inspect(id)).state).toBe("started");
+  });
+
   // gVisor: the sentry's own threads count against the pids limit (64 cannot even boot it).
   unlessGvisor("enforces the pids and memory limits", async () => {
     const { provider } = f();
