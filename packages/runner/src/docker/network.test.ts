@@ -42,6 +42,7 @@ describe.skipIf(skip !== undefined)("docker sandbox networks", () => {
   afterAll(async () => {
     for (const id of ids) await f?.provider.destroy(id).catch(() => undefined);
     await net?.close();
+    await f?.provider.close();
     if (f) await rm(f.dataDir, { recursive: true, force: true });
   });
 

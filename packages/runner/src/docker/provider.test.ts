@@ -34,6 +34,7 @@ describe.skipIf(skip !== undefined)("docker provider", () => {
 
   afterAll(async () => {
     for (const id of ids) await f?.provider.destroy(id).catch(() => undefined);
+    await f?.provider.close();
     if (f) await rm(f.dataDir, { recursive: true, force: true });
   });
 

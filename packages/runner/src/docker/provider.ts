@@ -1,4 +1,4 @@
-import { chmod, chown, mkdir, readFile, realpath, rm, stat, writeFile } from "node:fs/promises";
+import { chmod, chown, mkdir, readdir, readFile, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import Docker from "dockerode";
@@ -546,8 +546,13 @@ export class DockerProvider implements SandboxProvider {
     });
   }
 
+  /** Sandboxes keep running; the engine's connections are per request. */
   async close(): Promise<void> {
-    // The engine's connection is per request; sandboxes keep running.
+    try {
+      if ((await readdir(this.layout.runtimeDir)).length === 0) await rmdir(this.layout.runtimeDir);
+    } catch {
+      // missing or in use
+    }
   }
 }
 

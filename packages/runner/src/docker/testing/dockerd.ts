@@ -1,6 +1,6 @@
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -154,6 +154,19 @@ export async function stopDockerd(dir: string): Promise<void> {
     // dockerd stops its containers (10 s grace each, in parallel) and its containerd.
     for (let i = 0; i < 300 && alive(); i++) await new Promise((r) => setTimeout(r, 100));
     if (alive()) process.kill(pid, "SIGKILL");
+  }
+  // Shims of containers the engine could not stop (a start the runtime refused) outlive it: they
+  // are this engine's own (their command line names its exec root), ended by pid.
+  for (const name of await readdir("/proc")) {
+    if (!/^\d+$/.test(name)) continue;
+    const cmdline = await readFile(`/proc/${name}/cmdline`, "utf8").catch(() => "");
+    if (cmdline.includes(`${dir}/exec/`)) {
+      try {
+        process.kill(Number(name), "SIGKILL");
+      } catch {
+        // already gone
+      }
+    }
   }
   // Mounts left by a killed engine would make rm fail; lazily unmount whatever is under dir.
   const mounts = (await readFile("/proc/self/mountinfo", "utf8")).split("\n").map((l) => l.split(" ")[4]).filter((m): m is string => !!m && m.startsWith(dir + "/"));
