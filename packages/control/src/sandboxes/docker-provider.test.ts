@@ -56,6 +56,12 @@ describe.skipIf(skip !== undefined)("sandboxes on the docker provider", () => {
     expect((await f.call("POST", `/sandbox/${s.id}/start`)).body.state).toBe("started");
     expect((await execute("cat ~/kept")).body).toEqual({ exitCode: 0, result: "sandbar\n" });
 
+    // Archive packs the container's writable layer and removes the container; start restores it into a new one.
+    await f.call("POST", `/sandbox/${s.id}/stop`);
+    expect((await f.call("POST", `/sandbox/${s.id}/archive`)).body.state).toBe("archived");
+    expect((await f.call("POST", `/sandbox/${s.id}/start`)).body.state).toBe("started");
+    expect((await execute("cat ~/kept; id -un")).body).toEqual({ exitCode: 0, result: "sandbar\nsandbar\n" });
+
     expect((await f.call("DELETE", `/sandbox/${s.id}`)).body.state).toBe("destroyed");
     await expect(provider.docker.getContainer(provider.containerName(s.id)).inspect()).rejects.toMatchObject({ statusCode: 404 });
   });

@@ -84,7 +84,8 @@ export class DockerProvider implements SandboxProvider {
   readonly #nsenter?: string;
   readonly #lock = new KeyedLock();
   readonly #log: (line: string) => void;
-  #diskCapWarned = false;
+  /** Whether the engine can cap a container's writable layer; unknown until the first capped create. */
+  #diskCaps: boolean | undefined;
 
   private constructor(docker: Docker, layout: Layout, uids: UidAllocator, networks: SandboxNetworks, initSh: string, options: DockerProviderOptions) {
     this.docker = docker;
@@ -218,18 +219,17 @@ export class DockerProvider implements SandboxProvider {
         Runtime: this.runtime,
         RestartPolicy: { Name: "no" },
         LogConfig: { Type: "json-file", Config: { "max-size": "1m", "max-file": "1" } },
-        ...(disk !== undefined ? { StorageOpt: { size: String(disk) } } : {}),
+        ...(disk !== undefined && this.#diskCaps !== false ? { StorageOpt: { size: String(disk) } } : {}),
       },
     };
     try {
       await this.docker.createContainer(options);
+      if (options.HostConfig!.StorageOpt) this.#diskCaps = true;
     } catch (err) {
-      // Most engines cannot cap a container's writable layer (overlay2 needs xfs with pquota).
-      if (disk === undefined || !/storage-opt|StorageOpt|quota/i.test((err as Error).message)) throw err;
-      if (!this.#diskCapWarned) {
-        this.#diskCapWarned = true;
-        this.#log(`docker: the engine cannot cap a container's disk (${(err as Error).message.trim()}): disk caps are not enforced`);
-      }
+      // Most engines cannot cap a container's writable layer (overlay2 needs xfs with pquota): said once, then not asked again.
+      if (!options.HostConfig!.StorageOpt || !/storage-opt|StorageOpt|quota/i.test((err as Error).message)) throw err;
+      this.#diskCaps = false;
+      this.#log(`docker: the engine cannot cap a container's disk (${(err as Error).message.trim()}): disk caps are not enforced`);
       delete options.HostConfig!.StorageOpt;
       await this.docker.createContainer(options);
     }
