@@ -3,7 +3,7 @@ import { mkdir, readdir, rm } from "node:fs/promises";
 import path from "node:path";
 import { Code } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
-import { sh, uniqueId } from "../linux/testing/harness.ts";
+import { retry, sh, uniqueId } from "../linux/testing/harness.ts";
 import { expectCode, type ProviderFixture } from "../testing/provider-contract.ts";
 import type { DockerProvider } from "./provider.ts";
 import { dockerdUnavailable, sharedDockerd } from "./testing/dockerd.ts";
@@ -83,6 +83,24 @@ describe.skipIf(skip !== undefined)("docker provider", () => {
       expect(await readdir(target)).toEqual([]);
       expect((await f.provider.inspect(id)).state).toBe("stopped");
     }
+  });
+
+  it("a fork storm at the pids limit: the agent survives it and answers again once it ends (no reserve for the agent here)", async () => {
+    const id = await make("fork", { pidsLimit: 128 });
+    // Forks as fast as it can for 6 s, each child lingering 3 s: the container stays at its limit.
+    const storm = "import os, time\nend = time.time() + 6\nwhile time.time() < end:\n    try:\n        if os.fork() == 0:\n            time.sleep(3); os._exit(0)\n    except OSError:\n        time.sleep(0.001)\n";
+    await sh(f.provider, id, `setsid python3 -c '${storm}' >/dev/null 2>&1 < /dev/null &`);
+    const t0 = Date.now();
+    let hits = 0;
+    while (hits === 0 && Date.now() - t0 < 5000) hits = (await f.provider.inspect(id)).usage?.pidsLimitHits ?? 0;
+    expect(hits).toBeGreaterThan(0);
+    // During the storm the agent still runs (it cannot start processes: the limit is the container's).
+    expect((await f.provider.inspect(id)).agent?.running).toBe(true);
+    expect((await retry(() => sh(f.provider, id, "echo alive").then((r) => (r.stdout === "alive\n" ? r : Promise.reject(new Error(r.stderr)))), 20_000)).stdout).toBe("alive\n");
+    const info = await f.provider.inspect(id);
+    expect(info.state).toBe("started");
+    expect(info.agent).toMatchObject({ running: true, restarts: 0 });
+    expect(info.usage!.pids).toBeLessThanOrEqual(128);
   });
 
   it("destroy removes the container and everything on the host; stop and destroy again are fine", async () => {
