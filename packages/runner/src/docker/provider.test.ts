@@ -5,7 +5,7 @@ import { Code } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
 import { retry, sh, uniqueId } from "../linux/testing/harness.ts";
 import { expectCode, type ProviderFixture } from "../testing/provider-contract.ts";
-import type { DockerProvider } from "./provider.ts";
+import { DockerProvider } from "./provider.ts";
 import { dockerdUnavailable, sharedDockerd } from "./testing/dockerd.ts";
 import { dockerFixture } from "./testing/fixture.ts";
 
@@ -46,6 +46,15 @@ describe.skipIf(skip !== undefined)("docker provider", () => {
     const usage = (await f.provider.inspect(id)).usage!;
     expect(usage.memoryLimitBytes).toBe(2 ** 28);
     expect(usage.pidsLimit).toBe(100);
+  });
+
+  it("refuses a runtime the engine lacks, and egress under gVisor, with the reason", async () => {
+    const socketPath = (await sharedDockerd(inject("dockerdDir"))).socketPath;
+    await expectCode(DockerProvider.open({ dataDir: f.dataDir, socketPath, runtime: "kata" }), Code.FailedPrecondition, "has no runtime kata");
+    await expectCode(DockerProvider.open({ dataDir: f.dataDir, socketPath: "/nonexistent/docker.sock" }), Code.FailedPrecondition, "does not answer");
+    if (!(await sharedDockerd(inject("dockerdDir"))).runsc) return;
+    const gvisor = await DockerProvider.open({ dataDir: f.dataDir, socketPath, runtime: "runsc", uidBase: 1_690_700_000, uidCount: 16 });
+    await expectCode(gvisor.create(f.spec(uniqueId("gv"), { network: "full" })), Code.FailedPrecondition, "not available with the runsc runtime");
   });
 
   it("a container left by a crash before its record was written does not block a create of the same id", async () => {

@@ -112,6 +112,13 @@ export class DockerProvider implements SandboxProvider {
     }
     const runtime = options.runtime ?? "runc";
     if (!(runtime in runtimes)) throw errors.failedPrecondition(`the Docker engine has no runtime ${runtime} (it has ${Object.keys(runtimes).join(", ")})`);
+    if (runtime === "runsc") {
+      // Without --host-uds the agent's socket stays inside gVisor and no start could ever finish.
+      const args = ((runtimes.runsc as { runtimeArgs?: string[] }).runtimeArgs ?? []).join(" ");
+      if (!/--host-uds[= ](all|create)/.test(args)) {
+        throw errors.failedPrecondition('the engine\'s runsc runtime needs "runtimeArgs": ["--host-uds=all", "--network=none"] (daemon.json): the agent\'s socket must be reachable from the host');
+      }
+    }
     const initSh = await realpath(which("sh") ?? "/bin/sh");
     const layout = new Layout(options.dataDir, options.runtimeDir);
     await mkdir(layout.sandboxesDir, { recursive: true, mode: 0o700 });
