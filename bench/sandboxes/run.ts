@@ -3,6 +3,7 @@
 // engine answers, and density (idle sandboxes started until half the memory is used or 300 run).
 //
 //   node bench/sandboxes/run.ts [--quick]     (as root; writes bench/sandboxes/RESULTS.md)
+//   node bench/sandboxes/run.ts --docker-only (the Docker rows alone, printed; writes nothing)
 //
 // --quick: 12 sequential / 12 parallel runs and a density cap of 40 (to check the bench works).
 import { execFile, spawn } from "node:child_process";
@@ -14,6 +15,7 @@ import { execAgentBundle } from "../../packages/runner/src/linux/testing/harness
 import { TEST_SNAPSHOT_CACHE } from "../../packages/control/src/testing/server.ts";
 import type { LocalRuntime } from "../../packages/control/src/sandboxes/local-runtime.ts";
 import { loadAvg, log, machine, ms, pool, requireRoot, startBenchServer, stats, type BenchServer, type Stat } from "./support.ts";
+import { benchEngine, type BenchEngine } from "./docker.ts";
 
 requireRoot("bench/sandboxes");
 const QUICK = process.argv.includes("--quick");
@@ -64,30 +66,6 @@ async function snapshotRootfs(): Promise<string> {
   const names = (await readdir(dir)).filter((n) => /^debian-bookworm-[0-9a-f]+$/.test(n));
   if (names.length === 0) throw new Error(`no built default snapshot under ${dir}`);
   return path.join(dir, names[0], "rootfs");
-}
-
-// ---- docker ---------------------------------------------------------------------------------
-async function dockerImage(): Promise<string | undefined> {
-  try {
-    await run("docker", ["info", "--format", "{{.ServerVersion}}"], { timeout: 10_000 });
-  } catch {
-    return undefined;
-  }
-  for (const image of ["debian:bookworm-slim", "alpine:3"]) {
-    try {
-      await run("docker", ["image", "inspect", image], { timeout: 10_000 });
-      return image;
-    } catch {
-      /* not present locally */
-    }
-  }
-  return undefined;
-}
-
-async function dockerOnce(image: string): Promise<number> {
-  const t0 = performance.now();
-  await run("docker", ["run", "--rm", "--network", "none", image, "true"], { timeout: 60_000 });
-  return performance.now() - t0;
 }
 
 // ---- sandbar --------------------------------------------------------------------------------
@@ -153,7 +131,11 @@ async function main(): Promise<void> {
   const agent = await execAgentBundle();
   const workDir = await mkdtemp(path.join("/var/tmp", "sandbar-bench-floor-"));
   await chmod(workDir, 0o711);
-  const image = await dockerImage();
+  const docker = await benchEngine(lower, log).catch((err: unknown) => {
+    log(`docker rows skipped: ${err instanceof Error ? err.message.split("\n")[0] : String(err)}`);
+    return undefined;
+  });
+  const image = docker?.image;
   const created: string[] = [];
   const rows: [string, string, Stat][] = [];
   /** Where a cold sequential create's host start goes (the provider's phases). */
@@ -184,7 +166,8 @@ async function main(): Promise<void> {
       const runs = Math.ceil(RUNS / width) * width;
       const floorTrue: number[] = [];
       const floorNode: number[] = [];
-      const docker: number[] = [];
+      const dockerRuns: number[] = [];
+      const dockerProvider: number[] = [];
       const split = { create: [] as number[], exec: [] as number[] };
       const phases = new Map<string, number[]>();
       provider.trace = (_id, phase, t) => void (phases.get(phase) ?? phases.set(phase, []).get(phase)!).push(t);
@@ -192,12 +175,16 @@ async function main(): Promise<void> {
       const ttis = await pool(runs, width, async (i) => {
         floorTrue.push(await floorOnce(workDir, lower, "true", agent, i));
         floorNode.push(await floorOnce(workDir, lower, "node", agent, i));
-        if (image) docker.push(await dockerOnce(image));
+        if (docker) {
+          dockerRuns.push(await docker.dockerRun());
+          dockerProvider.push(await docker.providerTti(i));
+        }
         return tti(s, created, split);
       });
       record("floor/true", how, floorTrue);
       record("floor/node", how, floorNode);
-      if (image) record(`docker run --rm`, how, docker);
+      if (docker) record(`docker run --rm`, how, dockerRuns);
+      if (docker) record("docker provider", how, dockerProvider);
       record("REST create→exec", how, ttis);
       record("  of which create", how, split.create);
       record("  of which 1st exec", how, split.exec);
@@ -314,7 +301,8 @@ drifting on the machine hits them alike.
   sandboxes, \`SANDBAR_WARM_POOL\`): the create claims a started, warmed sandbox. Before each run (each batch of
   ${PARALLEL} in parallel) the bench waits, untimed, until the pool is full again; **pool refill per sandbox** is that
   wait divided by the batch (the pool starts one sandbox at a time).
-- **docker run --rm**: ${image ? `\`docker run --rm --network none ${image} true\`` : "skipped: no docker engine reachable (`docker info` failed: the client is installed, the daemon is not running)"}.
+- **docker run --rm**: ${image ? `\`docker run --rm --network none ${image} true\` on ${docker!.origin}; the image is the default snapshot's rootfs, imported once` : "skipped: no docker engine could be reached or started"}.
+- **docker provider**: ${image ? "the docker provider (`SANDBAR_PROVIDER=docker`) on that engine and image: create, start, first exec through the exec agent, as floor/node is for the linux provider (no control plane), then destroy (untimed)" : "skipped"}.
 - **REST delete**: \`DELETE /api/sandbox/{id}\` of those sandboxes afterwards.
 
 | what | how | runs | p50 ms | p95 ms | mean ms |
@@ -369,10 +357,33 @@ MemAvailable is host-wide: other work on the shared machine moves it too (either
     await writeFile(out, md);
     log(`wrote ${out.pathname}`);
   } finally {
+    await docker?.close().catch(() => undefined);
     await deleteAll(s, created).catch(() => undefined);
     await rm(workDir, { recursive: true, force: true });
     await s.stop();
   }
 }
 
-await main();
+/** --docker-only: the Docker rows alone, sequential and 4 parallel, printed. */
+async function dockerOnly(): Promise<void> {
+  const docker: BenchEngine = await benchEngine(await snapshotRootfs(), log);
+  try {
+    for (const [how, width] of [["sequential", 1], [`${PARALLEL} parallel`, PARALLEL]] as const) {
+      const runs = Math.ceil(RUNS / width) * width;
+      const dr: number[] = [];
+      const tti = await pool(runs, width, async (i) => {
+        dr.push(await docker.dockerRun());
+        return docker.providerTti(i);
+      });
+      for (const [what, xs] of [["docker run --rm", dr], ["docker provider", tti]] as const) {
+        const st = stats(xs);
+        console.log(`${what.padEnd(22)} ${how.padEnd(11)} n=${st.n} p50=${ms(st.p50)} ms p95=${ms(st.p95)} ms mean=${ms(st.mean)} ms`);
+      }
+    }
+  } finally {
+    await docker.close();
+  }
+}
+
+if (process.argv.includes("--docker-only")) await dockerOnly();
+else await main();

@@ -63,6 +63,16 @@ export interface Settings {
   sandboxNetwork: "none" | "egress";
   /** IPv4 range the sandboxes' veth /30s come from (SANDBAR_SANDBOX_SUBNET); default 10.213.0.0/16. */
   sandboxSubnet?: string;
+  /** What makes sandboxes on this host (SANDBAR_PROVIDER): "linux" (bubblewrap) or "docker" (a Docker engine). */
+  sandboxProvider: SandboxProviderSettings;
+}
+
+export interface SandboxProviderSettings {
+  kind: "linux" | "docker";
+  /** The Docker engine's API socket (SANDBAR_DOCKER_SOCKET); default /var/run/docker.sock. */
+  dockerSocket?: string;
+  /** The containers' OCI runtime (SANDBAR_DOCKER_RUNTIME): runc by default, runsc for gVisor. */
+  dockerRuntime?: string;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -102,8 +112,19 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     registries: loadRegistrySettings(env),
     sandboxNetwork: sandboxNetwork(env.SANDBAR_SANDBOX_NETWORK),
     sandboxSubnet: sandboxSubnet(env.SANDBAR_SANDBOX_SUBNET),
+    sandboxProvider: sandboxProvider(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
+}
+
+function sandboxProvider(env: NodeJS.ProcessEnv): SandboxProviderSettings {
+  const kind = (env.SANDBAR_PROVIDER ?? "").trim().toLowerCase() || "linux";
+  if (kind !== "linux" && kind !== "docker") throw new Error(`SANDBAR_PROVIDER must be linux or docker, got "${env.SANDBAR_PROVIDER}"`);
+  const runtime = env.SANDBAR_DOCKER_RUNTIME?.trim() || undefined;
+  if (runtime !== undefined && !/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/.test(runtime)) throw new Error(`SANDBAR_DOCKER_RUNTIME must be a runtime name (runc, runsc), got "${runtime}"`);
+  const socket = env.SANDBAR_DOCKER_SOCKET?.trim() || undefined;
+  if (socket !== undefined && !socket.startsWith("/")) throw new Error(`SANDBAR_DOCKER_SOCKET must be an absolute path to the engine's unix socket, got "${socket}"`);
+  return { kind, ...(socket ? { dockerSocket: socket } : {}), ...(runtime ? { dockerRuntime: runtime } : {}) };
 }
 
 function sandboxNetwork(raw: string | undefined): Settings["sandboxNetwork"] {

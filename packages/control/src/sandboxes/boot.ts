@@ -49,6 +49,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
       dataDir: path.join(settings.dataDir, "runner"),
       snapshotCacheDir: settings.snapshotCacheDir,
       sandboxSubnet: settings.sandboxSubnet,
+      docker: settings.sandboxProvider.kind === "docker" ? { socketPath: settings.sandboxProvider.dockerSocket, runtime: settings.sandboxProvider.dockerRuntime } : undefined,
       init: await agentInit(settings.agentBundle),
       volumeRoot: (id) => volumes.hostPath(id),
       images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },

@@ -6,6 +6,7 @@ import { fileURLToPath } from "node:url";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { InitCommand, SandboxInfo, SandboxSpec } from "@sandbar/runner";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
+import { DockerProvider } from "@sandbar/runner/docker";
 import { ImageStore, sandboxSpecFor, type ImageStoreOptions } from "@sandbar/runner/images";
 import type { RuntimeHealth, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime, RuntimeNetwork } from "./runtime.ts";
 
@@ -52,16 +53,22 @@ export interface LocalRuntimeOptions {
   images?: Omit<ImageStoreOptions, "dataDir" | "log">;
   /** IPv4 range the /30s of sandboxes with egress come from (SANDBAR_SANDBOX_SUBNET). */
   sandboxSubnet?: string;
+  /** The docker provider instead of the linux one (SANDBAR_PROVIDER=docker): its engine socket and OCI runtime. */
+  docker?: { socketPath?: string; runtime?: string };
   log?: (line: string) => void;
 }
+
+/** The providers a local runtime drives (both offer updateNetwork). */
+export type LocalProvider = LinuxProvider | DockerProvider;
 
 const UID_SLOT = 65_536;
 const UID_FIRST = 1_700_000_000;
 const UID_SLOTS = 6000; // stays below 2^31
 
-export class LocalRuntime implements SandboxRuntime {
+/** `P`: the provider's type, for callers (tests, benches) that know which one they opened. */
+export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements SandboxRuntime {
   readonly runnerId: string;
-  readonly provider: LinuxProvider;
+  readonly provider: P;
   /** First host uid of this runner's sandboxes (the range is `uidCount` long). */
   readonly uidBase: number;
   readonly #hostSecret: Buffer;
@@ -73,7 +80,7 @@ export class LocalRuntime implements SandboxRuntime {
   readonly #imageOptions: ImageStoreOptions;
   #images: Promise<ImageStore> | undefined;
 
-  private constructor(provider: LinuxProvider, runnerId: string, hostSecret: Buffer, uidBase: number, o: LocalRuntimeOptions) {
+  private constructor(provider: P, runnerId: string, hostSecret: Buffer, uidBase: number, o: LocalRuntimeOptions) {
     this.provider = provider;
     this.uidBase = uidBase;
     this.runnerId = runnerId;
@@ -87,15 +94,18 @@ export class LocalRuntime implements SandboxRuntime {
   }
 
   /** Opens the provider (root, bubblewrap and cgroups are checked) and the runner's identity. */
-  static async open(o: LocalRuntimeOptions): Promise<LocalRuntime> {
+  static open(o: LocalRuntimeOptions & { docker?: undefined }): Promise<LocalRuntime>;
+  static open(o: LocalRuntimeOptions): Promise<LocalRuntime<LocalProvider>>;
+  static async open(o: LocalRuntimeOptions): Promise<LocalRuntime<LocalProvider>> {
     const dataDir = path.resolve(o.dataDir);
     await mkdir(dataDir, { recursive: true, mode: 0o700 });
     const hostSecret = await loadHostSecret(path.join(dataDir, "host-secret"));
     const runnerId = await loadRunnerId(path.join(dataDir, "runner-id"));
     const slot = createHash("sha256").update(dataDir).digest().readUInt32BE(0) % UID_SLOTS;
     const uidBase = o.uidBase ?? UID_FIRST + slot * UID_SLOT;
-    const provider = await LinuxProvider.open({ dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log, network: { subnet: o.sandboxSubnet } });
-    const runtime = new LocalRuntime(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
+    const common = { dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log, network: { subnet: o.sandboxSubnet } };
+    const provider = o.docker ? await DockerProvider.open({ ...common, ...o.docker }) : await LinuxProvider.open(common);
+    const runtime = new LocalRuntime<LocalProvider>(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
     // Built (once per host, a minute or two) while the server starts serving, not on the first create.
     runtime.#snapshot().catch((err: unknown) => runtime.#log(`default snapshot: ${(err as Error).message}`));
     return runtime;

@@ -5,7 +5,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import type { SandboxSpec } from "../../provider.ts";
+import type { SandboxProvider, SandboxSpec } from "../../provider.ts";
 import { SANDBOX_PATHS } from "../../provider.ts";
 import type { LinuxProviderOptions } from "../provider.ts";
 import { LinuxProvider } from "../provider.ts";
@@ -77,12 +77,12 @@ export function request<T>(socket: string, req: unknown, timeoutMs = 30_000): Pr
   });
 }
 
-export async function exec(provider: LinuxProvider, id: string, argv: string[], stdin?: string): Promise<ExecResult> {
+export async function exec(provider: Pick<SandboxProvider, "connect">, id: string, argv: string[], stdin?: string): Promise<ExecResult> {
   return request<ExecResult>(await provider.connect(id), { argv, stdin });
 }
 
 /** `sh -c script` inside the sandbox. */
-export function sh(provider: LinuxProvider, id: string, script: string): Promise<ExecResult> {
+export function sh(provider: Pick<SandboxProvider, "connect">, id: string, script: string): Promise<ExecResult> {
   return exec(provider, id, ["/bin/sh", "-c", script]);
 }
 

@@ -1,0 +1,2 @@
+export type { DockerProviderOptions } from "./provider.ts";
+export { DockerProvider } from "./provider.ts";
