@@ -109,7 +109,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const box = await SecretBox.open(orm, settings.encryptionKey);
   const registryCredentials = options.registryCredentials ?? ((organizationId, host) => registryCredentialsFor(orm, organizationId, host, box));
   const objectStorage = await startObjectStorageService(settings.objectStorage, settings.dataDir, settings.publicUrl, orm);
-  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials);
+  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials, objectStorage.contexts);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
   // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
   const recorder = new AuditRecorder(orm, log);
