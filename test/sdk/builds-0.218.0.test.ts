@@ -21,6 +21,10 @@ let scratch: string;
 let base: string;
 let daytona: import("sdk-0218").Daytona;
 
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Json = Record<string, any>;
+const getJson = async (path: string): Promise<Json> => (await (await fetch(`${s.apiUrl}${path}`, { headers: { authorization: `Bearer ${s.adminKey}` } })).json()) as Json;
+
 beforeAll(async () => {
   scratch = await mkdtemp(join(tmpdir(), "sandbar-sdk218-build-"));
   reg = await startRegistry();
@@ -80,3 +84,44 @@ it("a failing RUN ends in build_failed with the builder's last lines as the reas
   const row = await daytona.snapshot.get("sdk-broken");
   expect(row.state).toBe("build_failed");
 }, 300_000);
+
+it("create({image}, {onSnapshotCreateLogs}) uploads the context, follows the build (pending_build -> building_snapshot) and starts the sandbox", async () => {
+  const dir = join(scratch, "site");
+  await rm(dir, { recursive: true, force: true });
+  await import("node:fs/promises").then((fs) => fs.mkdir(dir, { recursive: true }));
+  await writeFile(join(dir, "index.html"), "<h1>hi</h1>\n");
+  const image = sdk.Image.base(base).addLocalDir(dir, "/srv/site").runCommands("cat /srv/site/index.html > /copied.html").workdir("/srv");
+  const logs: string[] = [];
+  const sandbox = await daytona.create({ image, envVars: { WHO: "sdk" } }, { timeout: 120, onSnapshotCreateLogs: (l) => logs.push(l) });
+  expect(sandbox.state).toBe("started");
+  expect(logs.join("\n")).toContain("RUN cat /srv/site/index.html > /copied.html");
+  const r = await sandbox.process.executeCommand('cat /copied.html; echo "$WHO"; pwd');
+  expect(r.result).toBe("<h1>hi</h1>\nsdk\n/srv\n");
+  const row = await getJson(`/sandbox/${sandbox.id}`);
+  expect(row.buildInfo.snapshotRef).toMatch(/^daytona-[0-9a-f]{64}:daytona$/);
+  expect(row.snapshot ?? null).toBeNull(); // the reference names no snapshot for a build
+  // The recorded log, as GET /sandbox/{id}/build-logs answers it after the build.
+  const recorded = await fetch(`${s.apiUrl}/sandbox/${sandbox.id}/build-logs`, { headers: { authorization: `Bearer ${s.adminKey}` } });
+  expect(await recorded.text()).toMatch(/image sha256:[0-9a-f]{64} ready/);
+  await sandbox.delete();
+}, 300_000);
+
+it("a context hash that is not in storage: the sandbox ends in build_failed naming it", async () => {
+  const post = await fetch(`${s.apiUrl}/sandbox`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${s.adminKey}`, "content-type": "application/json" },
+    body: JSON.stringify({ buildInfo: { dockerfileContent: `FROM ${base}\nCOPY /x /x\n`, contextHashes: ["0123456789abcdef0123456789abcdef"] } }),
+  });
+  const created = (await post.json()) as Json;
+  expect(post.status, JSON.stringify(created)).toBe(200);
+  expect(created.state).toBe("pending_build");
+  let row = created;
+  for (let i = 0; i < 100 && row.state !== "build_failed"; i++) {
+    await new Promise((r) => setTimeout(r, 200));
+    row = await getJson(`/sandbox/${created.id}`);
+  }
+  expect(row.state).toBe("build_failed");
+  expect(row.errorReason).toMatch(/Build context 0123456789abcdef0123456789abcdef not found in object storage/);
+  const del = await fetch(`${s.apiUrl}/sandbox/${created.id}`, { method: "DELETE", headers: { authorization: `Bearer ${s.adminKey}` } });
+  expect(del.status).toBe(200);
+}, 120_000);

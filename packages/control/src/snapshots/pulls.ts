@@ -23,7 +23,7 @@ export interface PullSettings {
 }
 
 /** A build log: lines so far, whether it ended, and who waits for more. */
-class BuildLog {
+export class BuildLog {
   readonly lines: string[] = [];
   done = false;
   #waiters = new Set<() => void>();

@@ -45,6 +45,8 @@ export interface Snapshots {
   impl: Partial<ServiceImpl<typeof SnapshotService>>;
   store: SnapshotStore;
   pulls: SnapshotPulls;
+  /** Declarative builds on this host (absent without object storage). */
+  builder?: Builder;
   /** The active snapshot a sandbox create names (its image digest, or none for the default snapshot). */
   forSandbox(organizationId: string, idOrName: string): Promise<{ name: string; imageRef?: string; row: SnapshotRow }>;
 }
@@ -189,6 +191,7 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
     impl,
     store,
     pulls,
+    builder,
     async forSandbox(organizationId, idOrName) {
       const row = await store.find(organizationId, idOrName).catch((err: unknown) => {
         if (err instanceof ConnectError && err.code === Code.NotFound) throw errors.invalidArgument(`Snapshot ${idOrName} not found. Did you add it through the Daytona Dashboard?`);
