@@ -130,3 +130,37 @@ describe("object storage", () => {
     contexts.close();
   }, 60_000);
 });
+
+describe("object storage on an operator's S3 (SANDBAR_S3_ENDPOINT)", () => {
+  // The "operator's S3" is another s3rver the test starts, reached only by the server: the
+  // client's requests go through the server's endpoint and land there, re-signed.
+  let t: TestServer;
+  let dir: string;
+  let ops: { run(): Promise<{ port: number }>; close(): Promise<void> };
+  let endpoint: string;
+
+  beforeAll(async () => {
+    dir = await mkdtemp(path.join(tmpdir(), "sandbar-ops-s3-"));
+    const S3rver = createRequire(import.meta.url)("s3rver") as new (o: object) => typeof ops;
+    ops = new S3rver({ address: "127.0.0.1", port: 0, silent: true, directory: dir, configureBuckets: [{ name: "ops-contexts" }], vhostBuckets: false });
+    endpoint = `http://127.0.0.1:${(await ops.run()).port}`;
+    t = await startTestServer({ settings: { objectStorage: { endpoint, accessKey: "S3RVER", secretKey: "S3RVER", bucket: "ops-contexts", region: "eu-west-1" } } });
+  }, 120_000);
+  afterAll(async () => {
+    await t?.stop();
+    await ops?.close();
+    if (dir) await rm(dir, { recursive: true, force: true });
+  });
+
+  it("hands out the server's endpoint, never the operator's, and stores there", async () => {
+    const a = (await api(t.url, t.adminKey, "GET", "/object-storage/push-access")).body as Access;
+    expect(a).toMatchObject({ storageUrl: `${t.url}/s3`, bucket: "ops-contexts", region: "eu-west-1" });
+    expect(JSON.stringify(a)).not.toContain(endpoint);
+    const client = new S3Client({ endpoint: a.storageUrl, region: a.region, forcePathStyle: true, credentials: { accessKeyId: a.accessKey, secretAccessKey: a.secret, sessionToken: a.sessionToken } });
+    await client.send(new PutObjectCommand({ Bucket: a.bucket, Key: `${a.organizationId}/ops/context.tar`, Body: "operator bytes" }));
+    const direct = new S3Client({ endpoint, region: "eu-west-1", forcePathStyle: true, credentials: { accessKeyId: "S3RVER", secretAccessKey: "S3RVER" } });
+    const got = await direct.send(new GetObjectCommand({ Bucket: "ops-contexts", Key: `${a.organizationId}/ops/context.tar` }));
+    expect(await got.Body!.transformToString()).toBe("operator bytes");
+    direct.destroy();
+  });
+});

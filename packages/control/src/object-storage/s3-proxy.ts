@@ -96,58 +96,66 @@ export function s3Proxy(backend: ObjectStorageBackend, keys: PushAccessKeys): S3
     owns: (url) => url === S3_PREFIX || url.startsWith(`${S3_PREFIX}/`) || url.startsWith(`${S3_PREFIX}?`),
 
     async handle(req, res) {
-      const url = req.url ?? "/";
-      const q = url.indexOf("?");
-      const path = q < 0 ? url : url.slice(0, q);
-      const query = parseQuery(q < 0 ? "" : url.slice(q + 1));
-      if (!query) return s3Error(res, 400, "InvalidArgument", "Malformed query string");
-      const headers = headersOf(req);
-      const method = (req.method ?? "GET").toUpperCase();
-
-      const auth = parseAuthorization(headers.authorization ?? "");
-      if (!auth) return s3Error(res, 403, "AccessDenied", "Requests must be signed with AWS Signature Version 4 (the credentials of GET /api/object-storage/push-access)");
-      const token = headers["x-amz-security-token"];
-      const creds = token ? keys.resolve(auth.accessKeyId, token) : undefined;
-      if (creds === "expired") return s3Error(res, 400, "ExpiredToken", "The provided token has expired: get new credentials from GET /api/object-storage/push-access");
-      if (!creds) return s3Error(res, 403, "InvalidAccessKeyId", "The access key and session token were not issued by this server");
-      const date = amzDate(headers["x-amz-date"]);
-      if (!date || Math.abs(date.getTime() - Date.now()) > MAX_SKEW_MS) return s3Error(res, 403, "RequestTimeTooSkewed", "x-amz-date is missing or more than 15 minutes from the server's time");
-      const signable: SignableRequest = { method, protocol: "http:", hostname: "", path, query, headers };
-      if (!(await verifySignature(signable, auth, creds.secretAccessKey, date).catch(() => false))) {
-        return s3Error(res, 403, "SignatureDoesNotMatch", "The request signature we calculated does not match the signature you provided");
-      }
-
-      // /s3/<bucket>[/<key>]: path-style only.
-      const rest = path.slice(S3_PREFIX.length);
-      const m = /^\/([^/]+)(\/.*)?$/.exec(rest);
-      if (!m) return s3Error(res, 403, "AccessDenied", "Only the bucket of push-access is served");
-      let bucket: string;
-      let key: string | undefined;
       try {
-        bucket = decodeURIComponent(m[1]!);
-        key = m[2] === undefined || m[2] === "/" ? undefined : decodeURIComponent(m[2].slice(1));
-      } catch {
-        return s3Error(res, 400, "InvalidURI", "Malformed path");
+        await serve(req, res);
+      } catch (err) {
+        s3Error(res, 500, "InternalError", `the S3 endpoint failed: ${err instanceof Error ? err.message : String(err)}`);
       }
-      if (bucket !== backend.bucket) return s3Error(res, 403, "AccessDenied", `Only the bucket ${backend.bucket} is served`);
-      const why = refusal(method, key, query, headers, creds.organizationId);
-      if (why) return s3Error(res, 403, "AccessDenied", why);
-
-      const forward: Record<string, string> = {};
-      for (const [k, v] of Object.entries(headers)) if (!DROP.has(k)) forward[k] = v;
-      forward.host = target.host;
-      const outPath = `${basePath}/${m[1]}${m[2] ?? ""}`;
-      const signed = await signFor({ method, protocol: target.protocol, hostname: target.hostname, port: target.port ? Number(target.port) : undefined, path: outPath, query, headers: forward }, backend.region, backend.credentials);
-      const send = target.protocol === "https:" ? httpsRequest : httpRequest;
-      const upstream = send({ method, hostname: target.hostname, port: target.port || undefined, path: outPath + (q < 0 ? "" : url.slice(q)), headers: signed });
-      upstream.on("response", (up) => {
-        res.writeHead(up.statusCode ?? 502, up.headers);
-        up.pipe(res);
-        up.on("error", () => res.destroy());
-      });
-      upstream.on("error", (err) => s3Error(res, 502, "ServiceUnavailable", `object storage unreachable: ${err.message}`));
-      req.on("aborted", () => upstream.destroy());
-      req.pipe(upstream);
     },
   };
+
+  async function serve(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = req.url ?? "/";
+    const q = url.indexOf("?");
+    const path = q < 0 ? url : url.slice(0, q);
+    const query = parseQuery(q < 0 ? "" : url.slice(q + 1));
+    if (!query) return s3Error(res, 400, "InvalidArgument", "Malformed query string");
+    const headers = headersOf(req);
+    const method = (req.method ?? "GET").toUpperCase();
+
+    const auth = parseAuthorization(headers.authorization ?? "");
+    if (!auth) return s3Error(res, 403, "AccessDenied", "Requests must be signed with AWS Signature Version 4 (the credentials of GET /api/object-storage/push-access)");
+    const token = headers["x-amz-security-token"];
+    const creds = token ? keys.resolve(auth.accessKeyId, token) : undefined;
+    if (creds === "expired") return s3Error(res, 400, "ExpiredToken", "The provided token has expired: get new credentials from GET /api/object-storage/push-access");
+    if (!creds) return s3Error(res, 403, "InvalidAccessKeyId", "The access key and session token were not issued by this server");
+    const date = amzDate(headers["x-amz-date"]);
+    if (!date || Math.abs(date.getTime() - Date.now()) > MAX_SKEW_MS) return s3Error(res, 403, "RequestTimeTooSkewed", "x-amz-date is missing or more than 15 minutes from the server's time");
+    const signable: SignableRequest = { method, protocol: "http:", hostname: "", path, query, headers };
+    if (!(await verifySignature(signable, auth, creds.secretAccessKey, date).catch(() => false))) {
+      return s3Error(res, 403, "SignatureDoesNotMatch", "The request signature we calculated does not match the signature you provided");
+    }
+
+    // /s3/<bucket>[/<key>]: path-style only.
+    const rest = path.slice(S3_PREFIX.length);
+    const m = /^\/([^/]+)(\/.*)?$/.exec(rest);
+    if (!m) return s3Error(res, 403, "AccessDenied", "Only the bucket of push-access is served");
+    let bucket: string;
+    let key: string | undefined;
+    try {
+      bucket = decodeURIComponent(m[1]!);
+      key = m[2] === undefined || m[2] === "/" ? undefined : decodeURIComponent(m[2].slice(1));
+    } catch {
+      return s3Error(res, 400, "InvalidURI", "Malformed path");
+    }
+    if (bucket !== backend.bucket) return s3Error(res, 403, "AccessDenied", `Only the bucket ${backend.bucket} is served`);
+    const why = refusal(method, key, query, headers, creds.organizationId);
+    if (why) return s3Error(res, 403, "AccessDenied", why);
+
+    const forward: Record<string, string> = {};
+    for (const [k, v] of Object.entries(headers)) if (!DROP.has(k)) forward[k] = v;
+    forward.host = target.host;
+    const outPath = `${basePath}/${m[1]}${m[2] ?? ""}`;
+    const signed = await signFor({ method, protocol: target.protocol, hostname: target.hostname, port: target.port ? Number(target.port) : undefined, path: outPath, query, headers: forward }, backend.region, backend.credentials);
+    const send = target.protocol === "https:" ? httpsRequest : httpRequest;
+    const upstream = send({ method, hostname: target.hostname, port: target.port || undefined, path: outPath + (q < 0 ? "" : url.slice(q)), headers: signed });
+    upstream.on("response", (up) => {
+      res.writeHead(up.statusCode ?? 502, up.headers);
+      up.pipe(res);
+      up.on("error", () => res.destroy());
+    });
+    upstream.on("error", (err) => s3Error(res, 502, "ServiceUnavailable", `object storage unreachable: ${err.message}`));
+    req.on("aborted", () => upstream.destroy());
+    req.pipe(upstream);
+  }
 }
