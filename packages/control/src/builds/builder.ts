@@ -1,6 +1,6 @@
 import { pipeline } from "node:stream/promises";
 import { errors } from "@sandbar/protocol";
-import { fromRegistries, type Image, type ImageStore, type RegistryCredentials } from "@sandbar/runner/images";
+import { BuildFailed, fromRegistries, type Image, type ImageStore, type RegistryCredentials } from "@sandbar/runner/images";
 import * as tar from "tar";
 import type { BuildContexts } from "../object-storage/index.ts";
 import type { CredentialsFor } from "../snapshots/pulls.ts";
@@ -25,8 +25,11 @@ export class Builder {
   readonly #contexts: BuildContexts;
   readonly #credentialsFor: CredentialsFor;
   readonly #mirror: string | undefined;
+  readonly #timeoutMs: number;
 
-  constructor(o: { images: () => Promise<ImageStore>; contexts: BuildContexts; credentialsFor: CredentialsFor; mirror?: string }) {
+  /** `timeoutMs`: a build running longer is stopped (the reference's BUILD_TIMEOUT_MIN: 120 minutes). */
+  constructor(o: { images: () => Promise<ImageStore>; contexts: BuildContexts; credentialsFor: CredentialsFor; mirror?: string; timeoutMs?: number }) {
+    this.#timeoutMs = o.timeoutMs ?? 120 * 60_000;
     this.#images = o.images;
     this.#contexts = o.contexts;
     this.#credentialsFor = o.credentialsFor;
@@ -48,10 +51,12 @@ export class Builder {
       const c = await this.#credentialsFor(organizationId, host);
       if (c) credentials[host] = c;
     }
+    const timeout = AbortSignal.timeout(this.#timeoutMs);
+    const signal = run.signal ? AbortSignal.any([run.signal, timeout]) : timeout;
     return (await this.#images()).build(Builder.key(organizationId, info), {
       dockerfile: info.dockerfileContent,
       credentials,
-      signal: run.signal,
+      signal,
       onProgress: run.onProgress,
       context: async (dir, signal) => {
         for (const hash of info.contextHashes) {
@@ -66,6 +71,9 @@ export class Builder {
           if (refused.length) run.onProgress?.(`context ${hash}: skipped ${refused.length} entries that are not files, directories or links`);
         }
       },
+    }).catch((err: unknown) => {
+      if (timeout.aborted && !run.signal?.aborted) throw new BuildFailed(`The build ran longer than ${this.#timeoutMs >= 60_000 ? `${Math.round(this.#timeoutMs / 60_000)} minutes` : `${Math.round(this.#timeoutMs / 1000)} seconds`} and was stopped`);
+      throw err;
     });
   }
 }

@@ -5,7 +5,10 @@ import { PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import * as tar from "tar";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
-import { pushTestImage } from "../snapshots/testing/image.ts";
+import type { CreateBuildInfo } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
+import { checkBuildInfo } from "./build-info.ts";
+import { Builder } from "./builder.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 
 // Declarative builds across a restart of a real server (same data dir and database): a snapshot
@@ -13,7 +16,7 @@ import { api, startTestServer, type TestServer } from "../testing/server.ts";
 // build_failed saying why. The context (the host's `sleep`, so a RUN step lasts) is uploaded
 // through push-access with the AWS S3 client. Run as root.
 
-describe("declarative builds across a restart", () => {
+describe("declarative builds on a real server", () => {
   let reg: TestRegistry;
   let scratch: string;
   let dataDir: string;
@@ -87,4 +90,17 @@ describe("declarative builds across a restart", () => {
     // The failed sandbox can be deleted.
     expect((await call("DELETE", `/sandbox/${sbx.body.id}`)).status).toBe(200);
   }, 400_000);
+
+  it("stops a build that runs past its time limit, with a reason saying so", async () => {
+    const images = t.server.sandboxes.runtime.images;
+    if (!images) throw new Error("this test needs the linux runtime (root)");
+    const builder = new Builder({ images: () => images.call(t.server.sandboxes.runtime), contexts: t.server.objectStorage.contexts, credentialsFor: registryAccount(reg), timeoutMs: 3_000 });
+    const org = (await call("GET", "/organizations")).body[0].id as string;
+    const info = checkBuildInfo({ dockerfileContent: dockerfile(120), contextHashes: ["sleepctx"] } as CreateBuildInfo);
+    const t0 = Date.now();
+    const err = await builder.build(org, info).then(() => undefined, (e: unknown) => e as Error);
+    expect(err?.message).toBe("The build ran longer than 3 seconds and was stopped");
+    expect(Date.now() - t0).toBeLessThan(30_000);
+    expect(await builder.cached(org, info)).toBeUndefined();
+  }, 120_000);
 });
