@@ -1,4 +1,4 @@
-import { mkdir, mkdtemp, copyFile, realpath, rm } from "node:fs/promises";
+import { copyFile, mkdir, mkdtemp, realpath, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
@@ -102,5 +102,23 @@ describe("declarative builds on a real server", () => {
     expect(err?.message).toBe("The build ran longer than 3 seconds and was stopped");
     expect(Date.now() - t0).toBeLessThan(30_000);
     expect(await builder.cached(org, info)).toBeUndefined();
+  }, 120_000);
+
+  it("refuses a context archive whose entries climb out of the build dir", async () => {
+    const images = t.server.sandboxes.runtime.images!;
+    const builder = new Builder({ images: () => images.call(t.server.sandboxes.runtime), contexts: t.server.objectStorage.contexts, credentialsFor: registryAccount(reg) });
+    const org = (await call("GET", "/organizations")).body[0].id as string;
+    const evil = path.join(scratch, "evil", "inner");
+    await mkdir(evil, { recursive: true });
+    await writeFile(path.join(scratch, "evil", "escape.txt"), "out\n");
+    const chunks: Buffer[] = [];
+    for await (const c of tar.c({ cwd: evil, preservePaths: true }, ["../escape.txt"])) chunks.push(c as Buffer);
+    const a = (await call("GET", "/object-storage/push-access")).body;
+    const s3 = new S3Client({ endpoint: a.storageUrl, region: a.region, forcePathStyle: true, credentials: { accessKeyId: a.accessKey, secretAccessKey: a.secret, sessionToken: a.sessionToken } });
+    await s3.send(new PutObjectCommand({ Bucket: a.bucket, Key: `${org}/evilctx/context.tar`, Body: Buffer.concat(chunks) }));
+    s3.destroy();
+    const info = checkBuildInfo({ dockerfileContent: `FROM ${base}\nRUN echo never\n`, contextHashes: ["evilctx"] } as CreateBuildInfo);
+    const err = await builder.build(org, info).then(() => undefined, (e: unknown) => e as Error);
+    expect(err?.message).toMatch(/Build context evilctx is not a readable tar archive: .*\.\./);
   }, 120_000);
 });
