@@ -125,3 +125,12 @@ it("a context hash that is not in storage: the sandbox ends in build_failed nami
   const del = await fetch(`${s.apiUrl}/sandbox/${created.id}`, { method: "DELETE", headers: { authorization: `Bearer ${s.adminKey}` } });
   expect(del.status).toBe(200);
 }, 120_000);
+
+it("create({image: 'name:tag'}) builds the one-line Dockerfile the client sends (FROM, no context)", async () => {
+  const sandbox = await daytona.create({ image: base }, { timeout: 120 });
+  expect(sandbox.state).toBe("started");
+  const row = await getJson(`/sandbox/${sandbox.id}`);
+  expect(row.buildInfo).toMatchObject({ dockerfileContent: `FROM ${base}\n`, contextHashes: [] });
+  expect((await sandbox.process.executeCommand("cat /app/hello.txt")).result).toBe("hello from the image\n");
+  await sandbox.delete();
+}, 300_000);
