@@ -1,5 +1,6 @@
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { loadObjectStorageSettings, type ObjectStorageSettings } from "./object-storage/settings.ts";
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
 import { parseTrustedProxies } from "./server/client-address.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
@@ -63,6 +64,8 @@ export interface Settings {
   sandboxNetwork: "none" | "egress";
   /** IPv4 range the sandboxes' veth /30s come from (SANDBAR_SANDBOX_SUBNET); default 10.213.0.0/16. */
   sandboxSubnet?: string;
+  /** Build contexts' object storage (SANDBAR_S3_*); no endpoint: the embedded s3rver. */
+  objectStorage: ObjectStorageSettings;
   /** What makes sandboxes on this host (SANDBAR_PROVIDER): "linux" (bubblewrap) or "docker" (a Docker engine). */
   sandboxProvider: SandboxProviderSettings;
 }
@@ -113,6 +116,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     sandboxNetwork: sandboxNetwork(env.SANDBAR_SANDBOX_NETWORK),
     sandboxSubnet: sandboxSubnet(env.SANDBAR_SANDBOX_SUBNET),
     sandboxProvider: sandboxProvider(env),
+    objectStorage: loadObjectStorageSettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

@@ -1,6 +1,6 @@
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
-import type { BindMount, InitCommand, NetworkMode, SandboxSpec, VolumeMount } from "./provider.ts";
+import type { BindMount, InitCommand, NetworkMode, SandboxResources, SandboxSpec, VolumeMount } from "./provider.ts";
 import { SANDBOX_PATHS } from "./provider.ts";
 
 // Shape checks every provider shares. They run before anything touches the host, and say
@@ -174,4 +174,9 @@ function validateAllowList(list: unknown): string[] {
     }
     return c as string;
   });
+}
+
+/** The fields of `r` that are set (a spread of undefined would overwrite the spec's). */
+export function definedOf(r: SandboxResources): SandboxResources {
+  return Object.fromEntries(Object.entries(r).filter(([, v]) => v !== undefined)) as SandboxResources;
 }

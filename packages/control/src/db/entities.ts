@@ -260,6 +260,8 @@ export const SandboxRecord = defineEntity({
     networkBlockAll: p.boolean().default(true),
     /** Comma-separated IPv4 CIDRs, the only destinations reachable; null: none given. */
     networkAllowList: p.text().nullable(),
+    /** The declarative build it was made from (migration 0016); null otherwise. */
+    buildInfo: p.json<{ dockerfileContent: string; contextHashes: string[]; snapshotRef: string; createdAt: string }>().nullable(),
   },
 });
 export interface SandboxVolumeMount {

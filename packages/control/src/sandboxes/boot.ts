@@ -16,6 +16,8 @@ import { HostDiskVolumes, type VolumeStorage } from "../volumes/storage.ts";
 import { DEFAULT_SNAPSHOT, DEFAULT_USER, RESOURCES } from "./create-request.ts";
 import { type Snapshots, snapshotServices } from "../snapshots/service.ts";
 import type { CredentialsFor } from "../snapshots/pulls.ts";
+import type { BuildContexts } from "../object-storage/index.ts";
+import { SandboxBuilds } from "../builds/sandbox-builds.ts";
 
 /** The pool holds sandboxes of what a create without resources gets. */
 const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
@@ -39,8 +41,8 @@ export interface Sandboxes {
   stop(): Promise<void>;
 }
 
-/** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup). */
-export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor): Promise<Sandboxes> {
+/** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup); `contexts`: declarative builds' contexts. */
+export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor, contexts?: BuildContexts): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
   const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
   for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
@@ -62,8 +64,9 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   }
   const agentClients = new AgentClients();
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
-  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, log });
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox });
+  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, log });
+  const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // After reconciliation, which removes from the host what has no row (a pool of an earlier run too).
@@ -82,6 +85,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     snapshots,
     async stop() {
       await timers.stop();
+      builds?.close();
       await snapshots.pulls.close();
       await pool?.close();
       await manager.close();

@@ -63,7 +63,6 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
   if (req.buildInfo && snapshot) throw errors.invalidArgument("Cannot specify a snapshot when using a build info entry");
   if (req.buildInfo && req.linkedSandbox) throw errors.invalidArgument("linkedSandbox is not supported with declarative builds. Create a sandbox from a snapshot");
   if (req.gpuType.length > 0) throw errors.invalidArgument("Cannot specify GPU type when creating sandbox from snapshot. GPU type is inherited from snapshot.");
-  if (req.buildInfo) throw errors.unimplemented("Declarative builds (buildInfo) are not supported yet: create from the default snapshot");
   if (snapshot && snapshot !== DEFAULT_SNAPSHOT && !imageSnapshots) throw errors.invalidArgument(`Snapshot ${snapshot} not found. Only the default snapshot (${DEFAULT_SNAPSHOT}) exists on this server`);
   if (req.linkedSandbox) throw errors.unimplemented("Linked sandboxes are not supported yet");
   const network = createNetwork(req.networkBlockAll, req.networkAllowList, defaultNetwork);

@@ -84,5 +84,14 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     sandboxClass: classes.number(SANDBOX_CLASS),
     runnerId: r.runnerId ?? undefined,
     toolboxProxyUrl: c.toolboxProxyUrl,
+    buildInfo: r.buildInfo
+      ? {
+          dockerfileContent: r.buildInfo.dockerfileContent,
+          contextHashes: r.buildInfo.contextHashes,
+          snapshotRef: r.buildInfo.snapshotRef,
+          createdAt: timestampFromDate(new Date(r.buildInfo.createdAt)),
+          updatedAt: timestampFromDate(r.updatedAt),
+        }
+      : undefined,
   });
 }

@@ -86,13 +86,11 @@ describe("create", () => {
     [{ env: { "1X": "y" } }, `env name "1X" is invalid: use letters, digits and '_', not starting with a digit`],
     [{ gpuType: ["H100"] }, "Cannot specify GPU type when creating sandbox from snapshot. GPU type is inherited from snapshot."],
     [{ buildInfo: { dockerfileContent: "FROM x" }, snapshot: "s" }, "Cannot specify a snapshot when using a build info entry"],
+    [{ buildInfo: { dockerfileContent: "" } }, "buildInfo.dockerfileContent should not be empty"],
+    [{ buildInfo: { dockerfileContent: "FROM x", contextHashes: ["a/b"] } }, `buildInfo.contextHashes: each value must be a context hash (letters, digits, '-' or '_'), got "a/b"`],
     [{ cpu: "two" }, "cpu must be a number"],
   ])("refuses %j with 400", async (body, message) => {
     await expectError(await f.call("POST", "/sandbox", body), 400, message);
-  });
-
-  it("answers 501 for what is not supported yet", async () => {
-    await expectError(await f.call("POST", "/sandbox", { buildInfo: { dockerfileContent: "FROM debian" } }), 501, /Declarative builds/);
   });
 
   it("stores auto-archive 0 and oversized values as the maximum", async () => {

@@ -203,6 +203,7 @@ export class SandboxManager {
       imageRef: input.imageRef ?? null,
       networkBlockAll: input.networkBlockAll,
       networkAllowList: input.networkAllowList,
+      buildInfo: null,
     };
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
@@ -210,6 +211,47 @@ export class SandboxManager {
       return this.driveCreate(row);
     })!;
     return this.#answer(id, op, "Sandbox failed to start");
+  }
+
+  /**
+   * A create from a declarative build (reference: pending_build -> building_snapshot -> creating
+   * -> started, or build_failed): the row is admitted (quota), then answered at once in
+   * pending_build, as the reference answers (clients poll, and follow the build logs while it
+   * builds); in the background `build` makes the image (its manifest digest) and the sandbox is
+   * created from it.
+   */
+  async createFromBuild(input: NewSandbox, buildInfo: NonNullable<SandboxRecord["buildInfo"]>, build: (id: string) => Promise<string>): Promise<SandboxRecord> {
+    this.#assertOpen();
+    await this.runtime.assertReady();
+    const id = randomUUID();
+    const now = new Date();
+    const row: SandboxRecord = {
+      id, organizationId: input.organizationId, name: input.name ?? id, snapshot: null, osUser: input.user, env: input.env, labels: input.labels, public: input.public,
+      cpu: input.cpu, gpu: 0, memory: input.memory, disk: input.disk, state: "pending_build", desiredState: "started", errorReason: null, backupState: "None", backupCreatedAt: null,
+      autoStopInterval: input.autoStopInterval, autoArchiveInterval: input.autoArchiveInterval, autoDeleteInterval: input.autoDeleteInterval,
+      createdAt: now, updatedAt: now, lastActivityAt: now, authToken: newAuthToken(), regionId: input.regionId, runnerId: this.runtime.runnerId,
+      volumes: input.volumes, imageRef: null, networkBlockAll: input.networkBlockAll, networkAllowList: input.networkAllowList, buildInfo,
+    };
+    let admitted!: () => void;
+    const inserted = new Promise<void>((resolve) => (admitted = resolve));
+    const op = this.locks.tryRun(id, async (): Promise<Outcome> => {
+      await this.store.insert(row);
+      admitted();
+      let imageRef: string;
+      try {
+        await this.store.update(id, { state: "building_snapshot" });
+        imageRef = await build(id);
+      } catch (err) {
+        const reason = reasonOf(err);
+        await this.store.update(id, { state: "build_failed", errorReason: reason });
+        return { failed: reason };
+      }
+      await this.store.update(id, { state: "unknown", imageRef }); // reported as creating
+      return this.driveCreate({ ...row, imageRef });
+    })!;
+    op.catch(() => undefined); // after the insert, failures are recorded on the sandbox
+    await Promise.race([inserted, op]); // a refused insert (quota) throws here
+    return { ...row };
   }
 
   /** A create served by a warm pool sandbox: its row (quota admitted), then its environment. */

@@ -73,7 +73,12 @@ type Result = "adopted" | "resumed" | "failed";
 /** Brings one sandbox to where the database says it is going. Runs under the sandbox's lock. */
 async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | undefined): Promise<Result> {
   const done = (o: { failed?: string }): Result => (o.failed === undefined ? "resumed" : "failed");
-  if (row.state === "error") return "adopted"; // left for the user to see (and start again when its first process died, or delete)
+  if (row.state === "error" || row.state === "build_failed") return "adopted"; // left for the user to see (and start again when its first process died, or delete)
+  if ((row.state === "pending_build" || row.state === "building_snapshot") && row.desiredState === "started") {
+    // A declarative build cut short by the restart: said so, rather than built again unasked.
+    await m.store.update(row.id, { state: "build_failed", errorReason: "The build was interrupted by a restart of the server: create the sandbox again" });
+    return "failed";
+  }
   if (row.desiredState === "destroyed") return done(await m.driveDestroy(row));
   if (row.state === "resizing") {
     // The row holds the new size: applied again (a no-op where it was), then on as usual.

@@ -25,6 +25,8 @@ import { resolveMounts } from "../volumes/sandbox-mounts.ts";
 import { Organization } from "../db/entities.ts";
 import { parseNetworkAllowList, refuseDomainAllowList, updateNetwork } from "./network-policy.ts";
 import { resizeRequest } from "./resize-request.ts";
+import { checkBuildInfo } from "../builds/build-info.ts";
+import type { SandboxBuilds } from "../builds/sandbox-builds.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -38,6 +40,8 @@ export interface SandboxServiceDeps {
   log?: (line: string) => void;
   pool?: WarmPool;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
+  /** Builds of sandboxes created with buildInfo. */
+  builds?: SandboxBuilds;
   snapshots?: (organizationId: string, idOrName: string) => Promise<{ name: string; imageRef?: string; row: { cpu: number; mem: number; disk: number } }>;
 }
 
@@ -88,6 +92,14 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     async createSandbox(req, ctx) {
       const organizationId = organizationOf(ctx);
       let input = newSandbox(organizationId, req, deps.snapshots !== undefined, deps.settings.sandboxNetwork);
+      if (req.buildInfo) {
+        const builds = deps.builds;
+        if (!builds) throw errors.unavailable("Declarative builds are not available on this server");
+        const info = checkBuildInfo(req.buildInfo);
+        const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
+        const regionId = await targetRegion(deps.orm, organizationId, req.target);
+        return dto(await manager.createFromBuild({ ...input, volumes, regionId }, info, (id) => builds.run(organizationId, info, id)));
+      }
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
         // An image snapshot: its resources unless the request names its own.
         const { name, imageRef, row } = await deps.snapshots(organizationId, input.snapshot);
@@ -182,9 +194,28 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     // getPortPreviewUrl and the signed preview URLs: preview/service.ts.
 
     async *getBuildLogs(req, ctx) {
-      await manager.get(organizationOf(ctx), req.sandboxId);
-      // Sandboxes here come from the default snapshot, never from a declarative build.
-      throw errors.notFound(`Sandbox with ID or name ${req.sandboxId} has no build info`);
+      const row = await manager.get(organizationOf(ctx), req.sandboxId);
+      if (!row.buildInfo) throw errors.notFound(`Sandbox with ID or name ${req.sandboxId} has no build info`);
+      const live = deps.builds?.log(row.id);
+      if (!live) return; // built before this process started: its log is gone
+      let sent = 0;
+      for (;;) {
+        if (sent < live.lines.length) {
+          const lines = live.lines.slice(sent);
+          sent += lines.length;
+          yield { data: new TextEncoder().encode(lines.join("\n") + "\n") };
+          continue;
+        }
+        if (live.done || !req.follow) return;
+        await live.changed(ctx.signal);
+        if (ctx.signal.aborted) return;
+      }
+    },
+
+    async getBuildLogsUrl(req, ctx) {
+      const row = await manager.get(organizationOf(ctx), req.sandboxId);
+      if (!row.buildInfo) throw errors.notFound(`Sandbox with ID or name ${req.sandboxId} has no build info`);
+      return { url: `${publicUrl}/api/sandbox/${row.id}/build-logs` };
     },
 
     async getToolboxProxyUrl(req, ctx) {

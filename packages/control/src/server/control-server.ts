@@ -19,7 +19,7 @@ import {
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/preview_pb.js";
 import { RegionService } from "@sandbar/protocol/gen/sandbar/control/v1/region_pb.js";
-import { DockerRegistryService } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
+import { DockerRegistryService, ObjectStorageService } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
 import { VolumeService } from "@sandbar/protocol/gen/sandbar/control/v1/volume_pb.js";
@@ -39,6 +39,7 @@ import { RouteTable } from "../gateway/route-table.ts";
 import { startIdentity, type Identity } from "../identity/index.ts";
 import { startPreview } from "../preview/index.ts";
 import { startRateLimits } from "../limits/index.ts";
+import { type ObjectStorage, startObjectStorageService } from "../object-storage/index.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
@@ -72,6 +73,8 @@ export interface ControlServer {
   identity: Identity;
   /** The sandboxes of this host: manager, runtime, timers. */
   sandboxes: Sandboxes;
+  /** Build contexts' object storage (the store, the S3 endpoint). */
+  objectStorage: ObjectStorage;
   stop(): Promise<void>;
 }
 
@@ -105,7 +108,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const guard = new Guard(credentials, limits);
   const box = await SecretBox.open(orm, settings.encryptionKey);
   const registryCredentials = options.registryCredentials ?? ((organizationId, host) => registryCredentialsFor(orm, organizationId, host, box));
-  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials);
+  const objectStorage = await startObjectStorageService(settings.objectStorage, settings.dataDir, settings.publicUrl, orm);
+  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials, objectStorage.contexts);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
   // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
   const recorder = new AuditRecorder(orm, log);
@@ -133,6 +137,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [WebhookService.typeName, webhooks.impl as Impl],
     [AuditService.typeName, auditService(orm) as Impl],
     [VolumeService.typeName, volumeService(orm, sandboxes.volumes, log) as Impl],
+    [ObjectStorageService.typeName, objectStorage.impl as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard, undefined, recorder) as never);
@@ -168,6 +173,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
       if (preview.ownsHost(req)) preview.serveHost(req as never, res as never);
       else if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway.handle(req as never, res as never);
       else if (identity.owns(url)) identity.handle(req as never, res as never);
+      // The S3 endpoint of build contexts: its own protocol and signatures (object-storage/s3-proxy.ts).
+      else if (objectStorage.proxy.owns(url)) void objectStorage.proxy.handle(req as never, res as never);
       else rpc(req as never, res as never);
     },
     settings.port,
@@ -183,6 +190,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     orm,
     identity,
     sandboxes,
+    objectStorage,
     stop: () =>
       (stopped ??= (async () => {
         rest.close();
@@ -191,6 +199,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
         await auditRetention.stop();
         await sandboxes.stop();
         await webhooks.stop();
+        await objectStorage.close();
         toolbox.clients.close();
         await identity.stop();
         await credentials.stop();

@@ -1,5 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { BuildInfoSchema } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { type Snapshot, SnapshotSchema, SnapshotStateSchema } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
 import { enumCodec } from "../sandboxes/dto.ts";
 import type { SnapshotRow } from "./store.ts";
@@ -28,5 +29,14 @@ export function toSnapshot(r: SnapshotRow): Snapshot {
     lastUsedAt: r.lastUsedAt ? timestampFromDate(r.lastUsedAt) : undefined,
     ref: r.ref ?? undefined,
     enabled: r.state !== "inactive",
+    buildInfo: r.buildInfo
+      ? create(BuildInfoSchema, {
+          dockerfileContent: r.buildInfo.dockerfileContent,
+          contextHashes: r.buildInfo.contextHashes,
+          snapshotRef: r.buildInfo.snapshotRef,
+          createdAt: timestampFromDate(new Date(r.buildInfo.createdAt)),
+          updatedAt: timestampFromDate(r.updatedAt),
+        })
+      : undefined,
   });
 }

@@ -1,9 +1,11 @@
 import { Code, ConnectError } from "@sandbar/protocol";
 import { DOCKER_HUB, type ImageStore, parseImageRef, type RegistryCredentials } from "@sandbar/runner/images";
+import type { Builder } from "../builds/builder.ts";
 import type { SnapshotRow, SnapshotStore } from "./store.ts";
 
 // Pulls of snapshot images, in the background on this host's image store: pending -> pulling ->
-// active (ref, size, entrypoint from the image) or error (errorReason). The store's lock makes
+// active (ref, size, entrypoint from the image) or error (errorReason); declarative builds the
+// same way: pending -> building -> active or build_failed (the builder's last lines). The store's lock makes
 // concurrent pulls of one image a single pull. Each pull's progress lines are its build log: kept
 // in memory while it runs (followers wait on it), written to the row when it ends.
 
@@ -21,7 +23,7 @@ export interface PullSettings {
 }
 
 /** A build log: lines so far, whether it ended, and who waits for more. */
-class BuildLog {
+export class BuildLog {
   readonly lines: string[] = [];
   done = false;
   #waiters = new Set<() => void>();
@@ -64,8 +66,10 @@ export class SnapshotPulls {
   readonly #log: (line: string) => void;
   readonly #running = new Map<string, { log: BuildLog; abort: AbortController; done: Promise<void> }>();
   readonly #maxSizeGb: (organizationId: string) => Promise<number | null>;
+  readonly #builder: Builder | undefined;
 
-  constructor(o: { store: SnapshotStore; images: () => Promise<ImageStore>; credentialsFor: CredentialsFor; settings: PullSettings; maxSizeGb: (organizationId: string) => Promise<number | null>; log: (line: string) => void }) {
+  constructor(o: { store: SnapshotStore; images: () => Promise<ImageStore>; credentialsFor: CredentialsFor; settings: PullSettings; maxSizeGb: (organizationId: string) => Promise<number | null>; log: (line: string) => void; builder?: Builder }) {
+    this.#builder = o.builder;
     this.#store = o.store;
     this.#images = o.images;
     this.#credentialsFor = o.credentialsFor;
@@ -92,7 +96,7 @@ export class SnapshotPulls {
   async resume(): Promise<number> {
     const rows = await this.#store.unfinished();
     for (const row of rows) {
-      const again = await this.#store.update(row.id, { state: "pending", errorReason: null }, ["pending", "pulling"]);
+      const again = await this.#store.update(row.id, { state: "pending", errorReason: null }, ["pending", "pulling", "building"]);
       if (again) this.start(again);
     }
     return rows.length;
@@ -119,19 +123,28 @@ export class SnapshotPulls {
   }
 
   async #pull(row: SnapshotRow, log: BuildLog, signal: AbortSignal): Promise<void> {
-    const started = await this.#store.update(row.id, { state: "pulling" }, ["pending"]);
+    const info = row.buildInfo;
+    const running = info ? "building" : "pulling";
+    const started = await this.#store.update(row.id, { state: running }, ["pending"]);
     if (!started) return;
-    let state: "active" | "error" = "error";
+    let state: "active" | "error" | "build_failed" = info ? "build_failed" : "error";
     let patch: Parameters<SnapshotStore["update"]>[1] = {};
     try {
-      const ref = parseImageRef(row.imageName);
-      const registry = ref.registry === DOCKER_HUB && this.#settings.mirror ? this.#settings.mirror : ref.registry;
-      const credentials = row.organizationId ? await this.#credentialsFor(row.organizationId, registry) : undefined;
-      const image = await (await this.#images()).pull(row.imageName, { credentials, signal, onProgress: (l) => log.push(l) });
+      let image: Awaited<ReturnType<ImageStore["pull"]>>;
+      if (info) {
+        if (!this.#builder || !row.organizationId) throw new Error("Declarative builds are not available on this server");
+        image = await this.#builder.build(row.organizationId, info, { signal, onProgress: (l) => log.push(l) });
+      } else {
+        const ref = parseImageRef(row.imageName);
+        const registry = ref.registry === DOCKER_HUB && this.#settings.mirror ? this.#settings.mirror : ref.registry;
+        const credentials = row.organizationId ? await this.#credentialsFor(row.organizationId, registry) : undefined;
+        image = await (await this.#images()).pull(row.imageName, { credentials, signal, onProgress: (l) => log.push(l) });
+      }
       const size = image.size / GB;
       const max = (row.organizationId ? await this.#maxSizeGb(row.organizationId) : null) ?? this.#settings.defaultMaxSizeGb ?? 20;
       if (size > max) throw new Error(`Snapshot size (${size.toFixed(2)}GB) exceeds maximum allowed size of ${max}GB`);
-      const entrypoint = row.entrypoint.length ? row.entrypoint : image.config.entrypoint.length ? image.config.entrypoint : image.config.cmd;
+      // A build without ENTRYPOINT or CMD sleeps, as the reference's builds do.
+      const entrypoint = row.entrypoint.length ? row.entrypoint : image.config.entrypoint.length ? image.config.entrypoint : image.config.cmd.length || !info ? image.config.cmd : ["sleep", "infinity"];
       log.push(`image ${image.digest} ready (${image.size} bytes)`);
       state = "active";
       patch = { ref: image.digest, size: Math.round(size * 1e6) / 1e6, entrypoint, errorReason: null };
@@ -147,6 +160,6 @@ export class SnapshotPulls {
       patch = { errorReason: reason };
       if (err instanceof ConnectError && err.code === Code.Internal) this.#log(`snapshot ${row.id}: pull failed: ${reason}`);
     }
-    await this.#store.update(row.id, { ...patch, state, buildLog: log.lines.join("\n") + "\n" }, ["pulling"]);
+    await this.#store.update(row.id, { ...patch, state, buildLog: log.lines.join("\n") + "\n" }, [running]);
   }
 }

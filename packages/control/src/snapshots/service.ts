@@ -5,6 +5,9 @@ import { SandboxClass, SortOrder } from "@sandbar/protocol/gen/sandbar/control/v
 import { type CreateSnapshotRequest, type SnapshotService, SnapshotSortField } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
 import { type ImageStore, parseImageRef } from "@sandbar/runner/images";
 import { callerOf, organizationOf } from "../auth/principal.ts";
+import { checkBuildInfo } from "../builds/build-info.ts";
+import { Builder } from "../builds/builder.ts";
+import type { BuildContexts } from "../object-storage/index.ts";
 import { targetRegion } from "../organizations/target-region.ts";
 import { DEFAULT_SNAPSHOT, RESOURCES } from "../sandboxes/create-request.ts";
 import { Checks } from "../services/validate.ts";
@@ -23,6 +26,10 @@ export interface SnapshotDeps {
   settings: PullSettings;
   /** The hook the registries API fills: credentials per organization and registry host. */
   credentialsFor?: CredentialsFor;
+  /** How clients reach this server (build-logs-url answers). */
+  publicUrl?: string;
+  /** Build contexts in object storage: declarative builds need them. */
+  contexts?: BuildContexts;
   log?: (line: string) => void;
 }
 
@@ -38,6 +45,8 @@ export interface Snapshots {
   impl: Partial<ServiceImpl<typeof SnapshotService>>;
   store: SnapshotStore;
   pulls: SnapshotPulls;
+  /** Declarative builds on this host (absent without object storage). */
+  builder?: Builder;
   /** The active snapshot a sandbox create names (its image digest, or none for the default snapshot). */
   forSandbox(organizationId: string, idOrName: string): Promise<{ name: string; imageRef?: string; row: SnapshotRow }>;
 }
@@ -52,7 +61,9 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
     const rows = (await deps.orm.em.getConnection().execute(`select max_snapshot_size from organization where id = ?`, [organizationId])) as Array<{ max_snapshot_size: number | null }>;
     return rows[0]?.max_snapshot_size ?? null;
   };
-  const pulls = new SnapshotPulls({ store, images, credentialsFor: deps.credentialsFor ?? (async () => undefined), settings: deps.settings, maxSizeGb, log: deps.log ?? (() => undefined) });
+  const credentialsFor = deps.credentialsFor ?? (async () => undefined);
+  const builder = deps.contexts ? new Builder({ images, contexts: deps.contexts, credentialsFor, mirror: deps.settings.mirror }) : undefined;
+  const pulls = new SnapshotPulls({ store, images, credentialsFor, settings: deps.settings, maxSizeGb, log: deps.log ?? (() => undefined), builder });
   const isAdmin = (ctx: HandlerContext) => callerOf(ctx).systemRole === "admin";
 
   async function setActive(ctx: HandlerContext, id: string, active: boolean): Promise<SnapshotRow> {
@@ -148,6 +159,11 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       return toSnapshot((await store.update(row.id, { general: req.general })) ?? row);
     },
 
+    async getSnapshotBuildLogsUrl(req, ctx) {
+      const row = await store.find(organizationOf(ctx), req.id);
+      return { url: `${deps.publicUrl ?? ""}/api/snapshots/${row.id}/build-logs` };
+    },
+
     async *getSnapshotBuildLogs(req, ctx) {
       const row = await store.find(organizationOf(ctx), req.id);
       const live = pulls.live(row.id);
@@ -175,6 +191,7 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
     impl,
     store,
     pulls,
+    builder,
     async forSandbox(organizationId, idOrName) {
       const row = await store.find(organizationId, idOrName).catch((err: unknown) => {
         if (err instanceof ConnectError && err.code === Code.NotFound) throw errors.invalidArgument(`Snapshot ${idOrName} not found. Did you add it through the Daytona Dashboard?`);
@@ -202,8 +219,12 @@ function checkCreate(req: CreateSnapshotRequest) {
   checks.done();
   if (req.buildInfo && req.imageName) throw errors.invalidArgument("Cannot specify an image name when using a build info entry");
   if (req.buildInfo && req.entrypoint.length) throw errors.invalidArgument("Cannot specify an entrypoint when using a build info entry");
-  if (req.buildInfo) throw errors.invalidArgument("Declarative builds (buildInfo) are not supported on this server: create the snapshot from an image (imageName)");
   if (req.sandboxClass === SandboxClass.WINDOWS) throw errors.invalidArgument("Windows snapshots cannot be created via this endpoint; they are produced by snapshot-from-sandbox flows.");
+  if (req.buildInfo) {
+    const buildInfo = checkBuildInfo(req.buildInfo);
+    if (req.gpu) throw errors.invalidArgument(`GPU request ${req.gpu} exceeds maximum allowed per sandbox (0).`);
+    return { name: req.name, imageName: buildInfo.snapshotRef, entrypoint: [], cpu: req.cpu || RESOURCES.cpu.default, gpu: 0, mem: req.memory || RESOURCES.memory.default, disk: req.disk || RESOURCES.disk.default, buildInfo };
+  }
   // The earlier CreateImage (POST /images): `name` is the image reference itself.
   const imageName = req.imageName ?? (req.name.includes(":") || req.name.includes("@") ? req.name : undefined);
   if (!imageName) throw errors.invalidArgument("Must specify an image name when not using a build info entry");

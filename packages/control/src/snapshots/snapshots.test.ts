@@ -157,7 +157,9 @@ describe("snapshots from images", () => {
       [{ name: "x" }, "Must specify an image name when not using a build info entry"],
       [{ name: "x", imageName: "alpine:3", gpu: 2 }, "gpu must not be greater than 1"],
       [{ name: "x", imageName: "alpine:3", buildInfo: { dockerfileContent: "FROM alpine:3" } }, "Cannot specify an image name when using a build info entry"],
-      [{ name: "x", buildInfo: { dockerfileContent: "FROM alpine:3" } }, "Declarative builds (buildInfo) are not supported on this server: create the snapshot from an image (imageName)"],
+      [{ name: "x", buildInfo: { dockerfileContent: "  " } }, "buildInfo.dockerfileContent should not be empty"],
+      [{ name: "x", buildInfo: { dockerfileContent: "FROM alpine:3", contextHashes: ["../etc"] } }, `buildInfo.contextHashes: each value must be a context hash (letters, digits, '-' or '_'), got "../etc"`],
+      [{ name: "x", buildInfo: { dockerfileContent: "FROM alpine:3" }, entrypoint: ["sh"] }, "Cannot specify an entrypoint when using a build info entry"],
     ];
     for (const [body, message] of cases) {
       const r = await call("POST", "/snapshots", body);

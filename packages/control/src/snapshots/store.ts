@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import { dateOf, type Exec, execIn } from "../db/exec.ts";
+import type { BuildInfoRecord } from "../builds/build-info.ts";
 import { recordEvent } from "../webhooks/index.ts";
 
 // The snapshot table (migration 0011). Every insert, state change and removal writes its webhook
@@ -9,7 +10,7 @@ import { recordEvent } from "../webhooks/index.ts";
 // state it really left). General snapshots (no organization) send no events: no organization
 // subscribes to them.
 
-export type SnapshotStateName = "pending" | "pulling" | "active" | "inactive" | "error" | "removing";
+export type SnapshotStateName = "pending" | "pulling" | "building" | "active" | "inactive" | "error" | "build_failed" | "removing";
 
 export interface SnapshotRow {
   id: string;
@@ -29,6 +30,8 @@ export interface SnapshotRow {
   /** Manifest digest in the host's image store, once pulled. */
   ref: string | null;
   buildLog: string;
+  /** A declarative build's Dockerfile, contexts and ref; null for image snapshots. */
+  buildInfo: BuildInfoRecord | null;
   createdAt: Date;
   updatedAt: Date;
   lastUsedAt: Date | null;
@@ -56,6 +59,7 @@ function rowOf(r: Record<string, unknown>): SnapshotRow {
     disk: r.disk as number,
     ref: (r.ref as string | null) ?? null,
     buildLog: (r.build_log as string) ?? "",
+    buildInfo: r.build_info ? ((typeof r.build_info === "string" ? JSON.parse(r.build_info) : r.build_info) as BuildInfoRecord) : null,
     createdAt: dateOf(r.created_at as string),
     updatedAt: dateOf(r.updated_at as string),
     lastUsedAt: r.last_used_at ? dateOf(r.last_used_at as string) : null,
@@ -71,6 +75,7 @@ export interface NewSnapshot {
   gpu: number;
   mem: number;
   disk: number;
+  buildInfo?: BuildInfoRecord;
 }
 
 export type ListSort = "name" | "state" | "last_used_at" | "created_at";
@@ -115,9 +120,9 @@ export class SnapshotStore {
         const clash = (await exec(`select 1 from snapshot where general and name = ?`, [s.name])) as unknown[];
         if (clash.length) throw errors.alreadyExists(`Snapshot with name "${s.name}" already exists for this organization`);
         const rows = (await exec(
-          `insert into snapshot (id, organization_id, name, image_name, entrypoint, cpu, gpu, mem, disk)
-           values (?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?) returning *`,
-          [randomUUID(), s.organizationId, s.name, s.imageName, JSON.stringify(s.entrypoint), s.cpu, s.gpu, s.mem, s.disk],
+          `insert into snapshot (id, organization_id, name, image_name, entrypoint, cpu, gpu, mem, disk, build_info)
+           values (?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?::jsonb) returning *`,
+          [randomUUID(), s.organizationId, s.name, s.imageName, JSON.stringify(s.entrypoint), s.cpu, s.gpu, s.mem, s.disk, s.buildInfo ? JSON.stringify(s.buildInfo) : null],
         )) as Record<string, unknown>[];
         const row = rowOf(rows[0]!);
         await recordEvent(exec, s.organizationId, "snapshot.created", { id: row.id, name: row.name, organizationId: s.organizationId, state: row.state, createdAt: row.createdAt.toISOString() }, row.createdAt);
@@ -169,9 +174,9 @@ export class SnapshotStore {
     return { items, total: n };
   }
 
-  /** Snapshots whose pull did not finish (a restart resumes them). */
+  /** Snapshots whose pull or build did not finish (a restart resumes them). */
   unfinished(): Promise<SnapshotRow[]> {
-    return this.#query(`select * from snapshot where state in ('pending', 'pulling') order by created_at`, []);
+    return this.#query(`select * from snapshot where state in ('pending', 'pulling', 'building') order by created_at`, []);
   }
 
   /**

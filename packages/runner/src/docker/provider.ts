@@ -3,9 +3,9 @@ import path from "node:path";
 import type { Readable } from "node:stream";
 import Docker from "dockerode";
 import { ConnectError, errors } from "@sandbar/protocol";
-import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
+import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
-import { diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
+import { definedOf, diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { which } from "../linux/command.ts";
 import { statOrFail } from "../linux/host-paths.ts";
 import { INIT_SCRIPT, initArgs } from "../linux/init-script.ts";
@@ -344,6 +344,23 @@ export class DockerProvider implements SandboxProvider {
       if (lease) await this.#networks.applyPolicy(lease, policy);
       else if (policy.mode !== "none") await this.#attachNetwork(rec.spec, state.pid);
       return true;
+    });
+  }
+
+  /** CPU and memory through the engine (live when running); the disk is fixed when the container is made. */
+  async resize(id: string, resources: SandboxResources): Promise<SandboxInfo> {
+    validateId(id);
+    return this.#lock.with(id, async () => {
+      const rec = await this.#record(id);
+      const spec = validateSpec({ ...rec.spec, ...definedOf(resources) });
+      if (spec.diskGiB !== rec.spec.diskGiB) throw errors.failedPrecondition(`sandbox ${id}: the docker provider cannot change a sandbox's disk size`);
+      if (spec.cpu !== rec.spec.cpu || spec.memoryGiB !== rec.spec.memoryGiB) {
+        const memory = memoryBytesOf(spec);
+        await this.docker.getContainer(this.containerName(id)).update({ NanoCpus: Math.max(10_000_000, Math.round(spec.cpu * 1e9)), Memory: memory, MemorySwap: memory });
+      }
+      rec.spec = { ...rec.spec, cpu: spec.cpu, memoryGiB: spec.memoryGiB };
+      await writeRecord(this.layout, rec);
+      return this.#info(rec);
     });
   }
 

@@ -50,7 +50,8 @@ import type { Image } from "./store.ts";
 export type { ImageConfig } from "./config.ts";
 export { DOCKER_HUB, isLoopbackRegistry, parseImageRef, type ImageRef } from "./ref.ts";
 export type { RegistryCredentials } from "./skopeo.ts";
-export { ImageStore, type Image, type ImageStoreOptions, type PullOptions, type StoredLayer } from "./store.ts";
+export { BuildFailed, fromRegistries } from "./buildah.ts";
+export { ImageStore, type BuildOptions, type Image, type ImageStoreOptions, type PullOptions, type StoredLayer } from "./store.ts";
 
 /** Layer dirs top first, as an overlay lowerdir list wants them. */
 export function lowers(image: Image): string[] {

@@ -7,6 +7,7 @@ import { KeyedLock } from "../linux/keyed-lock.ts";
 import { parseDescriptor, readImageConfig, type ImageConfig } from "./config.ts";
 import { flatten } from "./flatten.ts";
 import { DOCKER_HUB, isLoopbackRegistry, parseImageRef, type ImageRef } from "./ref.ts";
+import { buildahBuild } from "./buildah.ts";
 import { skopeoCopy, type RegistryCredentials } from "./skopeo.ts";
 import { unpackLayer, type Budget, type LayerStats } from "./unpack.ts";
 
@@ -41,6 +42,16 @@ export interface Image {
   /** Uncompressed size of all layers (bytes). */
   size: number;
   pulledAt: string;
+}
+
+export interface BuildOptions {
+  dockerfile: string;
+  /** Fills the build context directory (the caller's contexts, e.g. from object storage). */
+  context: (dir: string, signal?: AbortSignal) => Promise<void>;
+  /** Credentials per registry host the FROM lines pull from (see fromRegistries). */
+  credentials: Record<string, RegistryCredentials>;
+  signal?: AbortSignal;
+  onProgress?: (line: string) => void;
 }
 
 export interface PullOptions {
@@ -108,7 +119,7 @@ export class ImageStore {
   /** Opens (creating) the store and removes what pulls that died left in its temp dir. */
   static async open(o: ImageStoreOptions): Promise<ImageStore> {
     const s = new ImageStore(o);
-    for (const d of ["layers", "images", "refs", "tmp", "locks"]) await mkdir(path.join(s.root, d), { recursive: true, mode: 0o700 });
+    for (const d of ["layers", "images", "refs", "tmp", "locks", "builds", "buildah"]) await mkdir(path.join(s.root, d), { recursive: true, mode: 0o700 });
     for (const name of await readdir(path.join(s.root, "tmp"))) {
       const pid = Number(name.split("-")[0]);
       if (!Number.isInteger(pid) || pid <= 0 || !alive(pid)) await rm(path.join(s.root, "tmp", name), { recursive: true, force: true });
@@ -161,6 +172,81 @@ export class ImageStore {
     const p = this.#pullLocked(parsed, options).finally(() => this.#inflight.delete(parsed.canonical));
     this.#inflight.set(parsed.canonical, p);
     return p;
+  }
+
+  /**
+   * Builds a Dockerfile (declarative build) into the store, or answers the image an earlier build
+   * of the same `key` made (the caller's build ref: same Dockerfile and contexts). Concurrent
+   * builds of one key, in this process or others, do the work once.
+   */
+  build(key: string, o: BuildOptions): Promise<Image> {
+    if (!/^[a-zA-Z0-9_.-]{1,200}$/.test(key)) return Promise.reject(errors.invalidArgument(`build key ${JSON.stringify(key.slice(0, 40))} is not a file name`));
+    const running = this.#inflight.get(`build:${key}`);
+    if (running) return running;
+    const p = (async () => {
+      while (this.#removing) await this.#removing;
+      this.#pulls++;
+      try {
+        return await this.#lock.with(`build:${key}`, async () => {
+          const release = await acquireDirLock(path.join(this.root, "locks", keyOf(`build:${key}`)), (pid) => o.onProgress?.(`waiting for process ${pid}, which runs the same build`));
+          try {
+            const have = await this.built(key);
+            if (have) {
+              o.onProgress?.(`build ${key} is cached as ${have.digest}`);
+              return have;
+            }
+            return await this.#build(key, o);
+          } finally {
+            await release();
+          }
+        });
+      } finally {
+        if (--this.#pulls === 0) this.#idle?.();
+      }
+    })().finally(() => this.#inflight.delete(`build:${key}`));
+    this.#inflight.set(`build:${key}`, p);
+    return p;
+  }
+
+  /** The image an earlier build of `key` made, if it is still on disk. */
+  async built(key: string): Promise<Image | undefined> {
+    const text = await readFile(path.join(this.root, "builds", `${key}.json`), "utf8").catch(() => undefined);
+    if (text === undefined) return undefined;
+    return this.#image((JSON.parse(text) as { digest: string }).digest);
+  }
+
+  async #build(key: string, o: BuildOptions): Promise<Image> {
+    const progress = (line: string) => {
+      o.onProgress?.(line);
+      this.#o.log?.(line);
+    };
+    const tmp = path.join(this.root, "tmp", `${process.pid}-${randomBytes(6).toString("hex")}`);
+    await mkdir(tmp, { mode: 0o700 });
+    try {
+      const context = path.join(tmp, "context");
+      await mkdir(context, { mode: 0o755 });
+      await o.context(context, o.signal);
+      const t0 = Date.now();
+      const layout = path.join(tmp, "oci");
+      const scratch = path.join(tmp, "scratch");
+      await mkdir(scratch, { mode: 0o700 });
+      await buildahBuild(o.dockerfile, context, layout, `localhost/sandbar-build:${key.slice(0, 100).toLowerCase()}`, {
+        root: path.join(this.root, "buildah", "root"),
+        runroot: path.join(this.root, "buildah", "run"),
+        scratch,
+        mirror: this.#o.mirror,
+        insecureRegistries: this.#o.insecureRegistries ?? [],
+        credentials: o.credentials,
+        signal: o.signal,
+        onLine: progress,
+      });
+      progress(`built in ${Date.now() - t0} ms`);
+      const image = await this.#import(`build ${key}`, layout, tmp, progress);
+      await writeJsonAtomic(path.join(this.root, "builds", `${key}.json`), { digest: image.digest, builtAt: new Date().toISOString() });
+      return image;
+    } finally {
+      await rm(tmp, { recursive: true, force: true });
+    }
   }
 
   async #pullLocked(ref: ImageRef, o: PullOptions): Promise<Image> {
@@ -225,57 +311,66 @@ export class ImageStore {
       await skopeoCopy(source, layout, "image", { registry, credentials: o.credentials, insecure, scratch: tmp, signal: o.signal, onSpawn: o.onSkopeo });
       const fetched = Date.now();
 
-      const { manifestDigest, manifest, config } = await readImageConfig(layout, "image");
-      const done = await this.#image(manifestDigest);
-      if (done) return await this.#record(ref, done);
-
-      const budget: Budget = { bytes: this.#o.maxBytes ?? 20 * GiB, files: this.#o.maxFiles ?? 2_000_000 };
-      const layers: StoredLayer[] = [];
-      for (const [i, desc] of manifest.layers.entries()) {
-        const diffId = config.diffIds[i];
-        const dir = this.layerDir(diffId);
-        let stats: LayerStats | undefined = await readFile(path.join(dir, "layer.json"), "utf8").then(
-          (t) => JSON.parse(t) as LayerStats,
-          () => undefined,
-        );
-        if (stats === undefined) {
-          const work = path.join(tmp, `layer-${i}`);
-          await mkdir(path.join(work, "diff"), { recursive: true, mode: 0o755 });
-          const blob = path.join(layout, "blobs", "sha256", hex(parseDescriptor(desc).digest));
-          stats = await unpackLayer({ blob, mediaType: desc.mediaType, blobDigest: desc.digest, diffId, target: path.join(work, "diff"), budget });
-          await writeJsonAtomic(path.join(work, "layer.json"), stats);
-          await publish(work, dir);
-          progress(`layer ${i + 1}/${manifest.layers.length} ${diffId.slice(0, 19)} unpacked (${stats.files} entries, ${stats.bytes} bytes)`);
-        } else {
-          progress(`layer ${i + 1}/${manifest.layers.length} ${diffId.slice(0, 19)} already present`);
-        }
-        budget.bytes -= stats.bytes;
-        budget.files -= stats.files;
-        if (budget.bytes < 0 || budget.files < 0) throw errors.resourceExhausted(`image ${ref.canonical} is too large: over the runner's cap of ${this.#o.maxBytes ?? 20 * GiB} bytes or ${this.#o.maxFiles ?? 2_000_000} files`);
-        layers.push({ ...stats, dir: path.join(dir, "diff") });
-      }
-      const unpacked = Date.now();
-
-      const work = path.join(tmp, "image");
-      await mkdir(work, { mode: 0o700 });
-      await flatten(layers, path.join(work, "rootfs"));
-      await ensureMountPoints(path.join(work, "rootfs"));
-      const image: Image = {
-        ref: ref.canonical,
-        digest: manifestDigest,
-        rootfs: path.join(this.imageDir(manifestDigest), "rootfs"),
-        config: config.config,
-        layers,
-        size: layers.reduce((n, l) => n + l.bytes, 0),
-        pulledAt: new Date().toISOString(),
-      };
-      await writeJsonAtomic(path.join(work, "image.json"), image);
-      await publish(work, this.imageDir(manifestDigest));
-      progress(`${ref.canonical} ready as ${manifestDigest} (fetch ${fetched - t0} ms, unpack ${unpacked - fetched} ms, root ${Date.now() - unpacked} ms)`);
-      return await this.#record(ref, (await this.#image(manifestDigest)) ?? image);
+      const image = await this.#import(ref.canonical, layout, tmp, progress, fetched);
+      return await this.#record(ref, image);
     } finally {
       await rm(tmp, { recursive: true, force: true });
     }
+  }
+
+  /**
+   * Unpacks image "image" of the OCI layout `layout` (inside the temp dir `tmp`) into the store:
+   * layers not yet present, then the image's root; answers the stored image.
+   */
+  async #import(label: string, layout: string, tmp: string, progress: (line: string) => void, fetched = Date.now()): Promise<Image> {
+    const { manifestDigest, manifest, config } = await readImageConfig(layout, "image");
+    const done = await this.#image(manifestDigest);
+    if (done) return done;
+
+    const budget: Budget = { bytes: this.#o.maxBytes ?? 20 * GiB, files: this.#o.maxFiles ?? 2_000_000 };
+    const layers: StoredLayer[] = [];
+    for (const [i, desc] of manifest.layers.entries()) {
+      const diffId = config.diffIds[i];
+      const dir = this.layerDir(diffId);
+      let stats: LayerStats | undefined = await readFile(path.join(dir, "layer.json"), "utf8").then(
+        (t) => JSON.parse(t) as LayerStats,
+        () => undefined,
+      );
+      if (stats === undefined) {
+        const work = path.join(tmp, `layer-${i}`);
+        await mkdir(path.join(work, "diff"), { recursive: true, mode: 0o755 });
+        const blob = path.join(layout, "blobs", "sha256", hex(parseDescriptor(desc).digest));
+        stats = await unpackLayer({ blob, mediaType: desc.mediaType, blobDigest: desc.digest, diffId, target: path.join(work, "diff"), budget });
+        await writeJsonAtomic(path.join(work, "layer.json"), stats);
+        await publish(work, dir);
+        progress(`layer ${i + 1}/${manifest.layers.length} ${diffId.slice(0, 19)} unpacked (${stats.files} entries, ${stats.bytes} bytes)`);
+      } else {
+        progress(`layer ${i + 1}/${manifest.layers.length} ${diffId.slice(0, 19)} already present`);
+      }
+      budget.bytes -= stats.bytes;
+      budget.files -= stats.files;
+      if (budget.bytes < 0 || budget.files < 0) throw errors.resourceExhausted(`image ${label} is too large: over the runner's cap of ${this.#o.maxBytes ?? 20 * GiB} bytes or ${this.#o.maxFiles ?? 2_000_000} files`);
+      layers.push({ ...stats, dir: path.join(dir, "diff") });
+    }
+    const unpacked = Date.now();
+
+    const work = path.join(tmp, "image");
+    await mkdir(work, { mode: 0o700 });
+    await flatten(layers, path.join(work, "rootfs"));
+    await ensureMountPoints(path.join(work, "rootfs"));
+    const image: Image = {
+      ref: label,
+      digest: manifestDigest,
+      rootfs: path.join(this.imageDir(manifestDigest), "rootfs"),
+      config: config.config,
+      layers,
+      size: layers.reduce((n, l) => n + l.bytes, 0),
+      pulledAt: new Date().toISOString(),
+    };
+    await writeJsonAtomic(path.join(work, "image.json"), image);
+    await publish(work, this.imageDir(manifestDigest));
+    progress(`${label} ready as ${manifestDigest} (unpack ${unpacked - fetched} ms, root ${Date.now() - unpacked} ms)`);
+    return (await this.#image(manifestDigest)) ?? image;
   }
 
   async #record(ref: ImageRef, image: Image): Promise<Image> {
@@ -304,6 +399,11 @@ export class ImageStore {
   async #removeImage(digest: string): Promise<void> {
     for (const name of await readdir(path.join(this.root, "refs"))) {
       const file = path.join(this.root, "refs", name);
+      const rec = await readFile(file, "utf8").then((t) => JSON.parse(t) as { digest?: string }, () => undefined);
+      if (rec?.digest === digest) await rm(file, { force: true });
+    }
+    for (const name of await readdir(path.join(this.root, "builds"))) {
+      const file = path.join(this.root, "builds", name);
       const rec = await readFile(file, "utf8").then((t) => JSON.parse(t) as { digest?: string }, () => undefined);
       if (rec?.digest === digest) await rm(file, { force: true });
     }

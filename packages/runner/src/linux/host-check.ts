@@ -78,6 +78,7 @@ const CHECKS: Array<() => Promise<HostCheck>> = [
   tool("debootstrap", "debootstrap", "debootstrap", false),
   tool("git", "git", "git", false),
   tool("skopeo (images)", "skopeo", "skopeo", false),
+  tool("buildah (declarative builds)", "buildah", "buildah", false),
   tool("nftables (network policy)", "nft", "nftables", false),
   async () => {
     const client = which("docker");

@@ -5,7 +5,7 @@ import type { Readable } from "node:stream";
 import { ConnectError, errors } from "@sandbar/protocol";
 import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
-import { diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
+import { definedOf, diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { bwrapOptions, type BwrapMount } from "./bwrap.ts";
 import { detectCgroups } from "./cgroups/detect.ts";
 import type { CgroupBackend, UserLimits } from "./cgroups/types.ts";
@@ -584,11 +584,6 @@ export class LinuxProvider implements SandboxProvider {
       // missing or in use
     }
   }
-}
-
-/** The fields of `r` that are set (a spread of undefined would overwrite the spec's). */
-function definedOf(r: SandboxResources): SandboxResources {
-  return Object.fromEntries(Object.entries(r).filter(([, v]) => v !== undefined)) as SandboxResources;
 }
 
 function leaseFile(layout: Layout, id: string): string {

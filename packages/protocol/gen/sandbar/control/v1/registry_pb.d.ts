@@ -298,7 +298,9 @@ export declare type GetStoragePushAccessRequest = Message<"sandbar.control.v1.Ge
 export declare const GetStoragePushAccessRequestSchema: GenMessage<GetStoragePushAccessRequest>;
 
 /**
- * Temporary S3 credentials: put/get under <bucket>/<organizationId>/.
+ * Temporary S3 credentials: put/get under <bucket>/<organizationId>/. The
+ * clients hand storage_url to their S3 client as its endpoint (path-style) and
+ * region to it as its region (0.218 reads it; older clients use their own).
  *
  * @generated from message sandbar.control.v1.StorageAccess
  */
@@ -332,6 +334,11 @@ export declare type StorageAccess = Message<"sandbar.control.v1.StorageAccess"> 
    * @generated from field: string bucket = 6;
    */
   bucket: string;
+
+  /**
+   * @generated from field: string region = 7;
+   */
+  region: string;
 };
 
 /**
@@ -463,7 +470,8 @@ export declare const ObjectStorageService: GenService<{
    * Short-lived (1 h) credentials limited to the organization's prefix; the
    * SDK uploads build-context archives with them. The reference accepts either
    * write:snapshots or write:sandboxes; the service checks that pair itself.
-   * 503 when no object storage is configured.
+   * Served through the server's own S3 endpoint (<public URL>/s3), which checks
+   * them; 503 when no object storage is configured.
    *
    * @generated from rpc sandbar.control.v1.ObjectStorageService.GetStoragePushAccess
    */

@@ -1284,6 +1284,40 @@ export declare type ExpireSignedPortPreviewUrlRequest = Message<"sandbar.control
 export declare const ExpireSignedPortPreviewUrlRequestSchema: GenMessage<ExpireSignedPortPreviewUrlRequest>;
 
 /**
+ * @generated from message sandbar.control.v1.GetBuildLogsUrlRequest
+ */
+export declare type GetBuildLogsUrlRequest = Message<"sandbar.control.v1.GetBuildLogsUrlRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.GetBuildLogsUrlRequest.
+ * Use `create(GetBuildLogsUrlRequestSchema)` to create a new message.
+ */
+export declare const GetBuildLogsUrlRequestSchema: GenMessage<GetBuildLogsUrlRequest>;
+
+/**
+ * A URL to GET (with the caller's credentials) for build logs.
+ *
+ * @generated from message sandbar.control.v1.BuildLogsUrl
+ */
+export declare type BuildLogsUrl = Message<"sandbar.control.v1.BuildLogsUrl"> & {
+  /**
+   * @generated from field: string url = 1;
+   */
+  url: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.BuildLogsUrl.
+ * Use `create(BuildLogsUrlSchema)` to create a new message.
+ */
+export declare const BuildLogsUrlSchema: GenMessage<BuildLogsUrl>;
+
+/**
  * @generated from message sandbar.control.v1.GetBuildLogsRequest
  */
 export declare type GetBuildLogsRequest = Message<"sandbar.control.v1.GetBuildLogsRequest"> & {
@@ -1998,6 +2032,16 @@ export declare const SandboxService: GenService<{
     methodKind: "server_streaming";
     input: typeof GetBuildLogsRequestSchema;
     output: typeof LogChunkSchema;
+  },
+  /**
+   * Where the build logs are read (SDK 0.200+ asks, then follows it with ?follow=true).
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.GetBuildLogsUrl
+   */
+  getBuildLogsUrl: {
+    methodKind: "unary";
+    input: typeof GetBuildLogsUrlRequestSchema;
+    output: typeof BuildLogsUrlSchema;
   },
   /**
    * Base URL of the toolbox for this sandbox (SDK 0.132-0.144, and the 0.200+ fallback).

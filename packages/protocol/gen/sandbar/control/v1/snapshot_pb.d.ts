@@ -4,7 +4,7 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import type { Message } from "@bufbuild/protobuf";
-import type { BuildInfo, CreateBuildInfo, GpuType, LogChunkSchema, SandboxClass, SortOrder } from "./sandbox_pb.js";
+import type { BuildInfo, BuildLogsUrlSchema, CreateBuildInfo, GpuType, LogChunkSchema, SandboxClass, SortOrder } from "./sandbox_pb.js";
 import type { EmptySchema, Timestamp } from "@bufbuild/protobuf/wkt";
 
 /**
@@ -424,6 +424,22 @@ export declare type DeactivateSnapshotRequest = Message<"sandbar.control.v1.Deac
 export declare const DeactivateSnapshotRequestSchema: GenMessage<DeactivateSnapshotRequest>;
 
 /**
+ * @generated from message sandbar.control.v1.GetSnapshotBuildLogsUrlRequest
+ */
+export declare type GetSnapshotBuildLogsUrlRequest = Message<"sandbar.control.v1.GetSnapshotBuildLogsUrlRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.GetSnapshotBuildLogsUrlRequest.
+ * Use `create(GetSnapshotBuildLogsUrlRequestSchema)` to create a new message.
+ */
+export declare const GetSnapshotBuildLogsUrlRequestSchema: GenMessage<GetSnapshotBuildLogsUrlRequest>;
+
+/**
  * @generated from message sandbar.control.v1.GetSnapshotBuildLogsRequest
  */
 export declare type GetSnapshotBuildLogsRequest = Message<"sandbar.control.v1.GetSnapshotBuildLogsRequest"> & {
@@ -640,6 +656,16 @@ export declare const SnapshotService: GenService<{
     methodKind: "server_streaming";
     input: typeof GetSnapshotBuildLogsRequestSchema;
     output: typeof LogChunkSchema;
+  },
+  /**
+   * Where the build logs are read (SDK 0.200+ asks, then follows it with ?follow=true).
+   *
+   * @generated from rpc sandbar.control.v1.SnapshotService.GetSnapshotBuildLogsUrl
+   */
+  getSnapshotBuildLogsUrl: {
+    methodKind: "unary";
+    input: typeof GetSnapshotBuildLogsUrlRequestSchema;
+    output: typeof BuildLogsUrlSchema;
   },
 }>;
 
