@@ -355,6 +355,8 @@ export class DockerProvider implements SandboxProvider {
       const spec = validateSpec({ ...rec.spec, ...definedOf(resources) });
       if (spec.diskGiB !== rec.spec.diskGiB) throw errors.failedPrecondition(`sandbox ${id}: the docker provider cannot change a sandbox's disk size`);
       if (spec.cpu !== rec.spec.cpu || spec.memoryGiB !== rec.spec.memoryGiB) {
+        // Debian's runsc has no `update`: the engine's live change fails inside the runtime.
+        if (this.runtime === "runsc" && (await this.#state(id))?.running) throw errors.failedPrecondition(`sandbox ${id}: the runsc runtime cannot change limits while it runs; stop it first`);
         const memory = memoryBytesOf(spec);
         await this.docker.getContainer(this.containerName(id)).update({ NanoCpus: Math.max(10_000_000, Math.round(spec.cpu * 1e9)), Memory: memory, MemorySwap: memory });
       }

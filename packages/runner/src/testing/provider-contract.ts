@@ -176,6 +176,19 @@ export function providerContract(get: () => ProviderFixture, created: Set<string
     if (!options.gvisor) expect(info.usage!.oomKills).toBeGreaterThan(0);
   });
 
+  unlessGvisor("resize raises cpu and memory of a running sandbox at once, keeps them across a restart, and refuses bad values", async () => {
+    const { provider } = f();
+    const id = await make("resize");
+    await sh(provider, id, "(sleep 600 >/dev/null 2>&1 &)");
+    const resized = await provider.resize(id, { cpu: 1.5, memoryGiB: 1 });
+    expect(resized.usage?.memoryLimitBytes).toBe(2 ** 30);
+    expect((await sh(provider, id, "ps -e -o comm= | grep -c sleep")).stdout).toBe("1\n");
+    await provider.stop(id);
+    expect((await provider.start(id)).usage?.memoryLimitBytes).toBe(2 ** 30);
+    await expectCode(provider.resize(id, { memoryGiB: -1 }), Code.InvalidArgument);
+    await expectCode(provider.resize(uniqueId("absent"), { cpu: 1 }), Code.NotFound);
+  });
+
   it("pack and restore round-trip the writable layer: contents, modes, links, deletions, owners", async () => {
     const { provider, dataDir } = f();
     const src = await make("pack-src");
