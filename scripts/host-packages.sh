@@ -2,10 +2,11 @@
 # ones only the test suites need. One list, so `npm start` and CI never drift apart.
 # bubblewrap, util-linux (setpriv), mount, e2fsprogs (disk caps): isolation; debootstrap: the default
 # snapshot; git, python3-pylsp: the agent's git and Python language server; python3-seccomp: the
-# sandbox seccomp filter; procps, iproute2, tar: process, network and layer tools.
-SANDBOX_PACKAGES="bubblewrap util-linux mount e2fsprogs debootstrap git python3-pylsp python3-seccomp procps iproute2 nftables tar skopeo attr"
-# Test-only: a real browser for the sign-in flow; an OCI registry with htpasswd and token auth.
-TEST_PACKAGES="chromium docker-registry apache2-utils openssl"
+# sandbox seccomp filter; procps, iproute2, tar: process, network and layer tools; docker-registry,
+# openssl: the internal registry and its token-signing certificate.
+SANDBOX_PACKAGES="bubblewrap util-linux mount e2fsprogs debootstrap git python3-pylsp python3-seccomp procps iproute2 nftables tar skopeo attr docker-registry openssl"
+# Test-only: a real browser for the sign-in flow; htpasswd for the test registry's basic auth.
+TEST_PACKAGES="chromium apache2-utils"
 
 # Installs whichever of "$@" is missing. As root with apt-get: installs; otherwise prints the
 # exact command to run and fails.
