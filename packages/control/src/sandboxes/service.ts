@@ -36,7 +36,7 @@ export interface SandboxServiceDeps {
   log?: (line: string) => void;
   pool?: WarmPool;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
-  snapshots?: (organizationId: string, idOrName: string) => Promise<{ name: string; imageRef?: string; row: { cpu: number; mem: number; disk: number } }>;
+  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; row: { cpu: number; mem: number; disk: number } }>;
 }
 
 export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<ServiceImpl<typeof SandboxService>>; manager: SandboxManager } {
@@ -87,9 +87,9 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       const organizationId = organizationOf(ctx);
       let input = newSandbox(organizationId, req, deps.snapshots !== undefined, deps.settings.sandboxNetwork);
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
-        // An image snapshot: its resources unless the request names its own.
-        const { name, imageRef, row } = await deps.snapshots(organizationId, input.snapshot);
-        input = { ...input, snapshot: name, imageRef, cpu: req.cpu || row.cpu, memory: req.memory || row.mem, disk: req.disk || row.disk };
+        // An image snapshot: its resources and its USER unless the request names its own.
+        const { name, imageRef, user, row } = await deps.snapshots(organizationId, input.snapshot, req.user === undefined);
+        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: req.cpu || row.cpu, memory: req.memory || row.mem, disk: req.disk || row.disk };
       }
       const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
       return dto(await manager.create({ ...input, volumes, regionId: await targetRegion(deps.orm, organizationId, req.target) }));

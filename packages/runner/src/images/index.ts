@@ -50,6 +50,7 @@ import type { Image } from "./store.ts";
 export type { ImageConfig } from "./config.ts";
 export { DOCKER_HUB, isLoopbackRegistry, parseImageRef, type ImageRef } from "./ref.ts";
 export type { RegistryCredentials } from "./skopeo.ts";
+export { imageUser } from "./user.ts";
 export { ImageStore, type Image, type ImageStoreOptions, type PullOptions, type StoredLayer } from "./store.ts";
 
 /** Layer dirs top first, as an overlay lowerdir list wants them. */
