@@ -87,8 +87,19 @@ describe("create", () => {
     [{ gpuType: ["H100"] }, "Cannot specify GPU type when creating sandbox from snapshot. GPU type is inherited from snapshot."],
     [{ buildInfo: { dockerfileContent: "FROM x" }, snapshot: "s" }, "Cannot specify a snapshot when using a build info entry"],
     [{ cpu: "two" }, "cpu must be a number"],
+    // A named snapshot brings its resources, as the reference's (any of the four, the default snapshot too).
+    [{ snapshot: "sandbar-default", cpu: 2 }, "Cannot specify Sandbox resources when using a snapshot"],
+    [{ snapshot: "sandbar-default", memory: 2 }, "Cannot specify Sandbox resources when using a snapshot"],
+    [{ snapshot: "some-image-snapshot", disk: 4 }, "Cannot specify Sandbox resources when using a snapshot"],
+    [{ snapshot: "sandbar-default", gpu: 1 }, "Cannot specify Sandbox resources when using a snapshot"],
+    [{ snapshot: "sandbar-default", cpu: 2, gpuType: ["H100"] }, "Cannot specify Sandbox resources when using a snapshot"],
   ])("refuses %j with 400", async (body, message) => {
     await expectError(await f.call("POST", "/sandbox", body), 400, message);
+  });
+
+  it("takes zero resources with a named snapshot as none given (the reference checks truthiness)", async () => {
+    const s = await f.create({ snapshot: "sandbar-default", cpu: 0, memory: 0, disk: 0, gpu: 0 });
+    expect(s).toMatchObject({ snapshot: "sandbar-default", cpu: 1, memory: 1, disk: 3 });
   });
 
   it("answers 501 for what is not supported yet", async () => {

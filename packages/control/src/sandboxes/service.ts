@@ -87,9 +87,9 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       const organizationId = organizationOf(ctx);
       let input = newSandbox(organizationId, req, deps.snapshots !== undefined, deps.settings.sandboxNetwork);
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
-        // An image snapshot: its resources and its USER unless the request names its own.
+        // An image snapshot: its resources (a request naming a snapshot names none), its USER unless the request names a user.
         const { name, imageRef, user, row } = await deps.snapshots(organizationId, input.snapshot, req.user === undefined);
-        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: req.cpu || row.cpu, memory: req.memory || row.mem, disk: req.disk || row.disk };
+        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: row.cpu, memory: row.mem, disk: row.disk };
       }
       const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
       return dto(await manager.create({ ...input, volumes, regionId: await targetRegion(deps.orm, organizationId, req.target) }));
