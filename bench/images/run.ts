@@ -200,7 +200,7 @@ ${row("tar -x", x, ` ${mbps(x)} |`)}
 
 Ratio pull+unpack / tar -x (p50): **${(p.p50 / x.p50).toFixed(2)}×**.
 
-Reading: pull+unpack writes every file twice (its layer directory, then the image's flattened root) after fetching the blobs into an OCI layout, where \`tar -x\` writes each file once from a local blob; on this loaded machine both are bound by disk I/O (load average above 14 on 2 cores), so the absolute MB/s are far below what a quiet machine gives.
+Reading: pull+unpack writes every file twice (its layer directory, then the image's flattened root) after fetching the blobs into an OCI layout, where \`tar -x\` writes each file once from a local blob; on a loaded machine both are bound by disk I/O (see the load average above), and the absolute MB/s fall far below what a quiet one gives.
 
 ## Snapshot active → sandbox started
 
