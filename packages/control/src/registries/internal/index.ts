@@ -8,7 +8,7 @@ import { execIn } from "../../db/exec.ts";
 import { freePort } from "../../server/free-port.ts";
 import type { RegistryCredentials } from "../credentials.ts";
 import { RegistryCredentialStore } from "./credentials.ts";
-import { REGISTRY_SERVICE, signingKey, startRegistryProcess, TOKEN_ISSUER } from "./registry-process.ts";
+import { REGISTRY_SERVICE, type RegistryProcess, signingKey, startRegistryProcess, TOKEN_ISSUER } from "./registry-process.ts";
 import type { InternalRegistrySettings } from "./settings.ts";
 import { startTokenService } from "./token-service.ts";
 
@@ -53,17 +53,33 @@ export async function startInternalRegistry(
   try {
     await mkdir(dir, { recursive: true, mode: 0o700 });
     const key = await signingKey(dir);
-    const tokens = await startTokenService({ service: REGISTRY_SERVICE, issuer: TOKEN_ISSUER, keyPem: key.keyPem, certDer: key.certDer, verify: (u, s) => store.verify(u, s), namespaceOf, log });
-    const host = `${settings.host}:${settings.port || (await freePort())}`;
-    let proc;
-    try {
-      proc = await startRegistryProcess({ dir, address: host, realm: tokens.realm, certPath: key.certPath, log });
-    } catch (err) {
-      await tokens.stop();
-      throw err;
+    const tokens = await startTokenService({
+      service: REGISTRY_SERVICE,
+      issuer: TOKEN_ISSUER,
+      keyPem: key.keyPem,
+      certDer: key.certDer,
+      verify: (u, s) => store.verify(u, s),
+      namespaceOf,
+      listen: "external" in settings ? settings.tokenService : undefined,
+      log,
+    });
+    let proc: RegistryProcess | undefined;
+    let host: string;
+    if ("external" in settings) {
+      host = settings.external;
+      // The operator's registry trusts this server's tokens: what its config must say.
+      log(`internal registry: pushes go to ${host}; its config needs auth: {token: {realm: "${tokens.realm}", service: ${REGISTRY_SERVICE}, issuer: ${TOKEN_ISSUER}, rootcertbundle: ${key.certPath}}}`);
+    } else {
+      host = `${settings.host}:${settings.port || (await freePort())}`;
+      try {
+        proc = await startRegistryProcess({ dir, address: host, realm: tokens.realm, certPath: key.certPath, log });
+      } catch (err) {
+        await tokens.stop();
+        throw err;
+      }
+      log(`internal registry: serving on ${host} (storage ${path.join(dir, "data")})`);
     }
     const registryId = await transientRow(orm, host);
-    log(`internal registry: serving on ${host} (storage ${path.join(dir, "data")})`);
     return {
       reason: "",
       registry: {
@@ -78,7 +94,7 @@ export async function startInternalRegistry(
           return { username: c.username, password: c.secret };
         },
         async stop() {
-          await proc.stop();
+          await proc?.stop();
           await tokens.stop();
         },
       },

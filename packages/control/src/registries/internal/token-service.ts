@@ -22,6 +22,8 @@ export interface TokenServiceOptions {
   verify(username: string, secret: string): Promise<CredentialGrant | undefined>;
   /** The namespace (first path component) the organization's repositories live under. */
   namespaceOf(organizationId: string): string;
+  /** Where to listen; default a free loopback port (the embedded registry's realm). */
+  listen?: { host: string; port: number };
   log: (line: string) => void;
 }
 
@@ -99,11 +101,12 @@ export async function startTokenService(o: TokenServiceOptions): Promise<TokenSe
   });
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => resolve());
+    server.listen(o.listen?.port ?? 0, o.listen?.host ?? "127.0.0.1", () => resolve());
   });
-  const port = (server.address() as AddressInfo).port;
+  const { port } = server.address() as AddressInfo;
+  const host = o.listen?.host ?? "127.0.0.1";
   return {
-    realm: `http://127.0.0.1:${port}/token`,
+    realm: `http://${host === "0.0.0.0" ? "<this host>" : host}:${port}/token`,
     stop: () =>
       new Promise<void>((resolve) => {
         server.closeAllConnections();
