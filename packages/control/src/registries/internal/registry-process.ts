@@ -42,6 +42,7 @@ export async function signingKey(dir: string): Promise<SigningKey> {
 }
 
 export interface RegistryProcess {
+  pid: number;
   stop(): Promise<void>;
 }
 
@@ -61,7 +62,9 @@ export async function startRegistryProcess(o: { dir: string; address: string; re
     ].join("\n"),
     { mode: 0o600 },
   );
-  const child: ChildProcess = spawn("docker-registry", ["serve", config], { stdio: ["ignore", "ignore", "pipe"] });
+  // setpriv's parent-death signal takes the registry down with the server even when the server is
+  // SIGKILLed (no exit handler runs then); it execs docker-registry, so the pid is the registry's.
+  const child: ChildProcess = spawn("setpriv", ["--pdeathsig", "KILL", "docker-registry", "serve", config], { stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";
   let stopping = false;
   child.stderr?.on("data", (c: Buffer) => (stderr = (stderr + c.toString()).slice(-4000)));
@@ -76,8 +79,9 @@ export async function startRegistryProcess(o: { dir: string; address: string; re
   const deadline = Date.now() + 15_000;
   for (;;) {
     const failed = await Promise.race([spawnError, new Promise<undefined>((r) => setTimeout(() => r(undefined), 25))]);
-    if (failed) throw new Error(`cannot run docker-registry (install Debian's docker-registry package): ${failed.message}`);
-    if (child.exitCode !== null) throw new Error(`docker-registry exited: ${stderr.trim().slice(-500)}`);
+    if (failed) throw new Error(`cannot run setpriv (util-linux): ${failed.message}`);
+    // setpriv answers 127 when it cannot exec docker-registry.
+    if (child.exitCode !== null) throw new Error(`docker-registry exited (${child.exitCode === 127 ? "install Debian's docker-registry package" : `status ${child.exitCode}`}): ${stderr.trim().slice(-500)}`);
     const res = await fetch(`http://${o.address}/v2/`).catch(() => undefined);
     if (res?.status === 401) break;
     if (Date.now() > deadline) {
@@ -86,6 +90,7 @@ export async function startRegistryProcess(o: { dir: string; address: string; re
     }
   }
   return {
+    pid: child.pid!,
     async stop() {
       stopping = true;
       if (child.exitCode !== null || child.signalCode !== null) return;
