@@ -20,8 +20,9 @@ export { loadInternalRegistrySettings, type InternalRegistrySettings } from "./s
 
 /** Push access lasts an hour, as the reference's robot accounts. */
 export const PUSH_ACCESS_SECONDS = 3600;
-/** Pull credentials for one snapshot pull. */
+/** Pull accounts of snapshot pulls: valid 15 minutes, handed out again while 10 are left (a pull's budget). */
 export const PULL_ACCESS_SECONDS = 900;
+const PULL_REUSE_MARGIN_MS = 600_000;
 
 export interface InternalRegistry {
   /** "127.0.0.1:<port>": how image names in it start. */
@@ -80,6 +81,7 @@ export async function startInternalRegistry(
       log(`internal registry: serving on ${host} (storage ${path.join(dir, "data")})`);
     }
     const registryId = await transientRow(orm, host);
+    const pullAccounts = new Map<string, { credentials: RegistryCredentials; expiresAt: Date }>();
     return {
       reason: "",
       registry: {
@@ -90,8 +92,14 @@ export async function startInternalRegistry(
           return create(RegistryPushAccessSchema, { username: c.username, secret: c.secret, registryUrl: host, registryId, project: namespaceOf(organizationId), expiresAt: timestampFromDate(c.expiresAt) });
         },
         async pullCredentials(organizationId) {
+          // One pull account per organization at a time, reused while it has minutes left.
+          const cached = pullAccounts.get(organizationId);
+          if (cached && cached.expiresAt.getTime() - Date.now() > PULL_REUSE_MARGIN_MS) return cached.credentials;
           const c = await store.issue(organizationId, "pull", PULL_ACCESS_SECONDS);
-          return { username: c.username, password: c.secret };
+          if (pullAccounts.size >= 10_000) pullAccounts.clear();
+          const credentials = { username: c.username, password: c.secret };
+          pullAccounts.set(organizationId, { credentials, expiresAt: c.expiresAt });
+          return credentials;
         },
         async stop() {
           await proc?.stop();

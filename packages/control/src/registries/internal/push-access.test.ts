@@ -9,6 +9,7 @@ import { pushTestImage } from "../../snapshots/testing/image.ts";
 import { buildAgentBundle } from "../../testing/agent-bundle.ts";
 import { issuerSettings, TestIssuer } from "../../testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../../testing/server.ts";
+import { MAX_LIVE_ACCOUNTS } from "./credentials.ts";
 import { PUSH_ACCESS_SECONDS } from "./index.ts";
 
 // The internal registry end to end: a real server (embedded PostgreSQL) running Debian's
@@ -147,10 +148,13 @@ describe("internal registry push access", () => {
     const active = await waitFor(made.body.id, ["active", "error"]);
     expect(active.errorReason ?? null, active.errorReason).toBeNull();
     expect(active.state).toBe("active");
-    // The pull's own account is pull-only and short-lived.
-    const pullers = (await db.query(`select actions, expires_at from registry_push_credential where actions = 'pull'`)).rows;
-    expect(pullers.length).toBeGreaterThan(0);
-    expect(pullers.every((r) => r.expires_at.getTime() - Date.now() <= 900_000)).toBe(true);
+    // The pull's own account is pull-only and short-lived, and the next pull reuses it.
+    const pullers = async () => (await db.query(`select actions, expires_at from registry_push_credential where actions = 'pull' and organization_id = $1`, [mine.project])).rows;
+    expect(await pullers()).toHaveLength(1);
+    expect((await pullers())[0].expires_at.getTime() - Date.now()).toBeLessThanOrEqual(900_000);
+    const again = await call("POST", "/snapshots", { name: "pushed-again", imageName: image });
+    expect((await waitFor(again.body.id, ["active", "error"])).state).toBe("active");
+    expect(await pullers()).toHaveLength(1);
 
     const s = await call("POST", "/sandbox", { snapshot: "pushed" });
     expect(s.status, JSON.stringify(s.body)).toBe(200);
@@ -186,6 +190,24 @@ describe("internal registry push access", () => {
     expect(failed.state).toBe("error");
     expect(failed.errorReason).toMatch(/denied|refused the credentials/);
   }, 120_000);
+
+  it(`caps an organization at ${MAX_LIVE_ACCOUNTS} unexpired push accounts (429), counting only unexpired ones`, async () => {
+    const fill = (n: number, expires: string) =>
+      db.query(
+        `insert into registry_push_credential (organization_id, username, secret_hash, actions, expires_at)
+         select $1, 'robot$' || substr(md5(random()::text), 1, 24), md5(random()::text) || md5(random()::text), 'pull,push', clock_timestamp() + $3::interval from generate_series(1, $2)`,
+        [otherOrg, n, expires],
+      );
+    const live = async () => (await db.query(`select count(*)::int as n from registry_push_credential where organization_id = $1 and actions = 'pull,push' and expires_at > now()`, [otherOrg])).rows[0].n as number;
+    await fill(MAX_LIVE_ACCOUNTS - (await live()), "1 hour");
+    const refused = await asOther("GET", "/docker-registry/registry-push-access");
+    expect(refused.status).toBe(429);
+    expect(refused.body.message).toBe(`The organization has ${MAX_LIVE_ACCOUNTS} unexpired registry accounts, the most allowed: they expire an hour after they are issued`);
+    // Another organization is not held back by it, and expiry frees the place.
+    expect((await call("GET", "/docker-registry/registry-push-access")).status).toBe(200);
+    await db.query(`update registry_push_credential set expires_at = clock_timestamp() - interval '1 second' where organization_id = $1`, [otherOrg]);
+    expect((await asOther("GET", "/docker-registry/registry-push-access")).status).toBe(200);
+  });
 
   it("refuses expired, wrong and unknown credentials at the token service", async () => {
     const fresh = (await call("GET", "/docker-registry/registry-push-access")).body as Access;

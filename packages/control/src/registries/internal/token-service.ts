@@ -75,7 +75,7 @@ export async function startTokenService(o: TokenServiceOptions): Promise<TokenSe
     return `${input}.${b64url(createSign("RSA-SHA256").update(input).sign(key))}`;
   };
   const refuse = (res: http.ServerResponse, status: number, message: string) =>
-    res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify({ errors: [{ code: status === 401 ? "UNAUTHORIZED" : "DENIED", message }] }));
+    res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify({ errors: [{ code: status === 401 ? "UNAUTHORIZED" : status === 404 ? "NOT_FOUND" : status === 400 ? "BAD_REQUEST" : "UNAVAILABLE", message }] }));
 
   const server = http.createServer((req, res) => {
     void (async () => {
