@@ -50,3 +50,28 @@ describe("the embedded registry process", () => {
     expect(await fetch(`http://${address}/v2/`).then(() => "answers", () => "gone")).toBe("gone");
   }, 30_000);
 });
+
+describe("a registry that dies", () => {
+  it("is started again on its address after a pause, and stays stopped once stopped", async () => {
+    const { signingKey, startRegistryProcess } = await import("./registry-process.ts");
+    const own = path.join(dir, "restart");
+    const key = await signingKey(dir);
+    const address = `127.0.0.1:${await freePort()}`;
+    const lines: string[] = [];
+    const p = await startRegistryProcess({ dir: own, address, realm: "http://127.0.0.1:1/token", certPath: key.certPath, log: (l) => lines.push(l) });
+    try {
+      const first = p.pid;
+      process.kill(first, "SIGKILL");
+      const until = Date.now() + 15_000;
+      const status = () => fetch(`http://${address}/v2/`).then((r) => r.status, () => 0);
+      while ((p.pid === first || (await status()) !== 401) && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
+      expect(p.pid).not.toBe(first);
+      expect((await fetch(`http://${address}/v2/`)).status).toBe(401);
+      expect(lines.some((l) => l.startsWith("internal registry: docker-registry exited (SIGKILL)"))).toBe(true);
+      expect(lines).toContain(`internal registry: restarted on ${address}`);
+    } finally {
+      await p.stop();
+    }
+    expect(await fetch(`http://${address}/v2/`).then(() => "answers", () => "gone")).toBe("gone");
+  }, 30_000);
+});

@@ -42,8 +42,43 @@ export async function signingKey(dir: string): Promise<SigningKey> {
 }
 
 export interface RegistryProcess {
-  pid: number;
+  /** The running registry's pid (a new one after a restart). */
+  readonly pid: number;
   stop(): Promise<void>;
+}
+
+/** Waits before restarting a registry that died: doubling from 1 s to 30 s, back to 1 s once it ran a minute. */
+const RESTART_DELAY = { first: 1_000, max: 30_000, stableMs: 60_000 };
+
+/** Spawns docker-registry and waits until it answers; the child, or an error saying why not. */
+async function launch(config: string, address: string, log: (line: string) => void): Promise<ChildProcess> {
+  // setpriv's parent-death signal takes the registry down with the server even when the server is
+  // SIGKILLed (no exit handler runs then); it execs docker-registry, so the pid is the registry's.
+  const child: ChildProcess = spawn("setpriv", ["--pdeathsig", "KILL", "docker-registry", "serve", config], { stdio: ["ignore", "ignore", "pipe"] });
+  let stderr = "";
+  child.stderr?.on("data", (c: Buffer) => (stderr = (stderr + c.toString()).slice(-4000)));
+  const spawnError = new Promise<Error>((resolve) => child.once("error", resolve));
+  // The server exiting must not leave the registry behind.
+  const killOnExit = () => child.kill("SIGKILL");
+  process.once("exit", killOnExit);
+  child.once("exit", () => process.removeListener("exit", killOnExit));
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    const failed = await Promise.race([spawnError, new Promise<undefined>((r) => setTimeout(() => r(undefined), 25))]);
+    if (failed) throw new Error(`cannot run setpriv (util-linux): ${failed.message}`);
+    // setpriv answers 127 when it cannot exec docker-registry.
+    if (child.exitCode !== null || child.signalCode !== null) {
+      throw new Error(`docker-registry exited (${child.exitCode === 127 ? "install Debian's docker-registry package" : (child.signalCode ?? `status ${child.exitCode}`)}): ${stderr.trim().slice(-500)}`);
+    }
+    const res = await fetch(`http://${address}/v2/`).catch(() => undefined);
+    if (res?.status === 401) break;
+    if (Date.now() > deadline) {
+      child.kill("SIGKILL");
+      throw new Error(`docker-registry did not answer on ${address}: ${stderr.trim().slice(-500)}`);
+    }
+  }
+  child.once("exit", (code, signal) => log(`internal registry: docker-registry exited (${signal ?? code}): ${stderr.trim().slice(-500)}`));
+  return child;
 }
 
 export async function startRegistryProcess(o: { dir: string; address: string; realm: string; certPath: string; log: (line: string) => void }): Promise<RegistryProcess> {
@@ -62,37 +97,43 @@ export async function startRegistryProcess(o: { dir: string; address: string; re
     ].join("\n"),
     { mode: 0o600 },
   );
-  // setpriv's parent-death signal takes the registry down with the server even when the server is
-  // SIGKILLed (no exit handler runs then); it execs docker-registry, so the pid is the registry's.
-  const child: ChildProcess = spawn("setpriv", ["--pdeathsig", "KILL", "docker-registry", "serve", config], { stdio: ["ignore", "ignore", "pipe"] });
-  let stderr = "";
+  let child = await launch(config, o.address, o.log);
   let stopping = false;
-  child.stderr?.on("data", (c: Buffer) => (stderr = (stderr + c.toString()).slice(-4000)));
-  const spawnError = new Promise<Error>((resolve) => child.once("error", resolve));
-  // The server dying must not leave the registry behind.
-  const killOnExit = () => child.kill("SIGKILL");
-  process.once("exit", killOnExit);
-  child.once("exit", (code, signal) => {
-    process.removeListener("exit", killOnExit);
-    if (!stopping) o.log(`internal registry: docker-registry exited (${signal ?? code}): ${stderr.trim().slice(-500)}`);
-  });
-  const deadline = Date.now() + 15_000;
-  for (;;) {
-    const failed = await Promise.race([spawnError, new Promise<undefined>((r) => setTimeout(() => r(undefined), 25))]);
-    if (failed) throw new Error(`cannot run setpriv (util-linux): ${failed.message}`);
-    // setpriv answers 127 when it cannot exec docker-registry.
-    if (child.exitCode !== null) throw new Error(`docker-registry exited (${child.exitCode === 127 ? "install Debian's docker-registry package" : `status ${child.exitCode}`}): ${stderr.trim().slice(-500)}`);
-    const res = await fetch(`http://${o.address}/v2/`).catch(() => undefined);
-    if (res?.status === 401) break;
-    if (Date.now() > deadline) {
-      child.kill("SIGKILL");
-      throw new Error(`docker-registry did not answer on ${o.address}: ${stderr.trim().slice(-500)}`);
-    }
-  }
+  let delay = RESTART_DELAY.first;
+  let timer: NodeJS.Timeout | undefined;
+  // A registry that dies is started again (its storage is on disk), after a growing pause.
+  const supervise = (c: ChildProcess, startedAt: number) =>
+    c.once("exit", () => {
+      if (stopping) return;
+      if (Date.now() - startedAt > RESTART_DELAY.stableMs) delay = RESTART_DELAY.first;
+      const restart = () => {
+        timer = undefined;
+        if (stopping) return;
+        launch(config, o.address, o.log).then(
+          (next) => {
+            if (stopping) return void next.kill("SIGTERM");
+            child = next;
+            o.log(`internal registry: restarted on ${o.address}`);
+            supervise(next, Date.now());
+          },
+          (err: unknown) => {
+            o.log(`internal registry: restart failed: ${err instanceof Error ? err.message : String(err)}`);
+            delay = Math.min(delay * 2, RESTART_DELAY.max);
+            timer = setTimeout(restart, delay);
+          },
+        );
+      };
+      timer = setTimeout(restart, delay);
+      delay = Math.min(delay * 2, RESTART_DELAY.max);
+    });
+  supervise(child, Date.now());
   return {
-    pid: child.pid!,
+    get pid() {
+      return child.pid!;
+    },
     async stop() {
       stopping = true;
+      if (timer) clearTimeout(timer);
       if (child.exitCode !== null || child.signalCode !== null) return;
       const exited = new Promise((r) => child.once("exit", r));
       child.kill("SIGTERM");
