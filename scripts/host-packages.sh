@@ -2,11 +2,12 @@
 # ones only the test suites need. One list, so `npm start` and CI never drift apart.
 # bubblewrap, util-linux (setpriv), mount, e2fsprogs (disk caps): isolation; debootstrap: the default
 # snapshot; git, python3-pylsp: the agent's git and Python language server; python3-seccomp: the
-# sandbox seccomp filter; procps, iproute2, tar: process, network and layer tools; buildah: declarative builds.
-SANDBOX_PACKAGES="bubblewrap util-linux mount e2fsprogs debootstrap git python3-pylsp python3-seccomp procps iproute2 nftables tar skopeo attr buildah"
-# Test-only: a real browser for the sign-in flow; an OCI registry with htpasswd and token auth;
+# sandbox seccomp filter; procps, iproute2, tar: process, network and layer tools; buildah: declarative
+# builds; docker-registry, openssl: the internal registry and its token-signing certificate.
+SANDBOX_PACKAGES="bubblewrap util-linux mount e2fsprogs debootstrap git python3-pylsp python3-seccomp procps iproute2 nftables tar skopeo attr buildah docker-registry openssl"
+# Test-only: a real browser for the sign-in flow; htpasswd for the test registry's basic auth;
 # a Docker engine and gVisor for the docker provider's suites (their setup starts dockerd itself).
-TEST_PACKAGES="chromium docker-registry apache2-utils openssl docker.io runsc"
+TEST_PACKAGES="chromium apache2-utils docker.io runsc"
 
 # Installs whichever of "$@" is missing. As root with apt-get: installs; otherwise prints the
 # exact command to run and fails.

@@ -49,7 +49,7 @@ let table: RouteTable;
 beforeAll(async () => {
   if (!root) return;
   bundle = await buildAgentBundle("sandbar-sweep-agent-");
-  t = await startTestServer({ settings: { agentBundle: bundle } });
+  t = await startTestServer({ settings: { agentBundle: bundle, internalRegistry: { enabled: true, host: "127.0.0.1", port: 0 } } });
   const created = await call({ what: "create", verb: "POST", path: "/sandbox", body: JSON.stringify({ labels: { suite: "sweep" }, autoStopInterval: 0 }) }, 300_000);
   expect(created.status, JSON.stringify(created.json)).toBe(200);
   sandboxId = created.json.id;

@@ -51,7 +51,8 @@ beforeAll(async () => {
   if (!root) return;
   await idp.start();
   await idp.addKey("k");
-  t = await startTestServer({ settings: issuerSettings(idp) });
+  // The internal registry runs, so registry-push-access is judged on what it answers, not on 503.
+  t = await startTestServer({ settings: { ...issuerSettings(idp), internalRegistry: { enabled: true, host: "127.0.0.1", port: 0 } } });
   w = await buildWorld(t, idp);
   control = (await filesIn("sandbar/control/v1")).flatMap((f) => f.services);
   agent = (await filesIn("sandbar/agent/v1")).flatMap((f) => f.services);

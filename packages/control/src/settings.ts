@@ -4,6 +4,7 @@ import { loadObjectStorageSettings, type ObjectStorageSettings } from "./object-
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
 import { parseTrustedProxies } from "./server/client-address.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
+import { type InternalRegistrySettings, loadInternalRegistrySettings } from "./registries/internal/settings.ts";
 import { loadWebhookSettings, type WebhookSettings } from "./webhooks/settings.ts";
 
 /** Server settings, read once from the environment (see README's configuration table). */
@@ -60,6 +61,8 @@ export interface Settings {
   rateLimits: RateLimitSettings;
   /** Where snapshot images are pulled from (SANDBAR_REGISTRY_MIRROR, SANDBAR_INSECURE_REGISTRIES). */
   registries: RegistrySettings;
+  /** The registry this server runs for pushes (SANDBAR_INTERNAL_REGISTRY): a loopback address, or off. */
+  internalRegistry: InternalRegistrySettings;
   /** Network of creates that ask for none (SANDBAR_SANDBOX_NETWORK): "none" loopback only, "egress" anywhere outside the host. */
   sandboxNetwork: "none" | "egress";
   /** IPv4 range the sandboxes' veth /30s come from (SANDBAR_SANDBOX_SUBNET); default 10.213.0.0/16. */
@@ -113,6 +116,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     previewDomain: previewDomain(env.SANDBAR_PREVIEW_DOMAIN),
     rateLimits: loadRateLimitSettings(env),
     registries: loadRegistrySettings(env),
+    internalRegistry: loadInternalRegistrySettings(env),
     sandboxNetwork: sandboxNetwork(env.SANDBAR_SANDBOX_NETWORK),
     sandboxSubnet: sandboxSubnet(env.SANDBAR_SANDBOX_SUBNET),
     sandboxProvider: sandboxProvider(env),

@@ -3,3 +3,4 @@
 export { registryCredentialsFor, type RegistryCredentials } from "./credentials.ts";
 export { dockerRegistryService, MAX_REGISTRIES_PER_ORGANIZATION } from "./service.ts";
 export { canonicalRegistryHost, DOCKER_HUB, parseRegistryUrl } from "./url.ts";
+export { loadInternalRegistrySettings, startInternalRegistry, type InternalRegistry, type InternalRegistrySettings } from "./internal/index.ts";

@@ -218,4 +218,10 @@ describe("docker registries", () => {
     expect((bad as ConnectError).code).toBe(Code.InvalidArgument);
     expect((bad as ConnectError).rawMessage).toBe("url must be a URL address");
   });
+
+  it("answers 503 with the reason for registry-push-access when the internal registry is off (push-access.test.ts covers it on)", async () => {
+    const r = await call("GET", "/docker-registry/registry-push-access");
+    expect(r.status).toBe(503);
+    expect(r.body.message).toBe("The internal registry is off on this server (SANDBAR_INTERNAL_REGISTRY=off)");
+  });
 });

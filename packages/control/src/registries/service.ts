@@ -2,9 +2,11 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import type { DockerRegistryService } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
-import { organizationOf } from "../auth/principal.ts";
+import { authContextKey, organizationOf } from "../auth/principal.ts";
 import type { SecretBox } from "../auth/secret-box.ts";
 import { type Exec, execIn } from "../db/exec.ts";
+import { targetRegion } from "../organizations/target-region.ts";
+import type { InternalRegistry } from "./internal/index.ts";
 import { PUBLIC_COLUMNS, type RegistryRow, toDockerRegistry } from "./rows.ts";
 import { checkRegistryInput } from "./validate.ts";
 
@@ -19,7 +21,13 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 type Row = Omit<RegistryRow, "password_sealed">;
 
-export function dockerRegistryService(orm: MikroORM, box: SecretBox): Partial<ServiceImpl<typeof DockerRegistryService>> {
+/** The internal registry, or why there is none (push access then answers 503 with it). */
+export interface PushRegistry {
+  registry?: InternalRegistry;
+  reason: string;
+}
+
+export function dockerRegistryService(orm: MikroORM, box: SecretBox, internal: PushRegistry = { reason: "The internal registry is off on this server" }): Partial<ServiceImpl<typeof DockerRegistryService>> {
   const em = () => orm.em.fork();
 
   /** The organization's own registry, else the reference's 404 (any other id looks the same). */
@@ -63,6 +71,17 @@ export function dockerRegistryService(orm: MikroORM, box: SecretBox): Partial<Se
         [organizationOf(ctx)],
       )) as Row[];
       return { items: rows.map(toDockerRegistry) };
+    },
+
+    async getRegistryPushAccess(req, ctx) {
+      const organizationId = organizationOf(ctx);
+      // Either scope will do, as the reference's; a route holds only one, so it is checked here.
+      const permissions = ctx.values.get(authContextKey).permissions;
+      if (!permissions?.has("write:snapshots") && !permissions?.has("write:sandboxes")) throw errors.permissionDenied("Access denied");
+      // One registry serves every region of this host; an unknown region is still refused.
+      await targetRegion(orm, organizationId, req.regionId || undefined);
+      if (!internal.registry) throw errors.unavailable(internal.reason);
+      return internal.registry.pushAccess(organizationId);
     },
 
     async getRegistry(req, ctx) {

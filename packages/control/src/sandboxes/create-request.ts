@@ -7,8 +7,8 @@ import { normalizeAutoArchive } from "./states.ts";
 
 // POST /sandbox checked as the reference checks it: field problems together in one 400, then
 // the rules one at a time, in the reference's order and words. Sandboxes come from the default
-// snapshot or from an image snapshot (resolved by the service); unlike the reference's, both take
-// resources from the request within the limits.
+// snapshot or from an image snapshot (resolved by the service); a request that names its snapshot
+// gives no resources (the reference's 400), one that names none may size the default snapshot.
 
 /** The one snapshot sandboxes are made from, as GET /config names it. */
 export const DEFAULT_SNAPSHOT = "sandbar-default";
@@ -62,6 +62,9 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
 
   if (req.buildInfo && snapshot) throw errors.invalidArgument("Cannot specify a snapshot when using a build info entry");
   if (req.buildInfo && req.linkedSandbox) throw errors.invalidArgument("linkedSandbox is not supported with declarative builds. Create a sandbox from a snapshot");
+  // As the reference: a named snapshot brings its own resources. A create naming no snapshot may
+  // still size the default one (this server's extension: it has no other way to ask for them).
+  if (!req.buildInfo && snapshot && (req.cpu || req.gpu || req.memory || req.disk)) throw errors.invalidArgument("Cannot specify Sandbox resources when using a snapshot");
   if (req.gpuType.length > 0) throw errors.invalidArgument("Cannot specify GPU type when creating sandbox from snapshot. GPU type is inherited from snapshot.");
   if (snapshot && snapshot !== DEFAULT_SNAPSHOT && !imageSnapshots) throw errors.invalidArgument(`Snapshot ${snapshot} not found. Only the default snapshot (${DEFAULT_SNAPSHOT}) exists on this server`);
   if (req.linkedSandbox) throw errors.unimplemented("Linked sandboxes are not supported yet");

@@ -89,8 +89,19 @@ describe("create", () => {
     [{ buildInfo: { dockerfileContent: "" } }, "buildInfo.dockerfileContent should not be empty"],
     [{ buildInfo: { dockerfileContent: "FROM x", contextHashes: ["a/b"] } }, `buildInfo.contextHashes: each value must be a context hash (letters, digits, '-' or '_'), got "a/b"`],
     [{ cpu: "two" }, "cpu must be a number"],
+    // A named snapshot brings its resources, as the reference's (any of the four, the default snapshot too).
+    [{ snapshot: "sandbar-default", cpu: 2 }, "Cannot specify Sandbox resources when using a snapshot"],
+    [{ snapshot: "sandbar-default", memory: 2 }, "Cannot specify Sandbox resources when using a snapshot"],
+    [{ snapshot: "some-image-snapshot", disk: 4 }, "Cannot specify Sandbox resources when using a snapshot"],
+    [{ snapshot: "sandbar-default", gpu: 1 }, "Cannot specify Sandbox resources when using a snapshot"],
+    [{ snapshot: "sandbar-default", cpu: 2, gpuType: ["H100"] }, "Cannot specify Sandbox resources when using a snapshot"],
   ])("refuses %j with 400", async (body, message) => {
     await expectError(await f.call("POST", "/sandbox", body), 400, message);
+  });
+
+  it("takes zero resources with a named snapshot as none given (the reference checks truthiness)", async () => {
+    const s = await f.create({ snapshot: "sandbar-default", cpu: 0, memory: 0, disk: 0, gpu: 0 });
+    expect(s).toMatchObject({ snapshot: "sandbar-default", cpu: 1, memory: 1, disk: 3 });
   });
 
   it("stores auto-archive 0 and oversized values as the maximum", async () => {

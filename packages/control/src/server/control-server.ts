@@ -52,7 +52,7 @@ import { organizationMemberService } from "../services/organization-members.ts";
 import { organizationRoleService } from "../services/organization-roles.ts";
 import { organizationService } from "../services/organizations.ts";
 import { regionService } from "../services/regions.ts";
-import { dockerRegistryService, registryCredentialsFor } from "../registries/index.ts";
+import { dockerRegistryService, registryCredentialsFor, startInternalRegistry } from "../registries/index.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
 import { clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
@@ -107,7 +107,11 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const limits = startRateLimits(settings.rateLimits, databaseUrl, log);
   const guard = new Guard(credentials, limits);
   const box = await SecretBox.open(orm, settings.encryptionKey);
-  const registryCredentials = options.registryCredentials ?? ((organizationId, host) => registryCredentialsFor(orm, organizationId, host, box));
+  const pushRegistry = await startInternalRegistry(settings.internalRegistry, settings.dataDir, orm, log);
+  const savedCredentials = options.registryCredentials ?? ((organizationId, host) => registryCredentialsFor(orm, organizationId, host, box));
+  // Images in the internal registry pull with the organization's own short-lived account.
+  const internalRegistry = pushRegistry.registry;
+  const registryCredentials: CredentialsFor = (organizationId, host) => (internalRegistry?.owns(host) ? internalRegistry.pullCredentials(organizationId) : savedCredentials(organizationId, host));
   const objectStorage = await startObjectStorageService(settings.objectStorage, settings.dataDir, settings.publicUrl, orm);
   const sandboxes = await startSandboxes(settings, orm, log, registryCredentials, objectStorage.contexts);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
@@ -133,7 +137,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [OrganizationMemberService.typeName, organizationMemberService(orm, credentials) as Impl],
     [OrganizationInvitationService.typeName, organizationInvitationService(orm, credentials) as Impl],
     [RegionService.typeName, regionService(orm) as Impl],
-    [DockerRegistryService.typeName, dockerRegistryService(orm, box) as Impl],
+    [DockerRegistryService.typeName, dockerRegistryService(orm, box, pushRegistry) as Impl],
     [WebhookService.typeName, webhooks.impl as Impl],
     [AuditService.typeName, auditService(orm) as Impl],
     [VolumeService.typeName, volumeService(orm, sandboxes.volumes, log) as Impl],
@@ -198,6 +202,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
         await listener.close();
         await auditRetention.stop();
         await sandboxes.stop();
+        await internalRegistry?.stop();
         await webhooks.stop();
         await objectStorage.close();
         toolbox.clients.close();

@@ -3,7 +3,7 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import { SandboxClass, SortOrder } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { type CreateSnapshotRequest, type SnapshotService, SnapshotSortField } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
-import { type ImageStore, parseImageRef } from "@sandbar/runner/images";
+import { type ImageStore, imageUser, parseImageRef } from "@sandbar/runner/images";
 import { callerOf, organizationOf } from "../auth/principal.ts";
 import { checkBuildInfo } from "../builds/build-info.ts";
 import { Builder } from "../builds/builder.ts";
@@ -48,7 +48,8 @@ export interface Snapshots {
   /** Declarative builds on this host (absent without object storage). */
   builder?: Builder;
   /** The active snapshot a sandbox create names (its image digest, or none for the default snapshot). */
-  forSandbox(organizationId: string, idOrName: string): Promise<{ name: string; imageRef?: string; row: SnapshotRow }>;
+  /** `imageUser`: whether to read the image's USER (as a user name, into `user`): a request naming its user does not. */
+  forSandbox(organizationId: string, idOrName: string, imageUser?: boolean): Promise<{ name: string; imageRef?: string; user?: string; row: SnapshotRow }>;
 }
 
 export function snapshotServices(deps: SnapshotDeps): Snapshots {
@@ -192,7 +193,7 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
     store,
     pulls,
     builder,
-    async forSandbox(organizationId, idOrName) {
+    async forSandbox(organizationId, idOrName, wantUser = false) {
       const row = await store.find(organizationId, idOrName).catch((err: unknown) => {
         if (err instanceof ConnectError && err.code === Code.NotFound) throw errors.invalidArgument(`Snapshot ${idOrName} not found. Did you add it through the Daytona Dashboard?`);
         throw err;
@@ -201,7 +202,9 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       if (row.id === DEFAULT_SNAPSHOT_ID) return { name: DEFAULT_SNAPSHOT, row };
       if (!row.ref) throw errors.invalidArgument("Snapshot ref is not defined");
       await store.markUsed(row.id).catch(() => undefined);
-      return { name: row.name, imageRef: row.ref, row };
+      const image = wantUser ? await (await images()).get(row.ref) : undefined;
+      const user = image ? await imageUser(image) : undefined;
+      return { name: row.name, imageRef: row.ref, user, row };
     },
   };
 }

@@ -41,6 +41,8 @@ export async function startTestServer(
     snapshotCacheDir: TEST_SNAPSHOT_CACHE,
     // Suites count and inspect their sandboxes; the pool's own suite turns it on.
     warmPool: 0,
+    // A registry process per test server only where a suite asks for one.
+    internalRegistry: { enabled: false as const },
     ...opts.settings,
   };
   const server = await startControlServer(settings, () => {}, opts.control);

@@ -51,6 +51,7 @@ export type { ImageConfig } from "./config.ts";
 export { DOCKER_HUB, isLoopbackRegistry, parseImageRef, type ImageRef } from "./ref.ts";
 export type { RegistryCredentials } from "./skopeo.ts";
 export { BuildFailed, fromRegistries } from "./buildah.ts";
+export { imageUser } from "./user.ts";
 export { ImageStore, type BuildOptions, type Image, type ImageStoreOptions, type PullOptions, type StoredLayer } from "./store.ts";
 
 /** Layer dirs top first, as an overlay lowerdir list wants them. */

@@ -25,7 +25,7 @@ import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
 import { growDiskImage, isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readRecord, writeRecord } from "./record.ts";
-import { ensureMountPoint, ensureUser } from "./rootprep.ts";
+import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
 import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
@@ -262,8 +262,7 @@ export class LinuxProvider implements SandboxProvider {
 
       phase("overlay");
       const root = L.rootMount(id);
-      const isRoot = spec.user === "root";
-      const user = { name: spec.user!, uid: isRoot ? 0 : 1000, gid: isRoot ? 0 : 1000, home: isRoot ? "/root" : `/home/${spec.user}` };
+      const user = await sandboxUser(root, spec.user!);
       await ensureUser(root, user, owner);
 
       const mounts: BwrapMount[] = [];

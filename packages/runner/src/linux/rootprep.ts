@@ -70,6 +70,44 @@ export async function ensureMountPoint(root: string, target: string, sourceIsDir
   else await safeTouch(root, target, options);
 }
 
+export interface SandboxUser {
+  name: string;
+  uid: number;
+  gid: number;
+  home: string;
+}
+
+/** The root's /etc/passwd entries by name (empty when it has none); never follows a symlink. */
+export async function readPasswd(root: string): Promise<Map<string, { uid: number; gid: number; home: string }>> {
+  const out = new Map<string, { uid: number; gid: number; home: string }>();
+  const etc = await lstatOrUndefined(path.join(root, "etc"));
+  const st = etc?.isDirectory() ? await lstatOrUndefined(path.join(root, "etc/passwd")) : undefined;
+  if (!st?.isFile() || st.size > 4 * 1024 * 1024) return out;
+  for (const line of (await readFile(path.join(root, "etc/passwd"), "utf8")).split("\n")) {
+    const f = line.split(":");
+    if (f.length < 7 || out.has(f[0]!) || !/^\d{1,10}$/.test(f[2]!) || !/^\d{1,10}$/.test(f[3]!)) continue;
+    const uid = Number(f[2]);
+    const gid = Number(f[3]);
+    if (uid > 2 ** 31 - 2 || gid > 2 ** 31 - 2) continue;
+    out.set(f[0]!, { uid, gid, home: f[5]! });
+  }
+  return out;
+}
+
+/**
+ * Who `name` is inside the sandbox: root is uid 0; a user the root's /etc/passwd already has keeps
+ * its uid and gid (an image's USER owns what the image made for it), with that home when it is
+ * under /home; any other user is 1000:1000 with /home/<name>.
+ */
+export async function sandboxUser(root: string, name: string): Promise<SandboxUser> {
+  if (name === "root") return { name, uid: 0, gid: 0, home: "/root" };
+  const entry = (await readPasswd(root)).get(name);
+  const fallbackHome = `/home/${name}`;
+  if (!entry) return { name, uid: 1000, gid: 1000, home: fallbackHome };
+  const home = entry.home.startsWith("/home/") && !entry.home.split("/").includes("..") ? path.posix.normalize(entry.home) : fallbackHome;
+  return { name, uid: entry.uid, gid: entry.gid, home };
+}
+
 /** Adds `user` to /etc/passwd and /etc/group when missing, and creates the home directory. */
 export async function ensureUser(root: string, user: { name: string; uid: number; gid: number; home: string }, hostOwner: Owner): Promise<void> {
   await safeMkdirp(root, "etc");

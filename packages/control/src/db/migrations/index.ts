@@ -12,6 +12,7 @@ import { Migration0012DockerRegistries } from "./0012-docker-registries.ts";
 import { Migration0013Volumes } from "./0013-volumes.ts";
 import { Migration0014SandboxNetwork } from "./0014-sandbox-network.ts";
 import { Migration0016Builds } from "./0016-builds.ts";
+import { Migration0017RegistryPushCredentials } from "./0017-registry-push-credentials.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -29,4 +30,5 @@ export const migrations = [
   { name: "0013-volumes", class: Migration0013Volumes },
   { name: "0014-sandbox-network", class: Migration0014SandboxNetwork },
   { name: "0016-builds", class: Migration0016Builds },
+  { name: "0017-registry-push-credentials", class: Migration0017RegistryPushCredentials },
 ];

@@ -28,15 +28,18 @@ async function minimalUserland(dir: string): Promise<void> {
   await chmod(path.join(dir, "tmp"), 0o1777); // as images have it: the agent keeps its state there
 }
 
-/** Pushes the test image as `<registry>/<repo>`; answers the reference to pull. */
-export async function pushTestImage(reg: TestRegistry, scratch: string, repo = "test/app:1.0"): Promise<string> {
+/**
+ * Pushes the test image as `<registry>/<repo>`; answers the reference to pull. `extra` adds files
+ * to its top layer and sets its USER. Each call needs a scratch dir of its own.
+ */
+export async function pushTestImage(reg: TestRegistry, scratch: string, repo = "test/app:1.0", extra: { user?: string; files?: Record<string, string> } = {}): Promise<string> {
   const root = path.join(scratch, "userland");
   await minimalUserland(root);
   const layout = path.join(scratch, "layout");
   await initLayout(layout);
   const base = await layerFromDir(root);
-  const files = await layerFromFiles(TEST_IMAGE.files, scratch);
-  await addImage(layout, "app", { layers: [base, files], env: TEST_IMAGE.env, workdir: "/app", entrypoint: TEST_IMAGE.entrypoint, cmd: ["-c", "sleep infinity"] });
+  const files = await layerFromFiles({ ...TEST_IMAGE.files, ...extra.files }, scratch);
+  await addImage(layout, "app", { layers: [base, files], env: TEST_IMAGE.env, workdir: "/app", entrypoint: TEST_IMAGE.entrypoint, cmd: ["-c", "sleep infinity"], user: extra.user });
   await reg.push(layout, "app", repo);
   return `${reg.host}/${repo}`;
 }
