@@ -1,6 +1,6 @@
 import type { DescService } from "@bufbuild/protobuf";
 import { createClient, type Client } from "@connectrpc/connect";
-import { resolveConfig, type ResolvedConfig } from "@sandbar/sdk";
+import { resolveConfig, type ResolvedConfig } from "./sdk.ts";
 import { sdkTransport } from "./transport.ts";
 import { CliError } from "./failure.ts";
 import { makeOutput, type Output } from "./output.ts";

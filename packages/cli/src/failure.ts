@@ -2,12 +2,11 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 /** A failure the CLI explains itself: its message already says what to do next. */
 export class CliError extends Error {
-  constructor(
-    message: string,
-    readonly exitCode = 1,
-  ) {
+  readonly exitCode: number;
+  constructor(message: string, exitCode = 1) {
     super(message);
     this.name = "CliError";
+    this.exitCode = exitCode;
   }
 }
 

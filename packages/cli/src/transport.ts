@@ -1,6 +1,6 @@
 import type { Interceptor, Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
-import type { ResolvedConfig } from "@sandbar/sdk";
+import type { ResolvedConfig } from "./sdk.ts";
 
 // TEMPORARY until the SDK exports its transport: the same wiring (bearer, organization header
 // for a JWT, the sandbox header for toolbox calls), replaced by the SDK's at the next merge.

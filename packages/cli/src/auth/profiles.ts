@@ -1,4 +1,4 @@
-import { readConfigFile, writeConfigFile, type ConfigFile, type ConfigProfile, type ResolvedConfig } from "@sandbar/sdk";
+import { readConfigFile, writeConfigFile, type ConfigFile, type ConfigProfile, type ResolvedConfig } from "../sdk.ts";
 
 /** The profile a command reads and writes: the one resolved, else the file's active one, else "default". */
 export function profileName(config: ResolvedConfig, requested?: string): string {

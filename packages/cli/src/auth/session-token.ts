@@ -1,4 +1,4 @@
-import { readConfigFile, resolveConfig, type ResolvedConfig } from "@sandbar/sdk";
+import { readConfigFile, resolveConfig, type ResolvedConfig } from "../sdk.ts";
 import type { GlobalOptions } from "../context.ts";
 import { CliError } from "../failure.ts";
 import { discover, serverOidc, tokenRequest } from "./oidc.ts";

@@ -1,6 +1,6 @@
 import { spawn } from "node:child_process";
 import type { Command } from "commander";
-import { readConfigFile, resolveConfig } from "@sandbar/sdk";
+import { readConfigFile, resolveConfig } from "../sdk.ts";
 import { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
 import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
 import { OrganizationService, type Organization } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
@@ -23,18 +23,18 @@ export function authCommands(program: Command): void {
     .option("--api-key <key>", "save this API key instead of signing in through the browser")
     .option("--no-browser", "print the sign-in URL without opening a browser")
     .addHelpText("after", "\nThe credentials go into the profile of <config dir>/config.json (mode 0600): SANDBAR_CONFIG_DIR, or ~/.config/sandbar.")
-    .action(run(async (opts: { apiKey?: string; browser: boolean }, globals) => login(globals, opts)));
+    .action(run(async (opts: { apiKey?: string; browser: boolean }, globals: GlobalOptions) => login(globals, opts)));
 
   program
     .command("logout")
     .description("forget the saved credentials of this profile (and revoke a browser sign-in)")
-    .action(run(async (_opts, globals) => logout(globals)));
+    .action(run(async (_opts: unknown, globals: GlobalOptions) => logout(globals)));
 
   program
     .command("whoami")
     .description("who the saved or configured credentials act as")
     .action(
-      run(async (_opts, globals) => {
+      run(async (_opts: unknown, globals: GlobalOptions) => {
         const ctx = await openContext(globals);
         if (ctx.config.apiKey) {
           const key = await ctx.client(ApiKeyService).getCurrentApiKey({});
@@ -63,7 +63,7 @@ export function authCommands(program: Command): void {
     .command("list")
     .description("list your organizations (* marks the one in use)")
     .action(
-      run(async (_opts, globals) => {
+      run(async (_opts: unknown, globals: GlobalOptions) => {
         const ctx = await openContext(globals).catch((err) => (err instanceof CliError && /No organization chosen/.test(err.message) ? contextFor(configOf(globals), globals) : Promise.reject(err)));
         const { items } = await ctx.client(OrganizationService).listOrganizations({});
         const current = ctx.config.apiKey ? items[0]?.id : ctx.config.organizationId;
@@ -78,7 +78,7 @@ export function authCommands(program: Command): void {
     .description("act in this organization from now on (id or name)")
     .argument("<organization>", "organization id or name")
     .action(
-      run(async (wanted: string, _opts, globals) => {
+      run(async (wanted: string, _opts: unknown, globals: GlobalOptions) => {
         const config = configOf(globals);
         if (config.apiKey) throw new CliError("An API key acts in its own organization only: sign in with `sandbar login` to switch organizations, or use that organization's key.");
         const ctx = contextFor(config, globals);

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { SandboxService, SandboxSchema, SandboxState, type Sandbox } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
-import { openContext, type Context } from "../context.ts";
+import { openContext, type GlobalOptions, type Context } from "../context.ts";
 import { CliError } from "../failure.ts";
 import { run } from "../run.ts";
 import { collect, keyValue, nonNegativeInt, positiveInt } from "./parse.ts";
@@ -59,7 +59,7 @@ export function sandboxCommands(program: Command): void {
     .option("--no-wait", "return at once, without waiting for the start")
     .option(...timeout)
     .action(
-      run(async (o: { name?: string; snapshot?: string; cpu?: number; memory?: number; disk?: number; user?: string; env?: Record<string, string>; label?: Record<string, string>; target?: string; autoStop?: number; volume?: string[]; wait: boolean; timeout: number }, globals) => {
+      run(async (o: { name?: string; snapshot?: string; cpu?: number; memory?: number; disk?: number; user?: string; env?: Record<string, string>; label?: Record<string, string>; target?: string; autoStop?: number; volume?: string[]; wait: boolean; timeout: number }, globals: GlobalOptions) => {
         const volumes = (o.volume ?? []).map((v) => {
           const i = v.indexOf(":");
           if (i <= 0 || !v.slice(i + 1).startsWith("/")) throw new CliError(`--volume takes VOLUME:/mount/path, got "${v}".`, 2);
@@ -83,7 +83,7 @@ export function sandboxCommands(program: Command): void {
     .description("list the organization's sandboxes")
     .option("-l, --label <KEY=VALUE>", "only sandboxes with this label (repeatable)", keyValue("--label"))
     .action(
-      run(async (o: { label?: Record<string, string> }, globals) => {
+      run(async (o: { label?: Record<string, string> }, globals: GlobalOptions) => {
         const ctx = await openContext(globals);
         const { items } = await ctx.client(SandboxService).listSandboxes({ labels: o.label ? JSON.stringify(o.label) : undefined });
         ctx.out.result(items.map((s) => asJson(SandboxSchema, s)), () => (items.length ? ctx.out.table(items.map(row), COLUMNS) : ctx.out.note("No sandboxes.")));
@@ -95,7 +95,7 @@ export function sandboxCommands(program: Command): void {
     .description("show one sandbox")
     .argument("<sandbox>", "sandbox id or name")
     .action(
-      run(async (id: string, _o, globals) => {
+      run(async (id: string, _o: unknown, globals: GlobalOptions) => {
         const ctx = await openContext(globals);
         show(ctx, await ctx.client(SandboxService).getSandbox({ sandboxId: id }));
       }),
@@ -112,7 +112,7 @@ export function sandboxCommands(program: Command): void {
     if (name === "delete") cmd.alias("rm");
     if (target !== undefined) cmd.option("--no-wait", "return at once").option(...timeout);
     cmd.action(
-      run(async (id: string, o: { wait?: boolean; timeout?: number }, globals) => {
+      run(async (id: string, o: { wait?: boolean; timeout?: number }, globals: GlobalOptions) => {
         const ctx = await openContext(globals);
         let s = await call(ctx, id);
         if (target !== undefined && o.wait !== false && s.state !== target) s = await waitFor(ctx, s.id, target, o.timeout ?? 300);
