@@ -4,8 +4,9 @@
 # snapshot; git, python3-pylsp: the agent's git and Python language server; python3-seccomp: the
 # sandbox seccomp filter; procps, iproute2, tar: process, network and layer tools.
 SANDBOX_PACKAGES="bubblewrap util-linux mount e2fsprogs debootstrap git python3-pylsp python3-seccomp procps iproute2 nftables tar skopeo attr"
-# Test-only: a real browser for the sign-in flow; an OCI registry with htpasswd and token auth.
-TEST_PACKAGES="chromium docker-registry apache2-utils openssl"
+# Test-only: a real browser for the sign-in flow; an OCI registry with htpasswd and token auth;
+# tmux: the CLI driven in a real terminal.
+TEST_PACKAGES="chromium docker-registry apache2-utils openssl tmux"
 
 # Installs whichever of "$@" is missing. As root with apt-get: installs; otherwise prints the
 # exact command to run and fails.
