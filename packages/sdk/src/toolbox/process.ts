@@ -1,0 +1,64 @@
+import type { CallOptions, Client } from "@connectrpc/connect";
+import type { ExecuteResponse, LogChunk, ProcessService, Session, SessionExecuteResponse } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+
+export interface ExecOptions extends CallOptions {
+  cwd?: string;
+  env?: Record<string, string>;
+  /** Seconds the command may run (the agent's default when unset). */
+  timeout?: number;
+}
+
+/** Commands in one sandbox: one-shot `exec`, and sessions whose commands' output can be followed. */
+export class Processes {
+  /** The generated ProcessService client for this sandbox (code run, session details). */
+  readonly client: Client<typeof ProcessService>;
+
+  constructor(client: Client<typeof ProcessService>) {
+    this.client = client;
+  }
+
+  /** Runs `command` in a shell to its end; stdout and stderr together in `result`. */
+  exec(command: string, o: ExecOptions = {}): Promise<ExecuteResponse> {
+    const { cwd, env, timeout, ...opts } = o;
+    return this.client.execute({ command, cwd, envs: env, timeout }, opts);
+  }
+
+  async createSession(sessionId: string, opts?: CallOptions): Promise<void> {
+    await this.client.createSession({ sessionId }, opts);
+  }
+
+  async listSessions(opts?: CallOptions): Promise<Session[]> {
+    return (await this.client.listSessions({}, opts)).sessions;
+  }
+
+  getSession(sessionId: string, opts?: CallOptions): Promise<Session> {
+    return this.client.getSession({ sessionId }, opts);
+  }
+
+  async deleteSession(sessionId: string, opts?: CallOptions): Promise<void> {
+    await this.client.deleteSession({ sessionId }, opts);
+  }
+
+  /**
+   * Runs `command` in the session. Synchronous by default (answers with its exit code and output);
+   * `async: true` answers at once with `cmdId`, for logs() to follow.
+   */
+  sessionExec(sessionId: string, command: string, o: { async?: boolean } & CallOptions = {}): Promise<SessionExecuteResponse> {
+    const { async = false, ...opts } = o;
+    return this.client.sessionExecute({ sessionId, command, runAsync: async }, opts);
+  }
+
+  /**
+   * The command's output as chunks (`chunk.data.case` is "stdout" or "stderr"): what it wrote so far
+   * and, with `follow` (default), what it writes until it ends.
+   */
+  logs(sessionId: string, commandId: string, o: { follow?: boolean } & CallOptions = {}): AsyncIterable<LogChunk> {
+    const { follow = true, ...opts } = o;
+    return this.client.streamSessionCommandLogs({ sessionId, commandId, follow }, opts);
+  }
+
+  /** Sends a line to the command's stdin (a newline is added when missing). */
+  async sendInput(sessionId: string, commandId: string, data: string, opts?: CallOptions): Promise<void> {
+    await this.client.sendSessionCommandInput({ sessionId, commandId, data }, opts);
+  }
+}

@@ -1,0 +1,45 @@
+import { getOption } from "@bufbuild/protobuf";
+import type { Interceptor, Transport } from "@connectrpc/connect";
+import { Auth, route } from "@sandbar/protocol/gen/sandbar/options/v1/options_pb.js";
+import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import type { ResolvedConfig } from "./config.ts";
+import { ConfigurationError } from "./errors.ts";
+import { retryInterceptor, type RetryOptions } from "./retry.ts";
+
+/** Header naming the organization a JWT acts in (API keys belong to one already). */
+export const ORGANIZATION_HEADER = "x-sandbar-organization-id";
+/** Header naming the sandbox a toolbox call goes to. */
+export const SANDBOX_HEADER = "x-sandbar-sandbox-id";
+
+const NO_CREDENTIALS = "no credentials: set SANDBAR_API_KEY (or the apiKey option), or sign in and set SANDBAR_JWT_TOKEN with SANDBAR_ORGANIZATION_ID";
+
+/** Bearer credential (API key or JWT) and, for a JWT, the organization header on every call. */
+export function credentialsInterceptor(config: Pick<ResolvedConfig, "apiKey" | "jwtToken" | "organizationId">): Interceptor {
+  const token = config.apiKey ?? config.jwtToken;
+  const org = config.apiKey ? undefined : config.organizationId;
+  return (next) => async (req) => {
+    if (token) req.header.set("authorization", `Bearer ${token}`);
+    // Public methods (GET /config) need none; the rest fail here with what to do rather than with a 401.
+    else if (getOption(req.method, route).auth !== Auth.PUBLIC) throw new ConfigurationError(NO_CREDENTIALS);
+    if (org) req.header.set(ORGANIZATION_HEADER, org);
+    return next(req);
+  };
+}
+
+export interface SandbarTransport {
+  transport: Transport;
+  /** Closes the HTTP/2 connection (idle connections do not keep the process alive anyway). */
+  close(): void;
+}
+
+/** gRPC over HTTP/2 (h2c for http://, TLS with ALPN for https://) to the server's one port. */
+export function createSandbarTransport(config: ResolvedConfig, retry?: RetryOptions): SandbarTransport {
+  const sessionManager = new Http2SessionManager(config.grpcBaseUrl);
+  const transport = createGrpcTransport({
+    baseUrl: config.grpcBaseUrl,
+    sessionManager,
+    // Retries sit inside the credentials, so each attempt carries them.
+    interceptors: [credentialsInterceptor(config), retryInterceptor(retry)],
+  });
+  return { transport, close: () => sessionManager.abort() };
+}
