@@ -1,7 +1,7 @@
 import type { DescService } from "@bufbuild/protobuf";
-import { createClient, type Client } from "@connectrpc/connect";
+import type { Client } from "@connectrpc/connect";
 import { resolveConfig, type ResolvedConfig } from "./sdk.ts";
-import { sdkTransport } from "./transport.ts";
+import { cliClients } from "./transport.ts";
 import { CliError } from "./failure.ts";
 import { makeOutput, type Output } from "./output.ts";
 import { ensureFreshToken } from "./auth/session-token.ts";
@@ -45,10 +45,9 @@ export async function openContext(globals: GlobalOptions): Promise<Context> {
 
 export function contextFor(config: ResolvedConfig, globals: GlobalOptions): Context {
   const out = makeOutput({ json: Boolean(globals.json) });
-  const transport = sdkTransport(config);
-  return {
-    out,
-    config,
-    client: (service, sandboxId) => createClient(service, sandboxId ? sdkTransport(config, sandboxId) : transport),
+  // A pause for a retry is explained to a person watching (or with --debug); a script's stderr keeps its one line.
+  const note = (line: string) => {
+    if (process.stderr.isTTY || globals.debug) process.stderr.write(line + "\n");
   };
+  return { out, config, client: cliClients(config, note) };
 }

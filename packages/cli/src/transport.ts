@@ -1,18 +1,15 @@
-import type { Interceptor, Transport } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
-import type { ResolvedConfig } from "./sdk.ts";
+import type { DescService } from "@bufbuild/protobuf";
+import { Code, type Client } from "@connectrpc/connect";
+import { createSandbarTransport, sandbarClient, SANDBOX_HEADER, type ResolvedConfig } from "./sdk.ts";
 
-// TEMPORARY until the SDK exports its transport: the same wiring (bearer, organization header
-// for a JWT, the sandbox header for toolbox calls), replaced by the SDK's at the next merge.
-export function sdkTransport(config: ResolvedConfig, sandboxId?: string): Transport {
-  const headers: Record<string, string> = {};
-  const bearer = config.apiKey ?? config.jwtToken;
-  if (bearer) headers.authorization = `Bearer ${bearer}`;
-  if (config.jwtToken && !config.apiKey && config.organizationId) headers["x-sandbar-organization-id"] = config.organizationId;
-  if (sandboxId) headers["x-sandbar-sandbox-id"] = sandboxId;
-  const stamp: Interceptor = (next) => (req) => {
-    for (const [k, v] of Object.entries(headers)) req.header.set(k, v);
-    return next(req);
-  };
-  return createGrpcTransport({ baseUrl: config.grpcBaseUrl, interceptors: [stamp] });
+/** A CLI waits out a short Retry-After on reads (saying so); a longer one fails at once with the wait named. */
+const MAX_RETRY_AFTER_MS = 5_000;
+
+/** The SDK's transport and typed clients, with retry notices for people. */
+export function cliClients(config: ResolvedConfig, note: (line: string) => void): <S extends DescService>(service: S, sandboxId?: string) => Client<S> {
+  const { transport } = createSandbarTransport(config, {
+    maxRetryAfterMs: MAX_RETRY_AFTER_MS,
+    onRetry: (info) => note(`sandbar: ${info.method}: ${info.code === Code.ResourceExhausted ? "rate limited" : "server unavailable"}; retrying in ${Math.ceil(info.delayMs / 1000)} s`),
+  });
+  return (service, sandboxId) => sandbarClient(service, transport, sandboxId ? { [SANDBOX_HEADER]: sandboxId } : undefined);
 }
