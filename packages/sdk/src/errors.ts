@@ -113,6 +113,8 @@ export function toSandbarError(err: unknown, signal?: AbortSignal): SandbarError
       ? new TimeoutError("The call timed out", "deadline_exceeded", 408, { cause: reason })
       : new CanceledError("The call was aborted", "canceled", 499, { cause: reason });
   }
+  // A SandbarError thrown inside the transport (an interceptor) comes back wrapped by Connect.
+  if (err instanceof ConnectError && err.cause instanceof SandbarError) return err.cause;
   const ce = ConnectError.from(err);
   const [code, status] = byCode[ce.code] ?? ["unknown", 500];
   const metadata = ce.metadata;
