@@ -124,6 +124,20 @@ describe("results", () => {
     const snaps = JSON.parse((await sandbar(["snapshot", "list", "--json"], env)).stdout);
     expect(snaps.map((s: { name: string }) => s.name)).toContain("sandbar-default");
   });
+
+  it("snapshot create follows the build log to its end; a failed build is one line and exit 1", async () => {
+    // A registry nothing listens on: the pull fails at once, and its log says why.
+    const r = await sandbar(["snapshot", "create", "cli-broken", "--image", "127.0.0.1:9/nothing:1", "--timeout", "60"], env);
+    expect(r.stdout).toMatch(/^pulling 127\.0\.0\.1:9\/nothing:1$/m);
+    expect(r.stdout).toMatch(/cannot reach the registry/);
+    // A note that the build is followed, then the failure as one line.
+    expect(r.code).toBe(1);
+    expect(r.stderr.trimEnd().split("\n")).toEqual(["Building cli-broken from 127.0.0.1:9/nothing:1:", expect.stringMatching(/^sandbar: Snapshot cli-broken is error: cannot reach the registry/)]);
+    expect((await sandbar(["snapshot", "logs", "cli-broken"], env)).stdout).toMatch(/^pulling /);
+    expect((await sandbar(["snapshot", "delete", "cli-broken"], env)).code).toBe(0);
+    const names = JSON.parse((await sandbar(["snapshot", "list", "--json"], env)).stdout).map((s: { name: string }) => s.name);
+    expect(names).not.toContain("cli-broken");
+  });
 });
 
 describe("failures are one line with what to do next", () => {

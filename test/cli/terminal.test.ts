@@ -106,6 +106,11 @@ describe("sandbar in a terminal", () => {
     expect(now.jwtToken).not.toBe(before.jwtToken);
     expect(now.refreshToken).not.toBe(before.refreshToken);
     expect(Date.parse(now.tokenExpiresAt)).toBeGreaterThan(Date.now() + 30 * 60_000);
+
+    // org use by name or id; an organization one is not in is refused with where to look.
+    expect(await sh("sandbar org use Default")).toMatch(/Now acting in Default \([0-9a-f-]{36}\)\./);
+    expect(await sh("sandbar org use elsewhere")).toMatch(/sandbar: You are not a member of an organization "elsewhere": `sandbar org list` shows yours\./);
+    expect(rcOf(term.screen())).toBe(1);
   });
 
   it("sandbox create and exec: output on the screen, the exit code in $?", async () => {

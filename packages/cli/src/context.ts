@@ -29,15 +29,16 @@ export function configOf(globals: GlobalOptions): ResolvedConfig {
 
 /**
  * A context whose calls are authenticated: the credentials must exist, a signed-in person's
- * token is refreshed first when it has expired (or is about to).
+ * token is refreshed first when it has expired (or is about to). A person's calls need an
+ * organization, except the user-level ones (`needsOrganization: false`: whoami, org list).
  */
-export async function openContext(globals: GlobalOptions): Promise<Context> {
+export async function openContext(globals: GlobalOptions, opts: { needsOrganization?: boolean } = {}): Promise<Context> {
   let config = configOf(globals);
   if (!config.apiKey && !config.jwtToken) {
     throw new CliError(`Not signed in to ${config.apiUrl}: run \`sandbar login\` (or \`sandbar login --api-key KEY\`), or set SANDBAR_API_KEY.`);
   }
   if (config.jwtToken && config.sources.credentials === "config-file") config = await ensureFreshToken(config, globals);
-  if (config.jwtToken && !config.organizationId) {
+  if (config.jwtToken && !config.organizationId && opts.needsOrganization !== false) {
     throw new CliError("No organization chosen for your sign-in: run `sandbar org list`, then `sandbar org use ID`.");
   }
   return contextFor(config, globals);

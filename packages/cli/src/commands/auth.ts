@@ -35,7 +35,7 @@ export function authCommands(program: Command): void {
     .description("who the saved or configured credentials act as")
     .action(
       run(async (_opts: unknown, globals: GlobalOptions) => {
-        const ctx = await openContext(globals);
+        const ctx = await openContext(globals, { needsOrganization: false });
         if (ctx.config.apiKey) {
           const key = await ctx.client(ApiKeyService).getCurrentApiKey({});
           const orgs = await ctx.client(OrganizationService).listOrganizations({});
@@ -64,7 +64,7 @@ export function authCommands(program: Command): void {
     .description("list your organizations (* marks the one in use)")
     .action(
       run(async (_opts: unknown, globals: GlobalOptions) => {
-        const ctx = await openContext(globals).catch((err) => (err instanceof CliError && /No organization chosen/.test(err.message) ? contextFor(configOf(globals), globals) : Promise.reject(err)));
+        const ctx = await openContext(globals, { needsOrganization: false });
         const { items } = await ctx.client(OrganizationService).listOrganizations({});
         const current = ctx.config.apiKey ? items[0]?.id : ctx.config.organizationId;
         ctx.out.result(
@@ -79,10 +79,9 @@ export function authCommands(program: Command): void {
     .argument("<organization>", "organization id or name")
     .action(
       run(async (wanted: string, _opts: unknown, globals: GlobalOptions) => {
-        const config = configOf(globals);
+        const ctx = await openContext(globals, { needsOrganization: false });
+        const { config } = ctx;
         if (config.apiKey) throw new CliError("An API key acts in its own organization only: sign in with `sandbar login` to switch organizations, or use that organization's key.");
-        const ctx = contextFor(config, globals);
-        if (!config.jwtToken) throw new CliError(`Not signed in to ${config.apiUrl}: run \`sandbar login\` first.`);
         const { items } = await ctx.client(OrganizationService).listOrganizations({});
         const found = items.find((o) => o.id === wanted) ?? items.filter((o) => o.name === wanted).at(0);
         if (!found) throw new CliError(`You are not a member of an organization "${wanted}": \`sandbar org list\` shows yours.`);
