@@ -61,7 +61,8 @@ export function explain(err: unknown, server?: string): string {
   const net = networkCode(err);
   if (net) return `Cannot reach the Sandbar server${where} (${net}): check that it is running, or point SANDBAR_API_URL (or \`sandbar login --api-url\`) at it.`;
   const raw = err instanceof ConnectError ? err.rawMessage : err instanceof Error ? err.message : String(err);
-  const message = raw.replace(/[.\s]+$/, "");
+  // One line, whatever the server or a library wrote.
+  const message = raw.replace(/\s*\n\s*/g, " ").replace(/[.\s]+$/, "");
   if (err instanceof Error && err.name === "ConfigurationError") return `${message}: run \`sandbar login\`, or set SANDBAR_API_KEY and SANDBAR_API_URL.`;
   switch (codeOf(err)) {
     case "unauthenticated":

@@ -3,9 +3,8 @@ import { stat } from "node:fs/promises";
 import { basename, join, posix } from "node:path";
 import { pipeline } from "node:stream/promises";
 import type { Command } from "commander";
-import { FileService, type UploadFileRequest } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
-import type { UploadFileRequestSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
+import { FileService, type UploadFileRequestSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { openContext, type GlobalOptions } from "../context.ts";
 import { CliError } from "../failure.ts";
 import { progressBar } from "../progress.ts";
@@ -45,7 +44,10 @@ export function filesCommands(program: Command): void {
           const kind = await localKind(source);
           if (kind !== "file") throw new CliError(kind === "dir" ? `${source} is a directory: only files can be copied.` : `${source}: no such file.`, 1);
           const size = (await stat(source)).size;
-          const path = to.path.endsWith("/") ? posix.join(to.path, basename(source)) : to.path;
+          const files = ctx.client(FileService, to.sandbox);
+          // Into a directory (named with a trailing / or existing there), the file keeps its name.
+          const intoDir = to.path.endsWith("/") || (await files.getFileInfo({ path: to.path }).then((i) => i.isDir, () => false));
+          const path = intoDir ? posix.join(to.path, basename(source)) : to.path;
           const bar = progressBar(basename(source), size);
           async function* messages(): AsyncGenerator<MessageInitShape<typeof UploadFileRequestSchema>> {
             yield { part: { case: "header", value: { path } } };
@@ -54,7 +56,7 @@ export function filesCommands(program: Command): void {
               yield { part: { case: "data", value: chunk } };
             }
           }
-          const res = await ctx.client(FileService, to.sandbox).uploadFile(messages());
+          const res = await files.uploadFile(messages());
           bar.done();
           ctx.out.result({ sandbox: to.sandbox, path: res.file?.path ?? path, bytes: Number(res.file?.bytes ?? size) }, () => ctx.out.note(`Copied ${source} to ${to.sandbox}:${res.file?.path ?? path}.`));
           return;
@@ -93,4 +95,3 @@ export function filesCommands(program: Command): void {
       }),
     );
 }
-export type { UploadFileRequest };
