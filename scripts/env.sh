@@ -27,4 +27,9 @@ ensure_deps() {
   if [ ! -f "$bundle" ] || [ -n "$(find packages/agent/src packages/agent/build.ts package-lock.json -newer "$bundle" -print -quit)" ]; then
     node packages/agent/build.ts >&2 || exit 1
   fi
+  # @sandbar/sdk's dist/ (JS + .d.ts) that programs and the CLI import, rebuilt when its sources changed.
+  local sdk=packages/sdk/dist/index.js
+  if [ ! -f "$sdk" ] || [ -n "$(find packages/sdk/src packages/sdk/tsconfig.build.json -newer "$sdk" -print -quit)" ]; then
+    node node_modules/typescript/bin/tsc -p packages/sdk/tsconfig.build.json >&2 || exit 1
+  fi
 }

@@ -29,7 +29,7 @@ export {
   type ErrorCode,
 } from "./errors.ts";
 export { isIdempotent, retryInterceptor, type RetryOptions, type RetryInfo } from "./retry.ts";
-export { createSandbarTransport, ORGANIZATION_HEADER, SANDBOX_HEADER } from "./transport.ts";
+export { createSandbarTransport, credentialsInterceptor, ORGANIZATION_HEADER, SANDBOX_HEADER, type TokenProvider } from "./transport.ts";
 export { sandbarClient } from "./clients.ts";
 export { Sandboxes, type ListSandboxesParams } from "./sandboxes.ts";
 export { Sandbox, waitForState, type CreateSandboxParams, type WaitOptions } from "./sandbox.ts";

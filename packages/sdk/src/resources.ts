@@ -14,7 +14,8 @@ import {
 } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
 import type { Volume, VolumeService } from "@sandbar/protocol/gen/sandbar/control/v1/volume_pb.js";
 import { json } from "@sandbar/protocol/gen/sandbar/options/v1/options_pb.js";
-import { InvalidArgumentError, SandbarError, TimeoutError } from "./errors.ts";
+import { setTimeout } from "node:timers/promises";
+import { InvalidArgumentError, SandbarError, TimeoutError, toSandbarError } from "./errors.ts";
 
 export class Snapshots {
   /** The generated SnapshotService client (toggle, activate, deactivate, general flag). */
@@ -68,8 +69,9 @@ export class Snapshots {
         throw new SandbarError(`snapshot ${s.name} failed: ${s.errorReason ?? "no reason given"}`, "failed_precondition", 409);
       }
       if (Date.now() > until) throw new TimeoutError(`snapshot ${s.name} still ${SnapshotState[s.state].toLowerCase()} after ${limit} ms`, "deadline_exceeded", 408);
-      await new Promise((r) => setTimeout(r, 250));
-      o.signal?.throwIfAborted();
+      await setTimeout(250, undefined, { signal: o.signal }).catch((err: unknown) => {
+        throw toSandbarError(err, o.signal);
+      });
     }
   }
 }

@@ -17,11 +17,16 @@ import { sandbarClient } from "./clients.ts";
 import { ApiKeys, Organizations, Snapshots, Volumes } from "./resources.ts";
 import type { RetryOptions } from "./retry.ts";
 import { Sandboxes } from "./sandboxes.ts";
-import { createSandbarTransport } from "./transport.ts";
+import { createSandbarTransport, type TokenProvider } from "./transport.ts";
 
 export interface SandbarClientOptions extends SandbarOptions {
   /** Retries of idempotent calls refused with 429 or 503 (default: 4 attempts, Retry-After honoured). */
   retry?: RetryOptions;
+  /**
+   * Asked for the bearer token before every call, instead of a fixed apiKey/jwtToken: a signed-in
+   * person's access token that the caller refreshes when it expires. Sent with `organizationId`.
+   */
+  tokenProvider?: TokenProvider;
 }
 
 /**
@@ -54,7 +59,7 @@ export class Sandbar {
 
   constructor(options: SandbarClientOptions = {}) {
     this.config = resolveConfig(options);
-    const { transport, close } = createSandbarTransport(this.config, options.retry);
+    const { transport, close } = createSandbarTransport(this.config, options.retry, options.tokenProvider);
     this.closeTransport = close;
     this.services = {
       config: sandbarClient(ConfigService, transport),

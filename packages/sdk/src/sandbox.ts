@@ -1,3 +1,4 @@
+import { setTimeout } from "node:timers/promises";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { CallOptions, Client, Transport } from "@connectrpc/connect";
 import { EnvironmentService } from "@sandbar/protocol/gen/sandbar/agent/v1/environment_pb.js";
@@ -27,22 +28,6 @@ export interface WaitOptions {
 /** States a sandbox does not leave by waiting. */
 const DEAD_ENDS = new Set([SandboxState.ERROR, SandboxState.BUILD_FAILED, SandboxState.DESTROYED, SandboxState.DESTROYING]);
 
-/** Sleeps `ms`, or fails with the signal's reason. */
-function pause(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal.aborted) return reject(signal.reason);
-    const t = setTimeout(() => {
-      signal.removeEventListener("abort", onAbort);
-      resolve();
-    }, ms);
-    const onAbort = () => {
-      clearTimeout(t);
-      reject(signal.reason);
-    };
-    signal.addEventListener("abort", onAbort, { once: true });
-  });
-}
-
 /** Polls a sandbox until it reaches `want`; a dead-end state or the deadline is an error. */
 export async function waitForState(api: Client<typeof SandboxService>, sandboxId: string, want: SandboxState, o: WaitOptions = {}): Promise<SandboxInfo> {
   const timeout = AbortSignal.timeout(o.timeoutMs ?? 60_000);
@@ -55,7 +40,7 @@ export async function waitForState(api: Client<typeof SandboxService>, sandboxId
       if (DEAD_ENDS.has(s.state) && want !== s.state) {
         throw new SandbarError(`sandbox ${s.id} is ${SandboxState[s.state].toLowerCase()}${s.errorReason ? `: ${s.errorReason}` : ""}`, "failed_precondition", 409);
       }
-      await pause(delay, signal);
+      await setTimeout(delay, undefined, { signal });
       delay = Math.min(1000, delay * 2);
     }
   } catch (err) {

@@ -1,6 +1,6 @@
-import type { MessageInitShape } from "@bufbuild/protobuf";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import type { CallOptions, Client, Transport } from "@connectrpc/connect";
-import type { ListSandboxesRequest, ListSandboxesRequestSchema, SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { SandboxSchema, type ListSandboxesRequest, type ListSandboxesRequestSchema, type SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { Sandbox, type CreateSandboxParams, type WaitOptions } from "./sandbox.ts";
 
 /** The request as a plain object. */
@@ -38,9 +38,9 @@ export class Sandboxes {
     return this.handle(await this.client.getSandbox({ sandboxId: idOrName }, opts));
   }
 
-  /** A handle for a sandbox known by id, without reading it first (its `info` holds only the id). */
+  /** A handle for a sandbox known by id or name, without reading it first (its `info` holds only that until refresh()). */
   handleFor(id: string): Sandbox {
-    return new Sandbox({ id } as Sandbox["info"], this.client, this.transport);
+    return new Sandbox(create(SandboxSchema, { id }), this.client, this.transport);
   }
 
   /** Sandboxes matching `params` (labels as a JSON object string, states, cursor/limit...). */

@@ -1,4 +1,4 @@
-import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { Readable } from "node:stream";
@@ -70,6 +70,8 @@ describe("sandboxes", () => {
     await s.stop();
     await s.waitUntilStopped({ timeoutMs: 30_000 });
     expect(s.state).toBe(SandboxState.STOPPED);
+    // Waiting for a state that does not come ends at the deadline.
+    await expect(s.waitUntilStarted({ timeoutMs: 300 })).rejects.toBeInstanceOf(TimeoutError);
     await sandbar.sandboxes.start("sdk-lifecycle");
     await s.waitUntilStarted({ timeoutMs: 30_000 });
     expect((await s.process.exec("echo back")).result).toBe("back\n");
@@ -113,6 +115,9 @@ describe("toolbox", () => {
     const back = path.join(scratch, "back.bin");
     expect(await sandbox.fs.downloadFile(`${dir}/d.bin`, back)).toBe(bytes.length);
     expect((await readFile(back)).equals(bytes)).toBe(true);
+    const missing = path.join(scratch, "missing.bin");
+    await expect(sandbox.fs.downloadFile(`${dir}/nope.bin`, missing)).rejects.toBeInstanceOf(NotFoundError);
+    await expect(readFile(missing)).rejects.toMatchObject({ code: "ENOENT" });
 
     expect((await sandbox.fs.list(dir)).map((f) => f.name).sort()).toEqual(["a.txt", "b.txt", "c.txt", "d.bin"]);
     expect(Number((await sandbox.fs.stat(`${dir}/d.bin`)).size)).toBe(bytes.length);
@@ -294,7 +299,7 @@ describe("volumes, API keys, organizations", () => {
 });
 
 describe("the README example", () => {
-  it("builds the package with tsc and runs examples/quickstart.mjs as written, against this server", async () => {
+  it("builds the package with tsc, runs examples/quickstart.mjs as written, and works installed from its packed tarballs", async () => {
     const { execFile } = await import("node:child_process");
     const run = (cmd: string, args: string[], o: { cwd?: string; env?: NodeJS.ProcessEnv } = {}) =>
       new Promise<{ code: number; out: string; err: string }>((resolve) => {
@@ -311,6 +316,39 @@ describe("the README example", () => {
     expect(r.out).toMatch(/^exit 0: hello from \S+\nread back: written by @sandbar\/sdk\nstdout: step 1\nstdout: step 2\nstdout: step 3\nnot found \(404\): Sandbox with ID or name no-such-sandbox not found\n$/);
     // Its finally block deleted the sandbox it made: none is left in the list.
     expect((await sandbar.sandboxes.list({ labels: JSON.stringify({ example: "quickstart" }) })).items).toEqual([]);
+
+    // What a program elsewhere installs: the two packed tarballs (their dependencies linked from
+    // this checkout, standing in for npm's download), typechecked by tsc and run by node.
+    const app = path.join(scratch, "app");
+    const modules = path.join(app, "node_modules");
+    await mkdir(path.join(modules, "@sandbar"), { recursive: true });
+    const repoModules = new URL("../../../node_modules/", import.meta.url).pathname;
+    const pack = await run("npm", ["pack", "-w", "@sandbar/protocol", "-w", "@sandbar/sdk", "--pack-destination", scratch], { cwd: new URL("../../..", import.meta.url).pathname });
+    expect(pack.code, pack.err).toBe(0);
+    for (const name of ["protocol", "sdk"]) {
+      await mkdir(path.join(modules, "@sandbar", name));
+      expect((await run("tar", ["xzf", path.join(scratch, `sandbar-${name}-0.1.0.tgz`), "-C", path.join(modules, "@sandbar", name), "--strip-components=1"])).code).toBe(0);
+    }
+    for (const dep of ["@bufbuild", "@connectrpc", "@types"]) await symlink(path.join(repoModules, dep), path.join(modules, dep));
+    await writeFile(path.join(app, "package.json"), JSON.stringify({ name: "app", type: "module", private: true }));
+    await writeFile(path.join(app, "tsconfig.json"), JSON.stringify({ compilerOptions: { module: "nodenext", moduleResolution: "nodenext", strict: true, noEmit: true, types: ["node"], skipLibCheck: false, erasableSyntaxOnly: true } }));
+    await writeFile(
+      path.join(app, "main.ts"),
+      [
+        'import { Sandbar, SandboxState, RateLimitedError, type SandboxInfo } from "@sandbar/sdk";',
+        "const sandbar = new Sandbar();",
+        "const started = (s: SandboxInfo): boolean => s.state === SandboxState.STARTED;",
+        "const { items } = await sandbar.sandboxes.list();",
+        "const limited: RateLimitedError | undefined = undefined;",
+        "console.log(items.length >= 1, items.every((s) => started(s.info)), limited);",
+        "sandbar.close();",
+      ].join("\n"),
+    );
+    const tsc = await run(process.execPath, [new URL("../../../node_modules/typescript/bin/tsc", import.meta.url).pathname, "-p", app]);
+    expect(tsc.out + tsc.err).toBe("");
+    const main = await run(process.execPath, [path.join(app, "main.ts")], { cwd: app, env });
+    expect(main.err).toBe("");
+    expect(main.out).toBe("true true undefined\n");
   }, 180_000);
 });
 

@@ -13,11 +13,18 @@ export const SANDBOX_HEADER = "x-sandbar-sandbox-id";
 
 const NO_CREDENTIALS = "no credentials: set SANDBAR_API_KEY (or the apiKey option), or sign in and set SANDBAR_JWT_TOKEN with SANDBAR_ORGANIZATION_ID";
 
-/** Bearer credential (API key or JWT) and, for a JWT, the organization header on every call. */
-export function credentialsInterceptor(config: Pick<ResolvedConfig, "apiKey" | "jwtToken" | "organizationId">): Interceptor {
-  const token = config.apiKey ?? config.jwtToken;
-  const org = config.apiKey ? undefined : config.organizationId;
+/** Answers the bearer token of each call: a CLI's signed-in person whose access token it refreshes. */
+export type TokenProvider = () => string | Promise<string>;
+
+/**
+ * Bearer credential (API key or JWT) and, for a JWT, the organization header on every call. A
+ * token provider, when given, is asked before each call (and each retry) and sends a JWT.
+ */
+export function credentialsInterceptor(config: Pick<ResolvedConfig, "apiKey" | "jwtToken" | "organizationId">, provider?: TokenProvider): Interceptor {
+  const fixed = config.apiKey ?? config.jwtToken;
+  const org = config.apiKey && !provider ? undefined : config.organizationId;
   return (next) => async (req) => {
+    const token = provider ? await provider() : fixed;
     if (token) req.header.set("authorization", `Bearer ${token}`);
     // Public methods (GET /config) need none; the rest fail here with what to do rather than with a 401.
     else if (getOption(req.method, route).auth !== Auth.PUBLIC) throw new ConfigurationError(NO_CREDENTIALS);
@@ -33,13 +40,13 @@ export interface SandbarTransport {
 }
 
 /** gRPC over HTTP/2 (h2c for http://, TLS with ALPN for https://) to the server's one port. */
-export function createSandbarTransport(config: ResolvedConfig, retry?: RetryOptions): SandbarTransport {
+export function createSandbarTransport(config: ResolvedConfig, retry?: RetryOptions, tokenProvider?: TokenProvider): SandbarTransport {
   const sessionManager = new Http2SessionManager(config.grpcBaseUrl);
   const transport = createGrpcTransport({
     baseUrl: config.grpcBaseUrl,
     sessionManager,
-    // Retries sit inside the credentials, so each attempt carries them.
-    interceptors: [credentialsInterceptor(config), retryInterceptor(retry)],
+    // The credentials sit inside the retries (interceptors run first to last), so each attempt asks for a fresh token.
+    interceptors: [retryInterceptor(retry), credentialsInterceptor(config, tokenProvider)],
   });
   return { transport, close: () => sessionManager.abort() };
 }

@@ -1,4 +1,5 @@
 import { createReadStream, createWriteStream } from "node:fs";
+import { rm } from "node:fs/promises";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { CallOptions, Client } from "@connectrpc/connect";
@@ -48,7 +49,13 @@ export class FileSystem {
         yield c;
       }
     };
-    await pipeline(Readable.from(counted(this.download(path, opts))), createWriteStream(localPath));
+    try {
+      await pipeline(Readable.from(counted(this.download(path, opts))), createWriteStream(localPath));
+    } catch (err) {
+      // No half-written file left behind under the name the caller asked for.
+      await rm(localPath, { force: true });
+      throw err;
+    }
     return bytes;
   }
 
