@@ -4,7 +4,7 @@ import { resolveConfig, type ResolvedConfig } from "./sdk.ts";
 import { cliClients } from "./transport.ts";
 import { CliError } from "./failure.ts";
 import { makeOutput, type Output } from "./output.ts";
-import { ensureFreshToken } from "./auth/session-token.ts";
+import { ensureFreshToken, refreshingToken } from "./auth/session-token.ts";
 
 /** Options every command accepts (commander's global options). */
 export interface GlobalOptions {
@@ -50,5 +50,5 @@ export function contextFor(config: ResolvedConfig, globals: GlobalOptions): Cont
   const note = (line: string) => {
     if (process.stderr.isTTY || globals.debug) process.stderr.write(line + "\n");
   };
-  return { out, config, client: cliClients(config, note) };
+  return { out, config, client: cliClients(config, note, refreshingToken(config, globals)) };
 }

@@ -6,10 +6,10 @@ import { createSandbarTransport, sandbarClient, SANDBOX_HEADER, type ResolvedCon
 const MAX_RETRY_AFTER_MS = 5_000;
 
 /** The SDK's transport and typed clients, with retry notices for people. */
-export function cliClients(config: ResolvedConfig, note: (line: string) => void): <S extends DescService>(service: S, sandboxId?: string) => Client<S> {
+export function cliClients(config: ResolvedConfig, note: (line: string) => void, tokenProvider?: () => Promise<string>): <S extends DescService>(service: S, sandboxId?: string) => Client<S> {
   const { transport } = createSandbarTransport(config, {
     maxRetryAfterMs: MAX_RETRY_AFTER_MS,
     onRetry: (info) => note(`sandbar: ${info.method}: ${info.code === Code.ResourceExhausted ? "rate limited" : "server unavailable"}; retrying in ${Math.ceil(info.delayMs / 1000)} s`),
-  });
+  }, tokenProvider);
   return (service, sandboxId) => sandbarClient(service, transport, sandboxId ? { [SANDBOX_HEADER]: sandboxId } : undefined);
 }

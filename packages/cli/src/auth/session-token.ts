@@ -14,6 +14,8 @@ const EARLY_MS = 60_000;
 export async function ensureFreshToken(config: ResolvedConfig, globals: GlobalOptions, now = Date.now()): Promise<ResolvedConfig> {
   const name = profileName(config, globals.profile);
   const profile = readConfigFile(config.configDir)?.profiles[name];
+  // Another sandbar process refreshed (and so spent our refresh token): take what it saved.
+  if (profile?.jwtToken && config.sources.credentials === "config-file" && profile.jwtToken !== config.jwtToken) config = resolveConfig({ profile: globals.profile, apiUrl: globals.apiUrl });
   if (!profile?.jwtToken || profile.jwtToken !== config.jwtToken) return config;
   const expires = profile.tokenExpiresAt ? Date.parse(profile.tokenExpiresAt) : NaN;
   if (!Number.isFinite(expires) || expires - now > EARLY_MS) return config;
@@ -34,5 +36,20 @@ export function tokenFields(tokens: { access_token: string; refresh_token?: stri
     jwtToken: tokens.access_token,
     refreshToken: tokens.refresh_token,
     tokenExpiresAt: new Date(now + (tokens.expires_in ?? 3600) * 1000).toISOString(),
+  };
+}
+
+/**
+ * For the SDK's tokenProvider: the token of a sign-in saved in the config file, refreshed when it
+ * nears expiry during a long command (shell, logs -f); one refresh at a time.
+ */
+export function refreshingToken(config: ResolvedConfig, globals: GlobalOptions): (() => Promise<string>) | undefined {
+  if (!config.jwtToken || config.apiKey || config.sources.credentials !== "config-file") return undefined;
+  let current = config;
+  let pending: Promise<ResolvedConfig> | undefined;
+  return async () => {
+    pending ??= ensureFreshToken(current, globals).finally(() => (pending = undefined));
+    current = await pending;
+    return current.jwtToken ?? "";
   };
 }
