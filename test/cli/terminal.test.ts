@@ -122,6 +122,20 @@ describe("sandbar in a terminal", () => {
     expect(rcOf(term.screen())).toBe(7);
   });
 
+  it("a sign-in that expires during a long command is refreshed on the way, and the command finishes", async () => {
+    const file = JSON.parse(await readFile(configFile, "utf8"));
+    const before = file.profiles.default.jwtToken;
+    // Fresh enough at the start (more than the minute's margin), not by the command's last call.
+    file.profiles.default.tokenExpiresAt = new Date(Date.now() + 75_000).toISOString();
+    await writeFile(configFile, JSON.stringify(file), { mode: 0o600 });
+    const out = await sh("sandbar exec term-box 'sleep 17; echo slept'", 90_000);
+    expect(out).toMatch(/^slept$/m);
+    expect(rcOf(term.screen())).toBe(0);
+    const now = JSON.parse(await readFile(configFile, "utf8")).profiles.default;
+    expect(now.jwtToken).not.toBe(before);
+    expect(Date.parse(now.tokenExpiresAt)).toBeGreaterThan(Date.now() + 30 * 60_000);
+  });
+
   it("logs -f follows a running command's output as it is written, and returns when it exits", async () => {
     const started = await sh("sandbar exec --session ticks -d term-box 'for i in 1 2 3 4 5 6; do echo tick-$i; sleep 0.7; done'");
     expect(started).toMatch(/[0-9a-f-]{36}/);

@@ -1,3 +1,4 @@
+import { randomBytes } from "node:crypto";
 import { spawn } from "node:child_process";
 import type { Command } from "commander";
 import { readConfigFile, resolveConfig } from "../sdk.ts";
@@ -112,7 +113,7 @@ async function login(globals: GlobalOptions, opts: { apiKey?: string; browser: b
   const { issuer, clientId, audience } = await serverOidc(apiUrl);
   const endpoints = await discover(issuer);
   const { verifier, challenge } = pkce();
-  const state = pkce().verifier;
+  const state = randomBytes(16).toString("base64url");
   const redirect = await loopbackRedirect(state);
   try {
     const authorize = new URL(endpoints.authorization_endpoint);
