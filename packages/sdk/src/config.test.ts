@@ -2,7 +2,7 @@ import { mkdtemp, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { DEFAULT_API_URL, defaultConfigDir, parseDotenv, readConfigFile, resolveConfig, writeConfigFile, type ConfigSource } from "./config.ts";
+import { DEFAULT_API_URL, defaultConfigDir, parseDotenv, readConfigFile, resolveConfig, saveProfile, writeConfigFile, type ConfigSource } from "./config.ts";
 import { ConfigurationError } from "./errors.ts";
 
 // The precedence matrix on real files: a .env in a temporary working directory and a config
@@ -128,6 +128,17 @@ describe("config directory and profiles", () => {
     expect(readConfigFile(configDir)).toEqual(file);
     expect((await stat(join(configDir, "config.json"))).mode & 0o777).toBe(0o600);
     expect((await stat(configDir)).mode & 0o777).toBe(0o700);
+  });
+
+  it("saveProfile sets and removes fields of one profile, creating the file, and can make it active", async () => {
+    await saveProfile(configDir, "work", { apiUrl: "https://w/api", jwtToken: "j1", refreshToken: "r1" }, { activate: true });
+    await saveProfile(configDir, "home", { apiKey: "k" });
+    expect(resolveConfig({ env: {}, envFileDir: false, configDir })).toMatchObject({ profile: "work", apiUrl: "https://w/api", jwtToken: "j1" });
+    // Signing out of "work": its tokens go, its URL stays; "home" is untouched.
+    const file = await saveProfile(configDir, "work", { jwtToken: undefined, refreshToken: undefined });
+    expect(file).toEqual({ version: 1, activeProfile: "work", profiles: { work: { apiUrl: "https://w/api" }, home: { apiKey: "k" } } });
+    expect(readConfigFile(configDir)).toEqual(file);
+    await expect(saveProfile(configDir, "work", { password: "x" } as never)).rejects.toThrow(/unknown profile field password/);
   });
 
   it("refuses a malformed config file with the path and the field", async () => {

@@ -169,6 +169,25 @@ export async function writeConfigFile(dir: string, file: ConfigFile): Promise<vo
   await rename(tmp, path);
 }
 
+/**
+ * Updates profile `name` of the config file in `dir` (created with the file when missing): fields
+ * given a value are set, fields given `undefined` removed (a sign-out drops its tokens); with
+ * `activate` it becomes the active profile. Answers the file as written.
+ */
+export async function saveProfile(dir: string, name: string, changes: { [K in keyof ConfigProfile]?: string | undefined }, o: { activate?: boolean } = {}): Promise<ConfigFile> {
+  const file = readConfigFile(dir) ?? { version: 1, profiles: {} };
+  const profile: ConfigProfile = { ...file.profiles[name] };
+  for (const [k, v] of Object.entries(changes) as [keyof ConfigProfile, string | undefined][]) {
+    if (!PROFILE_FIELDS.includes(k)) throw new ConfigurationError(`unknown profile field ${k}`);
+    if (v === undefined) delete profile[k];
+    else profile[k] = v;
+  }
+  const next: ConfigFile = { ...file, profiles: { ...file.profiles, [name]: profile } };
+  if (o.activate) next.activeProfile = name;
+  await writeConfigFile(dir, next);
+  return next;
+}
+
 const nonEmpty = (v: string | undefined) => (v === undefined || v === "" ? undefined : v);
 
 /**

@@ -6,6 +6,7 @@ export {
   defaultConfigDir,
   readConfigFile,
   writeConfigFile,
+  saveProfile,
   parseDotenv,
   DEFAULT_API_URL,
   CONFIG_FILE_NAME,
@@ -34,7 +35,7 @@ export { sandbarClient } from "./clients.ts";
 export { Sandboxes, type ListSandboxesParams } from "./sandboxes.ts";
 export { Sandbox, waitForState, type CreateSandboxParams, type WaitOptions } from "./sandbox.ts";
 export { Snapshots, Volumes, ApiKeys, Organizations, permissionOf, type Scope } from "./resources.ts";
-export { FileSystem } from "./toolbox/fs.ts";
+export { FileSystem, type TransferOptions } from "./toolbox/fs.ts";
 export { Processes, type ExecOptions } from "./toolbox/process.ts";
 export { Ptys, PtyHandle, type PtyCreateOptions } from "./toolbox/pty.ts";
 export { CHUNK_BYTES, type UploadSource } from "./toolbox/chunks.ts";

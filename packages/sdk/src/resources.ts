@@ -166,9 +166,9 @@ export class Organizations {
     return this.client.getOrganization({ organizationId }, opts);
   }
 
-  /** A new organization owned by the signed-in person (JWT only). */
-  create(params: { name: string; defaultRegionId?: string }, opts?: CallOptions): Promise<Organization> {
-    return this.client.createOrganization({ name: params.name, defaultRegionId: params.defaultRegionId ?? "" }, opts);
+  /** A new organization owned by the signed-in person (JWT only), in a region of `services.regions.listSharedRegions()`. */
+  create(params: { name: string; defaultRegionId: string }, opts?: CallOptions): Promise<Organization> {
+    return this.client.createOrganization(params, opts);
   }
 
   async delete(organizationId: string, opts?: CallOptions): Promise<void> {

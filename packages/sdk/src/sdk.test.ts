@@ -102,7 +102,10 @@ describe("toolbox", () => {
     const local = path.join(scratch, "local.bin");
     const bytes = Buffer.alloc(3 * 1024 * 1024 + 7, 0x5a); // several 1 MiB messages
     await writeFile(local, bytes);
-    await sandbox.fs.uploadFile(local, `${dir}/d.bin`);
+    const up: [number, number | undefined][] = [];
+    await sandbox.fs.uploadFile(local, `${dir}/d.bin`, { onProgress: (n, total) => up.push([n, total]) });
+    expect(up.length).toBe(4);
+    expect(up.at(-1)).toEqual([bytes.length, bytes.length]);
 
     expect((await sandbox.fs.readFile(`${dir}/a.txt`)).toString()).toBe("alpha\n");
     expect((await sandbox.fs.readFile(`${dir}/b.txt`)).toString()).toBe("beta\n");
@@ -113,7 +116,9 @@ describe("toolbox", () => {
     expect(info).toMatchObject({ name: "d.bin", isDir: false });
     expect(chunks).toBeGreaterThan(1);
     const back = path.join(scratch, "back.bin");
-    expect(await sandbox.fs.downloadFile(`${dir}/d.bin`, back)).toBe(bytes.length);
+    let down: [number, number | undefined] = [0, 0];
+    expect(await sandbox.fs.downloadFile(`${dir}/d.bin`, back, { onProgress: (n, total) => (down = [n, total]) })).toBe(bytes.length);
+    expect(down).toEqual([bytes.length, bytes.length]);
     expect((await readFile(back)).equals(bytes)).toBe(true);
     const missing = path.join(scratch, "missing.bin");
     await expect(sandbox.fs.downloadFile(`${dir}/nope.bin`, missing)).rejects.toBeInstanceOf(NotFoundError);
@@ -132,6 +137,20 @@ describe("toolbox", () => {
   it("process.exec: exit code and output, cwd and env", async () => {
     const r = await sandbox.process.exec('echo "$GREETING from $(pwd)"; exit 3', { cwd: "/tmp", env: { GREETING: "hi" } });
     expect(r).toMatchObject({ exitCode: 3, result: "hi from /tmp\n" });
+  });
+
+  it("process.run: output handed over as written, stdout and stderr apart, and the exit code", async () => {
+    const out: string[] = [];
+    const err: string[] = [];
+    const d = new TextDecoder();
+    const r = await sandbox.process.run("echo one; sleep 0.3; echo two; echo bad >&2; exit 4", {
+      onStdout: (b) => out.push(d.decode(b)),
+      onStderr: (b) => err.push(d.decode(b)),
+    });
+    expect(r.exitCode).toBe(4);
+    expect(out.join("")).toBe("one\ntwo\n");
+    expect(err.join("")).toBe("bad\n");
+    expect((await sandbox.process.listSessions()).filter((s) => s.sessionId.startsWith("run-"))).toEqual([]);
   });
 
   it("sessions: logs() follows a running command's output as it is written, stdout and stderr apart", async () => {

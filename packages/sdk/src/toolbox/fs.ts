@@ -1,5 +1,5 @@
 import { createReadStream, createWriteStream } from "node:fs";
-import { rm } from "node:fs/promises";
+import { rm, stat } from "node:fs/promises";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { CallOptions, Client } from "@connectrpc/connect";
@@ -7,7 +7,12 @@ import type { FileInfo, FileService, UploadedFile } from "@sandbar/protocol/gen/
 import { SandbarError } from "../errors.ts";
 import { chunksOf, CHUNK_BYTES, type UploadSource } from "./chunks.ts";
 
-/** Files of one sandbox. Paths are the sandbox's (relative ones start at the sandbox user's home). */
+/** Options of a transfer: the call's, and progress for a bar (`total` when known: bytes, text, a local file, any download). */
+export interface TransferOptions extends CallOptions {
+  onProgress?: (bytes: number, total: number | undefined) => void;
+}
+
+/** Files of one sandbox. Paths are the sandbox's (relative ones start at its work dir). */
 export class FileSystem {
   /** The generated FileService client for this sandbox, for the calls not wrapped here (find, search, replace, permissions, multi-file). */
   readonly client: Client<typeof FileService>;
@@ -17,10 +22,17 @@ export class FileSystem {
   }
 
   /** Writes `source` to `path` in the sandbox, streamed in 1 MiB messages; answers the bytes stored. */
-  async upload(path: string, source: UploadSource, opts?: CallOptions): Promise<UploadedFile> {
+  async upload(path: string, source: UploadSource, o: TransferOptions & { total?: number } = {}): Promise<UploadedFile> {
+    const { onProgress, total: given, ...opts } = o;
+    const total = given ?? (typeof source === "string" ? Buffer.byteLength(source) : source instanceof Uint8Array ? source.length : undefined);
     async function* parts() {
       yield { part: { case: "header" as const, value: { path } } };
-      for await (const chunk of chunksOf(source)) yield { part: { case: "data" as const, value: chunk } };
+      let sent = 0;
+      for await (const chunk of chunksOf(source)) {
+        yield { part: { case: "data" as const, value: chunk } };
+        sent += chunk.length;
+        onProgress?.(sent, total);
+      }
     }
     const res = await this.client.uploadFile(parts(), opts);
     if (!res.file) throw new SandbarError("upload answered no file", "internal", 500);
@@ -28,20 +40,30 @@ export class FileSystem {
   }
 
   /** Uploads the local file `localPath` to `path`, read as it is sent. */
-  uploadFile(localPath: string, path: string, opts?: CallOptions): Promise<UploadedFile> {
-    return this.upload(path, createReadStream(localPath, { highWaterMark: CHUNK_BYTES }), opts);
+  async uploadFile(localPath: string, path: string, opts: TransferOptions = {}): Promise<UploadedFile> {
+    const { size } = await stat(localPath);
+    return this.upload(path, createReadStream(localPath, { highWaterMark: CHUNK_BYTES }), { ...opts, total: size });
   }
 
   /** The file's bytes as they arrive (its FileInfo first, through `onInfo`). */
-  async *download(path: string, opts?: CallOptions & { onInfo?: (info: FileInfo) => void }): AsyncGenerator<Uint8Array> {
+  async *download(path: string, o: TransferOptions & { onInfo?: (info: FileInfo) => void } = {}): AsyncGenerator<Uint8Array> {
+    const { onInfo, onProgress, ...opts } = o;
+    let total: number | undefined;
+    let received = 0;
     for await (const m of this.client.downloadFile({ path }, opts)) {
-      if (m.part.case === "data") yield m.part.value;
-      else if (m.part.case === "info") opts?.onInfo?.(m.part.value);
+      if (m.part.case === "data") {
+        received += m.part.value.length;
+        onProgress?.(received, total);
+        yield m.part.value;
+      } else if (m.part.case === "info") {
+        total = Number(m.part.value.size);
+        onInfo?.(m.part.value);
+      }
     }
   }
 
   /** Downloads `path` into the local file `localPath`, written as it arrives; answers the bytes written. */
-  async downloadFile(path: string, localPath: string, opts?: CallOptions): Promise<number> {
+  async downloadFile(path: string, localPath: string, opts: TransferOptions = {}): Promise<number> {
     let bytes = 0;
     const counted = async function* (src: AsyncIterable<Uint8Array>) {
       for await (const c of src) {

@@ -1,3 +1,4 @@
+import { setTimeout } from "node:timers/promises";
 import type { CallOptions, Client } from "@connectrpc/connect";
 import type { ExecuteResponse, LogChunk, ProcessService, Session, SessionExecuteResponse } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 
@@ -55,6 +56,32 @@ export class Processes {
   logs(sessionId: string, commandId: string, o: { follow?: boolean } & CallOptions = {}): AsyncIterable<LogChunk> {
     const { follow = true, ...opts } = o;
     return this.client.streamSessionCommandLogs({ sessionId, commandId, follow }, opts);
+  }
+
+  /**
+   * Runs `command` in a session of its own, handing its output over as it is written (for a CLI's
+   * `exec`), and answers its exit code. The session is deleted afterwards, which ends the command
+   * if the call was aborted.
+   */
+  async run(command: string, o: { onStdout?: (data: Uint8Array) => void; onStderr?: (data: Uint8Array) => void } & CallOptions = {}): Promise<{ exitCode: number }> {
+    const { onStdout, onStderr, ...opts } = o;
+    const sessionId = `run-${crypto.randomUUID()}`;
+    await this.createSession(sessionId, opts);
+    try {
+      const { cmdId } = await this.sessionExec(sessionId, command, { ...opts, async: true });
+      for await (const chunk of this.logs(sessionId, cmdId, opts)) {
+        if (chunk.data.case === "stdout") onStdout?.(chunk.data.value);
+        else if (chunk.data.case === "stderr") onStderr?.(chunk.data.value);
+      }
+      // The log ends when the command does; its exit code may land a moment later.
+      for (let delay = 10; ; delay = Math.min(200, delay * 2)) {
+        const cmd = await this.client.getSessionCommand({ sessionId, commandId: cmdId }, opts);
+        if (cmd.exitCode !== undefined) return { exitCode: cmd.exitCode };
+        await setTimeout(delay, undefined, { signal: opts.signal });
+      }
+    } finally {
+      await this.deleteSession(sessionId).catch(() => undefined);
+    }
   }
 
   /** Sends a line to the command's stdin (a newline is added when missing). */
