@@ -24,10 +24,10 @@ export async function ensureFreshToken(config: ResolvedConfig, globals: GlobalOp
   const { token_endpoint } = await discover(issuer);
   const tokens = await tokenRequest(token_endpoint, { grant_type: "refresh_token", refresh_token: profile.refreshToken, client_id: clientId }).catch(async (err) => {
     // A refused refresh token is dead: forget it so the next command says "log in" at once.
-    await updateProfile(config.configDir, name, (p) => ({ ...p, jwtToken: undefined, refreshToken: undefined, tokenExpiresAt: undefined }));
+    await updateProfile(config.configDir, name, { jwtToken: undefined, refreshToken: undefined, tokenExpiresAt: undefined });
     throw err;
   });
-  await updateProfile(config.configDir, name, (p) => ({ ...p, ...tokenFields(tokens, now) }));
+  await updateProfile(config.configDir, name, { ...tokenFields(tokens, now) });
   return resolveConfig({ profile: globals.profile, apiUrl: globals.apiUrl });
 }
 

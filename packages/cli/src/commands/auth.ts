@@ -87,7 +87,7 @@ export function authCommands(program: Command): void {
         const found = items.find((o) => o.id === wanted) ?? items.filter((o) => o.name === wanted).at(0);
         if (!found) throw new CliError(`You are not a member of an organization "${wanted}": \`sandbar org list\` shows yours.`);
         if (items.filter((o) => o.name === wanted).length > 1 && found.id !== wanted) throw new CliError(`Several organizations are named "${wanted}": use its id (\`sandbar org list\`).`);
-        await updateProfile(config.configDir, profileName(config, globals.profile), (p) => ({ ...p, organizationId: found.id }));
+        await updateProfile(config.configDir, profileName(config, globals.profile), { organizationId: found.id });
         ctx.out.result({ id: found.id, name: found.name }, () => console.log(`Now acting in ${ctx.out.paint("bold", found.name)} (${found.id}).`));
       }),
     );
@@ -105,7 +105,7 @@ async function login(globals: GlobalOptions, opts: { apiKey?: string; browser: b
     // Checked before it is saved: a mistyped key fails here, not at the next command.
     const ctx = contextFor(resolveConfig({ apiKey, apiUrl, profile: globals.profile }), globals);
     const key = await ctx.client(ApiKeyService).getCurrentApiKey({});
-    await updateProfile(base.configDir, name, (p) => ({ ...p, apiUrl, apiKey, jwtToken: undefined, refreshToken: undefined, tokenExpiresAt: undefined, organizationId: undefined }));
+    await updateProfile(base.configDir, name, { apiUrl, apiKey, jwtToken: undefined, refreshToken: undefined, tokenExpiresAt: undefined, organizationId: undefined });
     out.result({ apiUrl, profile: name, keyName: key.name }, () => console.log(`Saved API key ${out.paint("bold", key.name)} for ${apiUrl} (profile ${name}).`));
     return;
   }
@@ -134,7 +134,7 @@ async function login(globals: GlobalOptions, opts: { apiKey?: string; browser: b
     const user = await ctx.client(UserService).getAuthenticatedUser({});
     const { items } = await ctx.client(OrganizationService).listOrganizations({});
     const org = chooseOrganization(items, base.sources.credentials === "config-file" ? base.organizationId : undefined);
-    await updateProfile(base.configDir, name, (p) => ({ ...p, apiUrl, apiKey: undefined, ...tokenFields(tokens), organizationId: org?.id }));
+    await updateProfile(base.configDir, name, { apiUrl, apiKey: undefined, ...tokenFields(tokens), organizationId: org?.id });
     out.result({ apiUrl, profile: name, userId: user.id, email: user.email, organizationId: org?.id }, () => {
       console.log(`Signed in as ${out.paint("bold", user.email || user.id)} at ${apiUrl}.`);
       console.log(org ? `Acting in ${org.name} (${org.id}); \`sandbar org use\` switches.` : "You belong to no organization yet.");
@@ -170,7 +170,7 @@ async function logout(globals: GlobalOptions): Promise<void> {
       // The server may be gone; the local copy is removed regardless.
     }
   }
-  await updateProfile(config.configDir, name, (p) => ({ ...p, apiKey: undefined, jwtToken: undefined, refreshToken: undefined, tokenExpiresAt: undefined }));
+  await updateProfile(config.configDir, name, { apiKey: undefined, jwtToken: undefined, refreshToken: undefined, tokenExpiresAt: undefined });
   out.result({ profile: name, loggedOut: true }, () => console.log(`Logged out of ${profile.apiUrl ?? config.apiUrl} (profile ${name}).`));
 }
 
