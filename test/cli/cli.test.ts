@@ -100,8 +100,9 @@ describe("results", () => {
     expect(down.stderr).toBe("");
     expect(Buffer.compare(await readFile(back), data)).toBe(0);
     // Into an existing directory named without a trailing slash, the name is kept too.
-    const intoDir = await sandbar(["cp", "--json", local, `${sandboxId}:/home`], env);
-    expect(JSON.parse(intoDir.stdout)).toMatchObject({ path: "/home/up.bin", bytes: data.length });
+    const intoDir = await sandbar(["cp", "--json", local, `${sandboxId}:/tmp`], env);
+    expect(intoDir.code, intoDir.stderr).toBe(0);
+    expect(JSON.parse(intoDir.stdout)).toMatchObject({ path: "/tmp/up.bin", bytes: data.length });
     // A missing remote file leaves no local file behind.
     const missing = await sandbar(["cp", `${sandboxId}:/tmp/nope`, join(dir, "nope")], env);
     expectOneLine(missing, 1, /Not found: .*\/tmp\/nope/);
