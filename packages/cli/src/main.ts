@@ -1,46 +1,73 @@
 #!/usr/bin/env node
-import { loadSettings, startControlServer } from "@sandbar/control";
-import { checkHost, formatChecks } from "@sandbar/runner/linux";
+import { Command, CommanderError, Option } from "commander";
+import { authCommands } from "./commands/auth.ts";
+import { completionCommand } from "./commands/completion.ts";
+import { execCommands } from "./commands/exec.ts";
+import { filesCommands } from "./commands/files.ts";
+import { keyCommands } from "./commands/key.ts";
+import { sandboxCommands } from "./commands/sandbox.ts";
+import { serverCommands } from "./commands/server.ts";
+import { shellCommand } from "./commands/shell.ts";
+import { snapshotCommands } from "./commands/snapshot.ts";
+import { volumeCommands } from "./commands/volume.ts";
+import { EXIT } from "./failure.ts";
+import { colorWanted } from "./output.ts";
+import { lifetime } from "./run.ts";
 
-const usage = `usage: sandbar serve    run the control service (and, on one host, its runner)
-       sandbar doctor   say what this host offers sandboxes and what is missing`;
-
-/** Exit code 1 when something sandboxes need is missing. */
-async function doctor(): Promise<number> {
-  const checks = await checkHost();
-  for (const line of formatChecks(checks)) console.log(line);
-  return checks.some((c) => c.required && !c.ok) ? 1 : 0;
+export function buildProgram(): Command {
+  const program = new Command("sandbar")
+    .description("Sandbar: self-hosted sandboxes. Sign in with `sandbar login`, then work with sandboxes.")
+    .addOption(new Option("--json", "print results as JSON (for scripts)"))
+    .addOption(new Option("--debug", "print stack traces of failures"))
+    .addOption(new Option("--profile <name>", "config file profile to use").env("SANDBAR_PROFILE"))
+    .addOption(new Option("--api-url <url>", "the API's URL, ending in /api").env("SANDBAR_API_URL"))
+    .showSuggestionAfterError()
+    .configureHelp({ showGlobalOptions: true, sortSubcommands: false })
+    .configureOutput({
+      outputError: (text, write) => write(text.replace(/^error: /, "sandbar: ")),
+    })
+    .exitOverride();
+  if (!colorWanted(process.stdout)) program.configureOutput({ getOutHasColors: () => false, getErrHasColors: () => false });
+  authCommands(program);
+  sandboxCommands(program);
+  execCommands(program);
+  shellCommand(program);
+  filesCommands(program);
+  snapshotCommands(program);
+  volumeCommands(program);
+  keyCommands(program);
+  serverCommands(program);
+  completionCommand(program);
+  // Subcommands of subcommands inherit exitOverride and the output settings.
+  for (const c of allCommands(program)) c.exitOverride().showSuggestionAfterError().configureOutput(program.configureOutput());
+  return program;
 }
 
-async function serve(): Promise<void> {
-  const settings = loadSettings();
-  const log = (line: string) => console.log(`[sandbar] ${line}`);
-  log(`data dir: ${settings.dataDir}${settings.databaseUrl ? "" : " (embedded PostgreSQL)"}`);
-  const server = await startControlServer(settings, log);
-  log(`listening on ${settings.host}:${server.port}: REST under /api, Connect/gRPC/gRPC-Web on the same port`);
-  const shutdown = (signal: string) => {
-    log(`${signal}: shutting down`);
-    server.stop().then(
-      () => process.exit(0),
-      (err) => {
-        console.error(err);
-        process.exit(1);
-      },
-    );
-  };
-  process.once("SIGINT", () => shutdown("SIGINT"));
-  process.once("SIGTERM", () => shutdown("SIGTERM"));
+export function allCommands(cmd: Command): Command[] {
+  return cmd.commands.flatMap((c) => [c, ...allCommands(c)]);
 }
 
-const [command] = process.argv.slice(2);
-if (command === "serve" || command === undefined) {
-  serve().catch((err) => {
-    console.error(`[sandbar] failed to start: ${err instanceof Error ? err.message : String(err)}`);
+async function main(argv: string[]): Promise<number> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(argv);
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      // --help and --version are successes; a usage mistake is exit 2 (commander printed why).
+      return err.exitCode === 0 ? 0 : EXIT.usage;
+    }
+    throw err;
+  }
+  return typeof process.exitCode === "number" ? process.exitCode : 0;
+}
+
+main(process.argv).then(
+  (code) => {
+    // `serve` keeps running; everything else ends here even if a connection lingers.
+    if (!lifetime.keepAlive) process.stdout.write("", () => process.exit(code));
+  },
+  (err) => {
+    process.stderr.write(`sandbar: ${err instanceof Error ? err.message : String(err)}\n`);
     process.exit(1);
-  });
-} else if (command === "doctor") {
-  doctor().then((code) => process.exit(code));
-} else {
-  console.error(usage);
-  process.exit(2);
-}
+  },
+);

@@ -1,0 +1,47 @@
+import type { Command } from "commander";
+import { lifetime } from "../run.ts";
+
+// The server's modules load only for these commands: the client commands stay quick to start.
+export function serverCommands(program: Command): void {
+  program
+    .command("serve")
+    .description("run the control service (and, on one host, its runner)")
+    .action(async () => {
+      const { loadSettings, startControlServer } = await import("@sandbar/control");
+      const settings = loadSettings();
+      const log = (line: string) => console.log(`[sandbar] ${line}`);
+      log(`data dir: ${settings.dataDir}${settings.databaseUrl ? "" : " (embedded PostgreSQL)"}`);
+      let server: Awaited<ReturnType<typeof startControlServer>>;
+      try {
+        server = await startControlServer(settings, log);
+      } catch (err) {
+        console.error(`[sandbar] failed to start: ${err instanceof Error ? err.message : String(err)}`);
+        process.exitCode = 1;
+        return;
+      }
+      lifetime.keepAlive = true;
+      log(`listening on ${settings.host}:${server.port}: REST under /api, Connect/gRPC/gRPC-Web on the same port`);
+      const shutdown = (signal: string) => {
+        log(`${signal}: shutting down`);
+        server.stop().then(
+          () => process.exit(0),
+          (err) => {
+            console.error(err);
+            process.exit(1);
+          },
+        );
+      };
+      process.once("SIGINT", () => shutdown("SIGINT"));
+      process.once("SIGTERM", () => shutdown("SIGTERM"));
+    });
+
+  program
+    .command("doctor")
+    .description("say what this host offers sandboxes and what is missing (exit 1 when something required is)")
+    .action(async () => {
+      const { checkHost, formatChecks } = await import("@sandbar/runner/linux");
+      const checks = await checkHost();
+      for (const line of formatChecks(checks)) console.log(line);
+      process.exitCode = checks.some((c) => c.required && !c.ok) ? 1 : 0;
+    });
+}
