@@ -2,6 +2,7 @@ import { createHash, randomBytes, randomUUID, timingSafeEqual } from "node:crypt
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { SandboxRecord, SandboxVolumeMount } from "../db/entities.ts";
+import type { AgentEndpoint } from "../toolbox/agent-locator.ts";
 import { LayerFiles } from "./layer-files.ts";
 import { type NetworkFields, runtimeNetwork } from "./network-policy.ts";
 import { OperationLocks } from "./operation-locks.ts";
@@ -54,11 +55,7 @@ export interface NewSandbox {
 }
 
 /** Where the toolbox reaches a sandbox's agent. */
-export interface AgentEndpoint {
-  sandboxId: string;
-  socket: string;
-  secret: string;
-}
+export type { AgentEndpoint };
 
 /** How an operation ended: `failed` carries the reason when the sandbox did not get there. */
 interface Outcome {
@@ -136,14 +133,13 @@ export class SandboxManager {
     if (this.locks.busy(row.id) || row.state !== row.desiredState) throw stateChangeInProgress();
     if (row.state !== "started") throw bad("Sandbox is not running");
     this.#assertHere(row);
-    let socket: string;
     try {
-      socket = await this.runtime.agentSocket(row.id);
+      const dial = await this.runtime.connectAgent(row.id);
+      return { sandboxId: row.id, key: dial.key, secret: dial.secret, api: dial.api, tunnel: dial.tunnel };
     } catch (err) {
       if (err instanceof ConnectError && err.code === Code.FailedPrecondition) throw bad("Sandbox is not running");
       throw err;
     }
-    return { sandboxId: row.id, socket, secret: this.runtime.agentSecret(row.id) };
   }
 
   /** Records activity (what the auto-stop timer measures), at most once per throttle period. */
