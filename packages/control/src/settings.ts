@@ -3,6 +3,7 @@ import { join } from "node:path";
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
 import { parseTrustedProxies } from "./server/client-address.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
+import { loadRemoteRunnerSettings, type RemoteRunnerSettings } from "./runners/settings.ts";
 import { loadWebhookSettings, type WebhookSettings } from "./webhooks/settings.ts";
 
 /** Server settings, read once from the environment (see README's configuration table). */
@@ -63,6 +64,8 @@ export interface Settings {
   sandboxNetwork: "none" | "egress";
   /** IPv4 range the sandboxes' veth /30s come from (SANDBAR_SANDBOX_SUBNET); default 10.213.0.0/16. */
   sandboxSubnet?: string;
+  /** Sandboxes on a runner process instead of this host (SANDBAR_RUNNER_URL, SANDBAR_RUNNER_CREDENTIAL, SANDBAR_RUNNER_CA). */
+  remoteRunner?: RemoteRunnerSettings;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -102,6 +105,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     registries: loadRegistrySettings(env),
     sandboxNetwork: sandboxNetwork(env.SANDBAR_SANDBOX_NETWORK),
     sandboxSubnet: sandboxSubnet(env.SANDBAR_SANDBOX_SUBNET),
+    remoteRunner: loadRemoteRunnerSettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

@@ -16,6 +16,7 @@ import { HostDiskVolumes, type VolumeStorage } from "../volumes/storage.ts";
 import { DEFAULT_SNAPSHOT, DEFAULT_USER, RESOURCES } from "./create-request.ts";
 import { type Snapshots, snapshotServices } from "../snapshots/service.ts";
 import type { CredentialsFor } from "../snapshots/pulls.ts";
+import { RemoteRuntime } from "../runners/remote-runtime.ts";
 
 /** The pool holds sandboxes of what a create without resources gets. */
 const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
@@ -39,21 +40,26 @@ export interface Sandboxes {
   stop(): Promise<void>;
 }
 
+/** This host's runtime: the one a single-host server holds in-process and a `sandbar runner` process serves. */
+export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage, log: (line: string) => void): Promise<LocalRuntime> {
+  return LocalRuntime.open({
+    dataDir: path.join(settings.dataDir, "runner"),
+    snapshotCacheDir: settings.snapshotCacheDir,
+    sandboxSubnet: settings.sandboxSubnet,
+    init: await agentInit(settings.agentBundle),
+    volumeRoot: (id) => volumes.hostPath(id),
+    images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },
+    log,
+  });
+}
+
 /** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup). */
 export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
   const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
-  for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
+  if (!settings.remoteRunner) for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
   try {
-    runtime = await LocalRuntime.open({
-      dataDir: path.join(settings.dataDir, "runner"),
-      snapshotCacheDir: settings.snapshotCacheDir,
-      sandboxSubnet: settings.sandboxSubnet,
-      init: await agentInit(settings.agentBundle),
-      volumeRoot: (id) => volumes.hostPath(id),
-      images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },
-      log,
-    });
+    runtime = settings.remoteRunner ? await RemoteRuntime.open(settings.remoteRunner) : await openLocalRuntime(settings, volumes, log);
   } catch (err) {
     const reason = err instanceof Error ? err.message : String(err);
     log(`sandboxes are unavailable: ${reason}`);

@@ -1,0 +1,27 @@
+import { readFileSync } from "node:fs";
+
+/** A `sandbar runner` process's own settings (SANDBAR_RUNNER_*), beside the common ones (data dir, agent, subnet). */
+export interface RunnerHostSettings {
+  host: string;
+  port: number;
+  /** What control must present (SANDBAR_RUNNER_CREDENTIAL): the credential control handed out for this runner. */
+  credential: string;
+  /** PEM certificate chain and key (SANDBAR_RUNNER_TLS_CERT, SANDBAR_RUNNER_TLS_KEY: file paths): TLS instead of h2c. */
+  tls?: { cert: string; key: string };
+}
+
+export function loadRunnerHostSettings(env: NodeJS.ProcessEnv = process.env): RunnerHostSettings {
+  const port = env.SANDBAR_RUNNER_PORT === undefined || env.SANDBAR_RUNNER_PORT === "" ? 3100 : Number(env.SANDBAR_RUNNER_PORT);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`SANDBAR_RUNNER_PORT must be a port number, got "${env.SANDBAR_RUNNER_PORT}"`);
+  const credential = env.SANDBAR_RUNNER_CREDENTIAL ?? "";
+  if (credential.length < 16) throw new Error("SANDBAR_RUNNER_CREDENTIAL must be set to the runner's credential (at least 16 characters)");
+  const certFile = env.SANDBAR_RUNNER_TLS_CERT || undefined;
+  const keyFile = env.SANDBAR_RUNNER_TLS_KEY || undefined;
+  if (!certFile !== !keyFile) throw new Error("SANDBAR_RUNNER_TLS_CERT and SANDBAR_RUNNER_TLS_KEY go together");
+  return {
+    host: env.SANDBAR_RUNNER_HOST || "0.0.0.0",
+    port,
+    credential,
+    ...(certFile && keyFile ? { tls: { cert: readFileSync(certFile, "utf8"), key: readFileSync(keyFile, "utf8") } } : {}),
+  };
+}
