@@ -3,7 +3,7 @@ import { join } from "node:path";
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
 import { parseTrustedProxies } from "./server/client-address.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
-import { loadRemoteRunnerSettings, type RemoteRunnerSettings } from "./runners/settings.ts";
+import { loadRemoteRunnerSettings, loadRunnerCheckSettings, type RemoteRunnerSettings, type RunnerCheckSettings } from "./runners/settings.ts";
 import { loadWebhookSettings, type WebhookSettings } from "./webhooks/settings.ts";
 
 /** Server settings, read once from the environment (see README's configuration table). */
@@ -66,6 +66,8 @@ export interface Settings {
   sandboxSubnet?: string;
   /** Sandboxes on a runner process instead of this host (SANDBAR_RUNNER_URL, SANDBAR_RUNNER_CREDENTIAL, SANDBAR_RUNNER_CA). */
   remoteRunner?: RemoteRunnerSettings;
+  /** Health checks of registered runners (SANDBAR_RUNNER_CHECK_MS, SANDBAR_RUNNER_UNRESPONSIVE_MS). */
+  runnerChecks: RunnerCheckSettings;
 }
 
 export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
@@ -106,6 +108,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     sandboxNetwork: sandboxNetwork(env.SANDBAR_SANDBOX_NETWORK),
     sandboxSubnet: sandboxSubnet(env.SANDBAR_SANDBOX_SUBNET),
     remoteRunner: loadRemoteRunnerSettings(env),
+    runnerChecks: loadRunnerCheckSettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

@@ -65,7 +65,7 @@ export class RemoteRuntime implements SandboxRuntime {
       return next(req);
     };
     const client = createClient(RunnerService, createGrpcTransport({ baseUrl: o.url, sessionManager: sessions, interceptors: [auth] }));
-    const info = await client.getRunnerInfo({}, { timeoutMs: 10_000 });
+    const info = await client.getRunnerInfo({}, { timeoutMs: Math.min(10_000, o.timeoutMs ?? 10_000) });
     if (!info.id) throw new Error(`the runner at ${o.url} did not say its id`);
     return new RemoteRuntime(o, info.id, client, sessions);
   }
@@ -75,7 +75,7 @@ export class RemoteRuntime implements SandboxRuntime {
   }
 
   info(): Promise<RunnerInfo> {
-    return this.#client.getRunnerInfo({}, { timeoutMs: 10_000 });
+    return this.#client.getRunnerInfo({}, { timeoutMs: Math.min(10_000, this.#timeoutMs) });
   }
 
   async assertReady(): Promise<void> {

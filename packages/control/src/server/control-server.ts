@@ -30,6 +30,9 @@ import { auditService } from "../audit/service.ts";
 import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
 import { SecretBox } from "../auth/secret-box.ts";
+import { RunnerHealth } from "../runners/health.ts";
+import { runnerService } from "../runners/service.ts";
+import { RunnerService } from "@sandbar/protocol/gen/sandbar/control/v1/runner_pb.js";
 import { bootstrap } from "../bootstrap.ts";
 import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
 import { openDatabase } from "../db/orm.ts";
@@ -109,6 +112,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
   // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
   const recorder = new AuditRecorder(orm, log);
+  const runnerHealth = new RunnerHealth(orm, box, { ...settings.runnerChecks, log });
+  runnerHealth.start();
   const auditRetention = new AuditRetention(orm, { retentionDays: settings.auditRetentionDays, minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
   auditRetention.start();
   const impls: ImplIndex = new Map();
@@ -133,6 +138,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [WebhookService.typeName, webhooks.impl as Impl],
     [AuditService.typeName, auditService(orm) as Impl],
     [VolumeService.typeName, volumeService(orm, sandboxes.volumes, log) as Impl],
+    [RunnerService.typeName, runnerService(orm, box) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard, undefined, recorder) as never);
@@ -189,6 +195,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
         preview.close();
         await listener.close();
         await auditRetention.stop();
+        await runnerHealth.stop();
         await sandboxes.stop();
         await webhooks.stop();
         toolbox.clients.close();

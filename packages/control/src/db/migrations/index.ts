@@ -11,6 +11,7 @@ import { Migration0011Snapshots } from "./0011-snapshots.ts";
 import { Migration0012DockerRegistries } from "./0012-docker-registries.ts";
 import { Migration0013Volumes } from "./0013-volumes.ts";
 import { Migration0014SandboxNetwork } from "./0014-sandbox-network.ts";
+import { Migration0018Runners } from "./0018-runners.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -27,4 +28,5 @@ export const migrations = [
   { name: "0012-docker-registries", class: Migration0012DockerRegistries },
   { name: "0013-volumes", class: Migration0013Volumes },
   { name: "0014-sandbox-network", class: Migration0014SandboxNetwork },
+  { name: "0018-runners", class: Migration0018Runners },
 ];

@@ -27,10 +27,11 @@ export interface RunnerProcess {
   stop(): Promise<void>;
 }
 
-export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: string } = {}): Promise<RunnerProcess> {
+/** `credential`: the one control was given for this runner (default: a random one). */
+export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: string; credential?: string; port?: number } = {}): Promise<RunnerProcess> {
   const dataDir = await mkdtemp(path.join(tmpdir(), "sandbar-runner-"));
-  const port = await freePort();
-  const credential = randomBytes(24).toString("hex");
+  const port = o.port ?? (await freePort());
+  const credential = o.credential ?? randomBytes(24).toString("hex");
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     SANDBAR_DATA_DIR: dataDir,
