@@ -21,6 +21,7 @@ export interface RunnerServerOptions {
   port: number;
   /** PEM certificate chain and key: TLS instead of h2c. */
   tls?: { cert: string; key: string };
+  capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number };
   log?: (line: string) => void;
 }
 
@@ -46,7 +47,7 @@ export function bearerCheck(credential: string): (authorization: string | undefi
 export async function startRunnerServer(o: RunnerServerOptions): Promise<RunnerServer> {
   const authorized = bearerCheck(o.credential);
   const rpc = connectNodeAdapter({
-    routes: (router) => router.service(RunnerService, runnerServiceImpl({ runtime: o.runtime, dataDir: o.dataDir, version: o.version })),
+    routes: (router) => router.service(RunnerService, runnerServiceImpl({ runtime: o.runtime, dataDir: o.dataDir, version: o.version, capacity: o.capacity })),
   });
   const handler = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     if (!authorized(req.headers.authorization)) {

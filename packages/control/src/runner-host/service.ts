@@ -28,9 +28,11 @@ export interface RunnerServiceOptions {
   /** Where sandboxes live (its file system's size and use are the disk figures). */
   dataDir: string;
   version: string;
+  /** What the runner offers sandboxes; unset figures are the host's. */
+  capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number };
 }
 
-export function runnerServiceImpl({ runtime, dataDir, version }: RunnerServiceOptions): Partial<ServiceImpl<typeof RunnerService>> {
+export function runnerServiceImpl({ runtime, dataDir, version, capacity = {} }: RunnerServiceOptions): Partial<ServiceImpl<typeof RunnerService>> {
   const status = async (id: string): Promise<SandboxStatus> => {
     const s = await runtime.inspect(id);
     if (!s) throw errors.notFound(`No sandbox ${id} on this runner`);
@@ -118,7 +120,12 @@ export function runnerServiceImpl({ runtime, dataDir, version }: RunnerServiceOp
         id: runtime.runnerId,
         version,
         provider: "linux",
-        capacity: { cpuMillicores: cpus().length * 1000, memoryMib: Math.floor(totalmem() / 2 ** 20), diskMib: Math.floor(diskTotal / 2 ** 20), gpu: 0 },
+        capacity: {
+          cpuMillicores: (capacity.cpu ?? cpus().length) * 1000,
+          memoryMib: capacity.memoryGiB !== undefined ? capacity.memoryGiB * 1024 : Math.floor(totalmem() / 2 ** 20),
+          diskMib: capacity.diskGiB !== undefined ? capacity.diskGiB * 1024 : Math.floor(diskTotal / 2 ** 20),
+          gpu: 0,
+        },
         usage: {
           cpuPercent: Math.min(100, (loadavg()[0]! / cpus().length) * 100),
           memoryPercent: ((totalmem() - freemem()) / totalmem()) * 100,

@@ -8,6 +8,8 @@ export interface RunnerHostSettings {
   credential: string;
   /** PEM certificate chain and key (SANDBAR_RUNNER_TLS_CERT, SANDBAR_RUNNER_TLS_KEY: file paths): TLS instead of h2c. */
   tls?: { cert: string; key: string };
+  /** What the runner offers sandboxes (SANDBAR_RUNNER_CPU, SANDBAR_RUNNER_MEMORY_GIB, SANDBAR_RUNNER_DISK_GIB); default the host's. */
+  capacity: { cpu?: number; memoryGiB?: number; diskGiB?: number };
 }
 
 export function loadRunnerHostSettings(env: NodeJS.ProcessEnv = process.env): RunnerHostSettings {
@@ -18,7 +20,15 @@ export function loadRunnerHostSettings(env: NodeJS.ProcessEnv = process.env): Ru
   const certFile = env.SANDBAR_RUNNER_TLS_CERT || undefined;
   const keyFile = env.SANDBAR_RUNNER_TLS_KEY || undefined;
   if (!certFile !== !keyFile) throw new Error("SANDBAR_RUNNER_TLS_CERT and SANDBAR_RUNNER_TLS_KEY go together");
+  const size = (name: string): number | undefined => {
+    const raw = env[name];
+    if (raw === undefined || raw === "") return undefined;
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < 1) throw new Error(`${name} must be a whole number >= 1, got "${raw}"`);
+    return n;
+  };
   return {
+    capacity: { cpu: size("SANDBAR_RUNNER_CPU"), memoryGiB: size("SANDBAR_RUNNER_MEMORY_GIB"), diskGiB: size("SANDBAR_RUNNER_DISK_GIB") },
     host: env.SANDBAR_RUNNER_HOST || "0.0.0.0",
     port,
     credential,

@@ -28,6 +28,7 @@ export async function startRunner(settings: Settings, host: RunnerHostSettings, 
     host: host.host,
     port: host.port,
     tls: host.tls,
+    capacity: host.capacity,
     log,
   });
   return {

@@ -58,7 +58,7 @@ describe.skipIf(!root)("control with a runner process", () => {
     const form = new FormData();
     form.append("file", new Blob([data]), "x.bin");
     const up = await fetch(`${t.url}/api/toolbox/${id}/toolbox/files/upload?path=/tmp/x.bin`, { method: "POST", body: form, headers: { authorization: `Bearer ${t.adminKey}` } });
-    expect(up.status).toBe(200);
+    expect(up.status, await up.clone().text()).toBe(200);
     expect((await exec(id, "sha256sum /tmp/x.bin")).result.split(" ")[0]).toBe(sha(data));
     const down = await fetch(`${t.url}/api/toolbox/${id}/toolbox/files/download?path=/tmp/x.bin`, { headers: { authorization: `Bearer ${t.adminKey}` } });
     expect(down.status).toBe(200);
@@ -67,7 +67,8 @@ describe.skipIf(!root)("control with a runner process", () => {
 
   it("reaches a port inside the sandbox through the preview proxy (the agent's tunnel over the runner)", async () => {
     const session = "web";
-    expect((await call("POST", `/toolbox/${id}/toolbox/process/session`, { sessionId: session })).status).toBe(201);
+    const made = await call("POST", `/toolbox/${id}/toolbox/process/session`, { sessionId: session });
+    expect(made.status, JSON.stringify(made.body)).toBe(201);
     await exec(id, "mkdir -p /tmp/www && echo remote-page > /tmp/www/index.html");
     const run = await call("POST", `/toolbox/${id}/toolbox/process/session/${session}/exec`, { command: "cd /tmp/www && python3 -m http.server 8000 --bind 127.0.0.1", runAsync: true });
     expect(run.status, JSON.stringify(run.body)).toBe(202);

@@ -13,6 +13,7 @@ import {
   RunnerService,
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import { AGENT_API_PATH, AGENT_TUNNEL_PATH, openAgentStream } from "../runner-host/agent-streams.ts";
+import { AgentRelay } from "./agent-relay.ts";
 import { networkToProto, specToProto, statusFromProto } from "../runner-host/convert.ts";
 import type { AgentDial, RuntimeNetwork, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "../sandboxes/runtime.ts";
 
@@ -45,6 +46,7 @@ export class RemoteRuntime implements SandboxRuntime {
   /** Agent secrets and keys by sandbox, forgotten whenever this process changes the sandbox's run. */
   readonly #access = new Map<string, Promise<{ secret: string; key: string }>>();
   #streams: http2.ClientHttp2Session | undefined;
+  #relay: AgentRelay | undefined;
 
   private constructor(o: RemoteRuntimeOptions, runnerId: string, client: Client<typeof RunnerService>, sessions: Http2SessionManager) {
     this.url = o.url;
@@ -67,7 +69,9 @@ export class RemoteRuntime implements SandboxRuntime {
     const client = createClient(RunnerService, createGrpcTransport({ baseUrl: o.url, sessionManager: sessions, interceptors: [auth] }));
     const info = await client.getRunnerInfo({}, { timeoutMs: Math.min(10_000, o.timeoutMs ?? 10_000) });
     if (!info.id) throw new Error(`the runner at ${o.url} did not say its id`);
-    return new RemoteRuntime(o, info.id, client, sessions);
+    const runtime = new RemoteRuntime(o, info.id, client, sessions);
+    runtime.#relay = await AgentRelay.start((id) => openAgentStream(runtime.#session(), AGENT_API_PATH, id, o.credential));
+    return runtime;
   }
 
   #opts() {
@@ -173,7 +177,8 @@ export class RemoteRuntime implements SandboxRuntime {
 
   async connectAgent(id: string): Promise<AgentDial> {
     let access = this.#access.get(id);
-    if (!access) {
+    // Asked again unless the connection to the runner is up: a runner that went away answers UNAVAILABLE here, with the reason.
+    if (!access || this.#rpcSessions.state() !== "open") {
       access = this.#client.getAgentAccess({ id }, { timeoutMs: 10_000 }).then((a) => ({ secret: a.secret, key: a.key }));
       this.#access.set(id, access);
       if (this.#access.size > 10_000) this.#access.delete(this.#access.keys().next().value!);
@@ -183,7 +188,8 @@ export class RemoteRuntime implements SandboxRuntime {
     return {
       key: `${this.url}#${key}`,
       secret,
-      api: () => openAgentStream(this.#session(), AGENT_API_PATH, id, this.#credential),
+      // A real socket (agent-relay.ts) under the agent's HTTP/2 clients.
+      api: () => this.#relay!.connect(id),
       tunnel: () => openAgentStream(this.#session(), AGENT_TUNNEL_PATH, id, this.#credential),
     };
   }
@@ -209,6 +215,7 @@ export class RemoteRuntime implements SandboxRuntime {
 
   async close(): Promise<void> {
     this.#rpcSessions.abort();
+    await this.#relay?.close();
     this.#streams?.close();
     this.#streams = undefined;
   }

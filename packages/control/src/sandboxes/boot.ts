@@ -5,7 +5,7 @@ import path from "node:path";
 import { checkHost, formatChecks } from "@sandbar/runner/linux";
 import type { Settings } from "../settings.ts";
 import { agentInit, LocalRuntime } from "./local-runtime.ts";
-import type { SandboxManager } from "./manager.ts";
+import type { RunnerDirectory, SandboxManager } from "./manager.ts";
 import { reconcile } from "./reconcile.ts";
 import { type SandboxRuntime, unavailableRuntime } from "./runtime.ts";
 import { sandboxServices } from "./service.ts";
@@ -54,7 +54,7 @@ export async function openLocalRuntime(settings: Settings, volumes: VolumeStorag
 }
 
 /** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup). */
-export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor): Promise<Sandboxes> {
+export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor, runners?: RunnerDirectory): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
   const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
   if (!settings.remoteRunner) for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
@@ -68,7 +68,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const agentClients = new AgentClients();
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
   const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, log });
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox });
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, runners });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // After reconciliation, which removes from the host what has no row (a pool of an earlier run too).

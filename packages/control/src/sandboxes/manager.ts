@@ -3,6 +3,7 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { SandboxRecord, SandboxVolumeMount } from "../db/entities.ts";
 import type { AgentEndpoint } from "../toolbox/agent-locator.ts";
+import type { Exec } from "../db/exec.ts";
 import { LayerFiles } from "./layer-files.ts";
 import { type NetworkFields, runtimeNetwork } from "./network-policy.ts";
 import { OperationLocks } from "./operation-locks.ts";
@@ -28,6 +29,18 @@ export interface SandboxManagerOptions {
   log?: (line: string) => void;
   /** Started sandboxes that creates of their shape take over. */
   pool?: WarmPool;
+  /** The registered runners (runners/directory.ts): regions that have some place their sandboxes there. */
+  runners?: RunnerDirectory;
+}
+
+/** Where sandboxes go besides this server's own runtime. */
+export interface RunnerDirectory {
+  /** A registered runner's runtime by the id its sandboxes record; undefined when no runner has that id. */
+  runtime(runnerId: string): Promise<SandboxRuntime | undefined>;
+  /** Whether the region's sandboxes go to registered runners (it has some) rather than this server's runtime. */
+  servesRegion(regionId: string): Promise<boolean>;
+  /** Picks a runner of the region inside the caller's transaction; undefined when the region has none registered. */
+  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string | undefined>;
 }
 
 /** A validated create request. */
@@ -82,6 +95,7 @@ export function isAuthToken(authToken: string, given: string): boolean {
 
 export class SandboxManager {
   readonly runtime: SandboxRuntime;
+  readonly runners?: RunnerDirectory;
   readonly store: SandboxStore;
   readonly files: LayerFiles;
   readonly locks = new OperationLocks();
@@ -101,6 +115,7 @@ export class SandboxManager {
     this.#waitMs = o.waitMs ?? 30_000;
     this.#log = o.log ?? (() => undefined);
     this.pool = o.pool;
+    this.runners = o.runners;
   }
 
   // ---- lookups -------------------------------------------------------------------------------
@@ -132,9 +147,9 @@ export class SandboxManager {
     if (isErrored(row.state)) throw bad("Sandbox is not running");
     if (this.locks.busy(row.id) || row.state !== row.desiredState) throw stateChangeInProgress();
     if (row.state !== "started") throw bad("Sandbox is not running");
-    this.#assertHere(row);
+    const rt = await this.runtimeOf(row);
     try {
-      const dial = await this.runtime.connectAgent(row.id);
+      const dial = await rt.connectAgent(row.id);
       return { sandboxId: row.id, key: dial.key, secret: dial.secret, api: dial.api, tunnel: dial.tunnel };
     } catch (err) {
       if (err instanceof ConnectError && err.code === Code.FailedPrecondition) throw bad("Sandbox is not running");
@@ -157,8 +172,12 @@ export class SandboxManager {
   async create(input: NewSandbox): Promise<SandboxRecord> {
     this.#assertOpen();
     // Pool sandboxes are loopback only, of the default snapshot, without volumes: any other create is made for its request.
-    const warm = input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
-    if (!warm) await this.runtime.assertReady();
+    const placed = (await this.runners?.servesRegion(input.regionId)) ?? false;
+    // Pulled images and volume data live on this server's host only.
+    if (placed && input.imageRef !== undefined) throw bad("Snapshots from images cannot run on registered runners yet: use the default snapshot in this region");
+    if (placed && input.volumes.length > 0) throw bad("Volumes cannot be mounted on registered runners yet");
+    const warm = !placed && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
+    if (!warm && !placed) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
     const now = new Date();
     const row: SandboxRecord = {
@@ -195,7 +214,8 @@ export class SandboxManager {
     };
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
-      await this.store.insert(row);
+      // A region with registered runners: one is picked in the insert's transaction (placement.ts).
+      await this.store.insert(row, placed ? async (exec) => (await this.runners!.place(exec, row.regionId, row)) ?? this.runtime.runnerId : undefined);
       return this.driveCreate(row);
     })!;
     return this.#answer(id, op, "Sandbox failed to start");
@@ -225,7 +245,7 @@ export class SandboxManager {
   /** Makes and starts the sandbox on the host; a failure leaves it in `error` with the reason. */
   async driveCreate(row: SandboxRecord): Promise<Outcome> {
     try {
-      await this.runtime.create(specOf(row));
+      await (await this.runtimeOf(row)).create(specOf(row));
       await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
       return {};
     } catch (err) {
@@ -251,8 +271,9 @@ export class SandboxManager {
       if (cur.state === "started" && cur.desiredState === "started") return {};
       if (cur.state !== cur.desiredState) throw stateChangeInProgress();
       if (cur.state !== "stopped" && cur.state !== "archived") throw bad("Sandbox is not in valid state");
-      this.#assertHere(cur);
       const archived = cur.state === "archived";
+      if (archived && (await this.runners?.servesRegion(cur.regionId))) throw bad("Archived sandboxes of a region with registered runners cannot be restored yet");
+      if (!archived) await this.runtimeOf(cur);
       // A stopped sandbox holds its disk already; an archived one takes it again.
       await this.store.updateAdmitted(cur, { ...cur, disk: archived ? cur.disk : 0 }, {
         desiredState: "started",
@@ -272,14 +293,15 @@ export class SandboxManager {
    */
   async driveStart(row: SandboxRecord): Promise<Outcome> {
     try {
-      if (!(await this.runtime.inspect(row.id))) {
+      const rt = await this.runtimeOf(row);
+      if (!(await rt.inspect(row.id))) {
         if (row.backupState === "Completed" && (await this.files.exists(this.files.backup(row.id)))) {
           await this.store.update(row.id, { state: "restoring" });
           return this.driveRestore(row, this.files.backup(row.id), "error");
         }
         return this.#fail(row.id, new Error("Sandbox has no runner and backup is not completed: its files are gone from this host"));
       }
-      await this.runtime.start(row.id);
+      await rt.start(row.id);
       await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
       return {};
     } catch (err) {
@@ -295,9 +317,10 @@ export class SandboxManager {
   async driveRestore(row: SandboxRecord, pack: string, onFailure: "archived" | "error"): Promise<Outcome> {
     try {
       if (!(await this.files.exists(pack))) throw new Error(`the pack of its files (${pack}) is missing`);
-      await this.runtime.destroy(row.id); // whatever an interrupted restore left
-      await this.runtime.restore(specOf(row), this.files.read(pack));
-      await this.runtime.start(row.id);
+      const rt = await this.runtimeOf(row);
+      await rt.destroy(row.id); // whatever an interrupted restore left
+      await rt.restore(specOf(row), this.files.read(pack));
+      await rt.start(row.id);
       await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
       if (pack === this.files.archive(row.id)) await this.files.removeArchive(row.id);
       return {};
@@ -305,7 +328,7 @@ export class SandboxManager {
       const reason = reasonOf(err);
       if (onFailure === "error") return this.#fail(row.id, err);
       this.#log(`sandbox ${row.id}: restore failed: ${reason}`);
-      await this.runtime.destroy(row.id).catch(() => undefined);
+      await this.runtimeOf(row).then((rt) => rt.destroy(row.id)).catch(() => undefined);
       await this.store.update(row.id, { state: "archived", desiredState: "archived", runnerId: null, errorReason: reason });
       return { failed: reason };
     }
@@ -328,7 +351,7 @@ export class SandboxManager {
     if (isErrored(cur.state) && !recovering) throw bad("Sandbox is in an errored state");
     if (!recovering && cur.state !== cur.desiredState) throw stateChangeInProgress();
     if (!recovering && cur.state !== "started") throw bad("Sandbox is not in a stoppable state");
-    this.#assertHere(cur);
+    await this.runtimeOf(cur);
     if (isEphemeral(cur.autoDeleteInterval)) {
       await this.#softDelete(cur);
       return this.driveDestroy(cur);
@@ -339,7 +362,7 @@ export class SandboxManager {
 
   async driveStop(row: SandboxRecord, force = false): Promise<Outcome> {
     try {
-      await this.runtime.stop(row.id, { force });
+      await (await this.runtimeOf(row)).stop(row.id, { force });
       await this.store.update(row.id, { state: "stopped", errorReason: null, lastActivityAt: new Date() });
       return {};
     } catch (err) {
@@ -363,7 +386,7 @@ export class SandboxManager {
     if (cur.state !== cur.desiredState) throw stateChangeInProgress();
     if (cur.state !== "stopped") throw bad("Sandbox is not stopped");
     if (isEphemeral(cur.autoDeleteInterval)) throw bad("Ephemeral sandboxes cannot be archived");
-    this.#assertHere(cur);
+    await this.runtimeOf(cur);
     await this.store.update(id, { desiredState: "archived" });
     return this.driveArchive(cur);
   }
@@ -372,9 +395,10 @@ export class SandboxManager {
   async driveArchive(row: SandboxRecord): Promise<Outcome> {
     try {
       await this.#backups.get(row.id);
-      if (await this.runtime.inspect(row.id)) {
-        await this.files.write(await this.runtime.pack(row.id), this.files.archive(row.id));
-        await this.runtime.destroy(row.id);
+      const rt = await this.runtimeOf(row);
+      if (await rt.inspect(row.id)) {
+        await this.files.write(await rt.pack(row.id), this.files.archive(row.id));
+        await rt.destroy(row.id);
       } else if (!(await this.files.exists(this.files.archive(row.id)))) {
         throw new Error("its files are gone from this host");
       }
@@ -404,7 +428,7 @@ export class SandboxManager {
     if (cur.state === "destroyed" || (cur.desiredState === "destroyed" && isErrored(cur.state))) {
       throw errors.notFound(`Sandbox with ID or name ${id} not found`);
     }
-    this.#assertHere(cur);
+    await this.runtimeOf(cur);
     await this.#softDelete(cur);
     return this.driveDestroy(cur);
   }
@@ -419,7 +443,7 @@ export class SandboxManager {
   async driveDestroy(row: SandboxRecord): Promise<Outcome> {
     try {
       await this.#backups.get(row.id);
-      await this.runtime.destroy(row.id);
+      await (await this.runtimeOf(row)).destroy(row.id);
       await this.files.remove(row.id);
       await this.store.update(row.id, { state: "destroyed", runnerId: null, errorReason: null });
       this.#touched.delete(row.id);
@@ -438,13 +462,13 @@ export class SandboxManager {
     if (row.backupState === "Pending" || row.backupState === "InProgress") throw bad("Sandbox backup is already in progress");
     if (this.locks.busy(row.id) || row.state !== row.desiredState) throw stateChangeInProgress();
     if (row.state !== "started" && row.state !== "stopped") throw bad("Sandbox is not in valid state");
-    this.#assertHere(row);
+    const rt = await this.runtimeOf(row);
     const claimed = await this.store.updateIf(row.id, { backupState: { $in: ["None", "Completed", "Error"] } }, { backupState: "InProgress" });
     if (!claimed) throw bad("Sandbox backup is already in progress");
     const id = row.id;
     const work = (async () => {
       try {
-        await this.files.write(await this.runtime.pack(id), this.files.backup(id));
+        await this.files.write(await rt.pack(id), this.files.backup(id));
         await this.store.updateIf(id, { backupState: "InProgress" }, { backupState: "Completed", backupCreatedAt: new Date() });
       } catch (err) {
         this.#log(`sandbox ${id}: backup failed: ${reasonOf(err)}`);
@@ -467,7 +491,8 @@ export class SandboxManager {
     const row = await this.store.find(organizationId, idOrName);
     const fields = next(row);
     const op = this.locks.tryRun(row.id, async () => {
-      if (row.runnerId === this.runtime.runnerId && (await this.runtime.inspect(row.id))) await this.runtime.setNetwork(row.id, runtimeNetwork(fields));
+      const rt = row.runnerId === null ? undefined : await this.runtimeOf(row);
+      if (rt && (await rt.inspect(row.id))) await rt.setNetwork(row.id, runtimeNetwork(fields));
       await this.store.update(row.id, { networkBlockAll: fields.networkBlockAll, networkAllowList: fields.networkAllowList ?? null });
     });
     if (!op) throw stateChangeInProgress();
@@ -512,7 +537,7 @@ export class SandboxManager {
     return this.#timerOp(id, async () => {
       const cur = await this.#current(id);
       if (cur.state !== "started" || cur.desiredState !== "started") return {};
-      const rt = await this.runtime.inspect(id);
+      const rt = await (await this.runtimeOf(cur)).inspect(id);
       if (rt?.state === "started") return {};
       return this.#fail(id, new Error(rt?.error ?? reason));
     });
@@ -525,14 +550,14 @@ export class SandboxManager {
    * restore or delete) keep the reference's 400 "Sandbox is in an errored state".
    */
   async #recoverable(row: SandboxRecord): Promise<boolean> {
-    if (row.state !== "error" || row.desiredState !== "started" || row.runnerId !== this.runtime.runnerId) return false;
-    return (await this.runtime.inspect(row.id).catch(() => undefined))?.state === "error";
+    if (row.state !== "error" || row.desiredState !== "started" || row.runnerId === null) return false;
+    return (await this.runtimeOf(row).then((rt) => rt.inspect(row.id)).catch(() => undefined))?.state === "error";
   }
 
   /** Started here, but its first process is gone (not yet marked `error` by the timers). */
   async #lost(row: SandboxRecord): Promise<boolean> {
-    if (row.state !== "started" || row.desiredState !== "started" || row.runnerId !== this.runtime.runnerId) return false;
-    return (await this.runtime.inspect(row.id).catch(() => undefined))?.state === "error";
+    if (row.state !== "started" || row.desiredState !== "started" || row.runnerId === null) return false;
+    return (await this.runtimeOf(row).then((rt) => rt.inspect(row.id)).catch(() => undefined))?.state === "error";
   }
 
   #timerOp(id: string, fn: () => Promise<Outcome>): Promise<Outcome> | undefined {
@@ -559,11 +584,12 @@ export class SandboxManager {
     if (this.#closing) throw errors.unavailable("The server is shutting down");
   }
 
-  /** Only this server's runner can operate the sandboxes it holds. */
-  #assertHere(row: SandboxRecord): void {
-    if (row.runnerId !== null && row.runnerId !== this.runtime.runnerId) {
-      throw errors.unavailable(`Sandbox ${row.id} is held by runner ${row.runnerId}, which this server does not run`);
-    }
+  /** The runtime of the runner holding the sandboxes (this server's when it holds none, or it is this server's). */
+  async runtimeOf(row: Pick<SandboxRecord, "id" | "runnerId">): Promise<SandboxRuntime> {
+    if (!row.runnerId || row.runnerId === this.runtime.runnerId) return this.runtime;
+    const rt = await this.runners?.runtime(row.runnerId);
+    if (!rt) throw errors.unavailable(`Sandbox ${row.id} is held by runner ${row.runnerId}, which this server does not run`);
+    return rt;
   }
 
   #operate(id: string, fn: () => Promise<Outcome>): Promise<Outcome> {

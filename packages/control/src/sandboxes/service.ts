@@ -14,7 +14,7 @@ import { Checks } from "../services/validate.ts";
 import type { Settings } from "../settings.ts";
 import { enumCodec, sandboxStates, toHealth, toSandbox, type DtoContext } from "./dto.ts";
 import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteria, pagePage, type PageSort, sortValueOf, whereOf } from "./list-query.ts";
-import { SandboxManager } from "./manager.ts";
+import { type RunnerDirectory, SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import type { WarmPool } from "./warm-pool.ts";
 import { normalizeAutoArchive } from "./states.ts";
@@ -35,6 +35,8 @@ export interface SandboxServiceDeps {
   runtime: SandboxRuntime;
   log?: (line: string) => void;
   pool?: WarmPool;
+  /** Registered runners: regions that have some place their sandboxes there. */
+  runners?: RunnerDirectory;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
   snapshots?: (organizationId: string, idOrName: string) => Promise<{ name: string; imageRef?: string; row: { cpu: number; mem: number; disk: number } }>;
 }
@@ -47,6 +49,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     minuteMs: deps.settings.timerMinuteMs,
     log: deps.log,
     pool: deps.pool,
+    runners: deps.runners,
   });
   const { publicUrl } = deps.settings;
   const dtoContext: DtoContext = { toolboxProxyUrl: `${publicUrl}/api/toolbox-proxy` };
@@ -101,7 +104,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
         const row = await manager.get(organizationId, req.sandboxId);
         const sandbox = dto(row);
         if (row.state === "started") {
-          const health = (await manager.runtime.inspect(row.id).catch(() => undefined))?.health;
+          const health = (await manager.runtimeOf(row).then((rt) => rt.inspect(row.id)).catch(() => undefined))?.health;
           if (health) sandbox.health = toHealth(health);
         }
         return sandbox;

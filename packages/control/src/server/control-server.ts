@@ -31,6 +31,7 @@ import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
 import { SecretBox } from "../auth/secret-box.ts";
 import { RunnerHealth } from "../runners/health.ts";
+import { RegisteredRunners } from "../runners/directory.ts";
 import { runnerService } from "../runners/service.ts";
 import { RunnerService } from "@sandbar/protocol/gen/sandbar/control/v1/runner_pb.js";
 import { bootstrap } from "../bootstrap.ts";
@@ -108,7 +109,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const guard = new Guard(credentials, limits);
   const box = await SecretBox.open(orm, settings.encryptionKey);
   const registryCredentials = options.registryCredentials ?? ((organizationId, host) => registryCredentialsFor(orm, organizationId, host, box));
-  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials);
+  const runners = new RegisteredRunners(orm, box);
+  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials, runners);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
   // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
   const recorder = new AuditRecorder(orm, log);
@@ -196,6 +198,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
         await listener.close();
         await auditRetention.stop();
         await runnerHealth.stop();
+        await runners.close();
         await sandboxes.stop();
         await webhooks.stop();
         toolbox.clients.close();

@@ -66,7 +66,7 @@ export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: 
     await exited;
   };
   return {
-    url: `http://127.0.0.1:${port}`,
+    url: `${o.env?.SANDBAR_RUNNER_TLS_CERT ? "https" : "http"}://127.0.0.1:${port}`,
     port,
     credential,
     dataDir,

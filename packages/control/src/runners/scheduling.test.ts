@@ -1,0 +1,134 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { api, startTestServer, type TestServer } from "../testing/server.ts";
+import { freePort } from "../server/free-port.ts";
+import { eventually } from "../sandboxes/testing/fixtures.ts";
+import { RemoteRuntime } from "./remote-runtime.ts";
+import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
+
+// Scheduling across registered runners, all real: two `sandbar runner` processes (own data dirs,
+// ports, uid ranges and sandbox subnets on loopback), each offering 2 CPUs, 4 GiB and 20 GiB;
+// two control processes on one PostgreSQL. Sandboxes of 1 CPU, 1 GiB, 3 GiB: four fit in all.
+
+const root = process.getuid?.() === 0;
+const CHECKS = { intervalMs: 200, unresponsiveMs: 1500 };
+let t: TestServer;
+let t2: TestServer;
+let region: string;
+const runners: Array<{ process: RunnerProcess; id: string; key: string }> = [];
+/** Sandboxes made by the tests and the runner each landed on. */
+const created = new Map<string, string>();
+const call = (method: string, path: string, body?: unknown, server = t) => api(server.url, server.adminKey, method, path, body);
+
+async function register(name: string, subnet: string): Promise<{ process: RunnerProcess; id: string; key: string }> {
+  const port = await freePort();
+  const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://127.0.0.1:${port}` });
+  expect(made.status, JSON.stringify(made.body)).toBe(201);
+  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, env: { SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
+  const remote = await RemoteRuntime.open({ url: process.url, credential: process.credential });
+  const key = remote.runnerId;
+  await remote.close();
+  return { process, id: made.body.id, key };
+}
+
+const runnerState = async (id: string) => (await call("GET", `/runners/${id}`)).body;
+
+async function create(server = t): Promise<{ status: number; body: any }> {
+  const r = await call("POST", "/sandbox", { target: "fleet", cpu: 1, memory: 1, disk: 3, autoStopInterval: 0 }, server);
+  if (r.status === 200) created.set(r.body.id, r.body.runnerId);
+  return r;
+}
+
+const exec = async (id: string, command: string) => (await call("POST", `/toolbox/${id}/toolbox/process/execute`, { command })).body;
+
+async function deleteAll(): Promise<void> {
+  for (const id of [...created.keys()]) {
+    await call("DELETE", `/sandbox/${id}`);
+    created.delete(id);
+  }
+}
+
+beforeAll(async () => {
+  if (!root) return;
+  t = await startTestServer({ settings: { runnerChecks: CHECKS } });
+  t2 = await startTestServer({ databaseUrl: t.server.databaseUrl, adminKey: t.adminKey, settings: { runnerChecks: CHECKS } });
+  region = (await call("POST", "/regions", { name: "fleet" })).body.id;
+  runners.push(await register("runner-a", "10.214.0.0/24"), await register("runner-b", "10.215.0.0/24"));
+  for (const r of runners) await eventually(`${r.id} to be ready`, async () => (await runnerState(r.id)).state === "ready", 30_000);
+}, 180_000);
+
+afterAll(async () => {
+  if (t) await deleteAll().catch(() => undefined);
+  await t2?.stop();
+  await t?.stop();
+  for (const r of runners) await r.process.stop();
+}, 120_000);
+
+describe.skipIf(!root)("scheduling across runner processes", () => {
+  it("two control processes creating at once never over-commit: four sandboxes fit, two per runner, the rest is refused", async () => {
+    const answers = await Promise.all([create(t), create(t2), create(t), create(t2), create(t), create(t2)]);
+    const ok = answers.filter((a) => a.status === 200);
+    const refused = answers.filter((a) => a.status !== 200);
+    expect(ok).toHaveLength(4);
+    for (const r of refused) expect(r.body.message).toBe("No available runners");
+    const perRunner = new Map<string, number>();
+    for (const a of ok) perRunner.set(a.body.runnerId, (perRunner.get(a.body.runnerId) ?? 0) + 1);
+    expect(Object.fromEntries(perRunner)).toEqual({ [runners[0]!.key]: 2, [runners[1]!.key]: 2 });
+    // The toolbox reaches a sandbox on each runner.
+    for (const a of ok) expect(await exec(a.body.id, "echo on $(cat /proc/sys/kernel/hostname 2>/dev/null || echo box)")).toMatchObject({ exitCode: 0 });
+    await deleteAll();
+  }, 240_000);
+
+  it("refuses what a registered runner cannot run yet, naming it: image snapshots and volumes", async () => {
+    const vol = await call("POST", "/volumes", { name: "fleet-data" });
+    const r = await call("POST", "/sandbox", { target: "fleet", volumes: [{ volumeId: vol.body.id, mountPath: "/data" }] });
+    expect(r.status).toBe(400);
+    expect(r.body.message).toBe("Volumes cannot be mounted on registered runners yet");
+  });
+
+  it("spreads new sandboxes over the runners by free capacity", async () => {
+    const a = await create();
+    const b = await create();
+    expect(a.status, JSON.stringify(a.body)).toBe(200);
+    expect(b.status, JSON.stringify(b.body)).toBe(200);
+    expect(new Set([a.body.runnerId, b.body.runnerId])).toEqual(new Set(runners.map((r) => r.key)));
+  }, 120_000);
+
+  it("a draining runner takes no new sandboxes; its sandboxes keep running", async () => {
+    const [ra, rb] = runners;
+    expect((await call("PATCH", `/runners/${ra!.id}/draining`, { draining: true })).body.draining).toBe(true);
+    const onA = [...created].find(([, runner]) => runner === ra!.key)![0];
+    const next = await create();
+    expect(next.status, JSON.stringify(next.body)).toBe(200);
+    expect(next.body.runnerId).toBe(rb!.key);
+    // runner-b is full now (2 CPUs), runner-a draining: nothing more fits.
+    const refused = await create();
+    expect(refused.status).toBe(400);
+    expect(refused.body.message).toBe("No available runners");
+    expect((await exec(onA, "echo alive")).result).toBe("alive\n");
+    await call("PATCH", `/runners/${ra!.id}/draining`, { draining: false });
+    const again = await create();
+    expect(again.status, JSON.stringify(again.body)).toBe(200);
+    expect(again.body.runnerId).toBe(ra!.key);
+  }, 180_000);
+
+  it("kill -9 of a runner: unresponsive, no new sandboxes on it; back, its sandboxes answer again", async () => {
+    await deleteAll();
+    const [ra, rb] = runners;
+    const a = await create();
+    const b = await create();
+    const onB = [a, b].find((x) => x.body.runnerId === rb!.key)!.body.id as string;
+    await exec(onB, "echo kept > ~/marker");
+    await rb!.process.kill();
+    await eventually("runner-b to be unresponsive", async () => (await runnerState(rb!.id)).state === "unresponsive", 20_000);
+    const down = await call("POST", `/toolbox/${onB}/toolbox/process/execute`, { command: "true" });
+    expect(down.status).toBeGreaterThanOrEqual(500);
+    // Only runner-a is scheduled: it has room for one more, then nothing.
+    const c = await create();
+    expect(c.body.runnerId).toBe(ra!.key);
+    expect((await create()).body.message).toBe("No available runners");
+    await rb!.process.restart();
+    await eventually("runner-b to be ready", async () => (await runnerState(rb!.id)).state === "ready", 20_000);
+    expect((await call("GET", `/sandbox/${onB}`)).body.state).toBe("started");
+    await eventually("its sandbox to answer again", async () => (await exec(onB, "cat ~/marker"))?.result === "kept\n", 20_000);
+  }, 180_000);
+});
