@@ -17,6 +17,7 @@ export class RegisteredRunners implements RunnerDirectory {
   readonly #orm: MikroORM;
   readonly #box: SecretBox;
   readonly #runtimes = new Map<string, { url: string; sealed: string; runtime: Promise<RemoteRuntime> }>();
+  #silent: { keys: ReadonlySet<string>; until: number } | undefined;
 
   constructor(orm: MikroORM, box: SecretBox) {
     this.#orm = orm;
@@ -66,6 +67,14 @@ export class RegisteredRunners implements RunnerDirectory {
     // The reference's answer when no runner of the region can take it.
     if (!rows[0]) throw errors.invalidArgument("No available runners");
     return rows[0].runner_key;
+  }
+
+  async unresponsive(): Promise<ReadonlySet<string>> {
+    // Read on every sandbox read: kept for a second.
+    if (this.#silent && this.#silent.until > Date.now()) return this.#silent.keys;
+    const rows = (await this.#exec()(`select runner_key from runner where state = 'unresponsive' and runner_key is not null`, [])) as Array<{ runner_key: string }>;
+    this.#silent = { keys: new Set(rows.map((r) => r.runner_key)), until: Date.now() + 1000 };
+    return this.#silent.keys;
   }
 
   async close(): Promise<void> {

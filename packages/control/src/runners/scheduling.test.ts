@@ -122,6 +122,9 @@ describe.skipIf(!root)("scheduling across runner processes", () => {
     await eventually("runner-b to be unresponsive", async () => (await runnerState(rb!.id)).state === "unresponsive", 20_000);
     const down = await call("POST", `/toolbox/${onB}/toolbox/process/execute`, { command: "true" });
     expect(down.status).toBeGreaterThanOrEqual(500);
+    // Reported unknown while its runner is silent, in reads and lists; the row keeps what it was.
+    await eventually("its sandbox to read unknown", async () => (await call("GET", `/sandbox/${onB}`)).body.state === "unknown", 5000);
+    expect((await call("GET", "/sandbox")).body.find((x: { id: string }) => x.id === onB).state).toBe("unknown");
     // Only runner-a is scheduled: it has room for one more, then nothing.
     const c = await create();
     expect(c.body.runnerId).toBe(ra!.key);

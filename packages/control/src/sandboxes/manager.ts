@@ -41,6 +41,8 @@ export interface RunnerDirectory {
   servesRegion(regionId: string): Promise<boolean>;
   /** Picks a runner of the region inside the caller's transaction; undefined when the region has none registered. */
   place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string | undefined>;
+  /** Ids (as sandboxes record them) of the runners that stopped answering: their sandboxes read as `unknown`. */
+  unresponsive(): Promise<ReadonlySet<string>>;
 }
 
 /** A validated create request. */
