@@ -13,8 +13,8 @@ import { runnerServiceImpl } from "./service.ts";
 
 export interface RunnerServerOptions {
   runtime: SandboxRuntime;
-  /** The credential control presents. */
-  credential: string;
+  /** SHA-256 of the credential control presents (register.ts). */
+  credentialSha256: Buffer;
   dataDir: string;
   version: string;
   host: string;
@@ -35,9 +35,8 @@ export interface RunnerServer {
 const STREAM_WINDOW = 4 * 1024 * 1024;
 const SESSION_WINDOW = 32 * 1024 * 1024;
 
-export function bearerCheck(credential: string): (authorization: string | undefined) => boolean {
-  if (credential.length < 16) throw new Error("the runner credential must be at least 16 characters");
-  const want = createHash("sha256").update(credential).digest();
+export function bearerCheck(want: Buffer): (authorization: string | undefined) => boolean {
+  if (want.length !== 32) throw new Error("the runner credential's hash must be a SHA-256");
   return (authorization) => {
     const m = /^Bearer (.+)$/.exec(authorization ?? "");
     return !!m && timingSafeEqual(createHash("sha256").update(m[1]!).digest(), want);
@@ -45,7 +44,7 @@ export function bearerCheck(credential: string): (authorization: string | undefi
 }
 
 export async function startRunnerServer(o: RunnerServerOptions): Promise<RunnerServer> {
-  const authorized = bearerCheck(o.credential);
+  const authorized = bearerCheck(o.credentialSha256);
   const rpc = connectNodeAdapter({
     routes: (router) => router.service(RunnerService, runnerServiceImpl({ runtime: o.runtime, dataDir: o.dataDir, version: o.version, capacity: o.capacity })),
   });

@@ -5,6 +5,7 @@ import { openLocalRuntime } from "../sandboxes/boot.ts";
 import { HostDiskVolumes } from "../volumes/storage.ts";
 import { type RunnerServer, startRunnerServer } from "./server.ts";
 import type { RunnerHostSettings } from "./settings.ts";
+import { credentialHash } from "./register.ts";
 
 // `sandbar runner`: this host's runtime (the same LocalRuntime `sandbar serve` holds in-process)
 // served on the runner port. Sandboxes outlive the process: a restarted runner finds them on its
@@ -20,9 +21,13 @@ export async function startRunner(settings: Settings, host: RunnerHostSettings, 
   for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
   const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
   const runtime = await openLocalRuntime(settings, volumes, log);
+  const credentialSha256 = await credentialHash(path.join(settings.dataDir, "runner"), host, log).catch(async (err: unknown) => {
+    await runtime.close();
+    throw err;
+  });
   const server = await startRunnerServer({
     runtime,
-    credential: host.credential,
+    credentialSha256,
     dataDir: path.join(settings.dataDir, "runner"),
     version: settings.version,
     host: host.host,

@@ -1,3 +1,5 @@
+import { readFile, stat } from "node:fs/promises";
+import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { freePort } from "../server/free-port.ts";
@@ -118,6 +120,33 @@ describe.skipIf(!root)("health checks of a runner process", () => {
     await eventually("the runner to be unresponsive", async () => (await state()).state === "unresponsive", 20_000);
     await runner.restart();
     await eventually("the runner to be ready again", async () => (await state()).state === "ready", 20_000);
+  }, 90_000);
+
+  it("a runner registers itself at its first start with a registration key, and only then", async () => {
+    const key = (await call("POST", "/api-keys", { name: "runner-registration", permissions: ["write:runners"] })).body.value as string;
+    const port = await freePort();
+    const env = { SANDBAR_CONTROL_URL: t.url, SANDBAR_RUNNER_REGISTRATION_KEY: key, SANDBAR_RUNNER_REGION: "edge-1", SANDBAR_RUNNER_NAME: "self-1", SANDBAR_RUNNER_ADVERTISE_URL: `http://127.0.0.1:${port}` };
+    const self = await startRunnerProcess({ port, credential: "", env });
+    try {
+      expect(self.output()).toContain("registered as runner");
+      const mine = async () => (await call("GET", "/runners")).body.filter((r: { name: string }) => r.name === "self-1");
+      expect(await mine()).toHaveLength(1);
+      const id = (await mine())[0].id as string;
+      await eventually("the runner to be ready", async () => (await call("GET", `/runners/${id}`)).body.state === "ready", 20_000);
+      // Only the credential's hash is kept on the runner's host.
+      const kept = await readFile(path.join(self.dataDir, "runner", "runner-credential.sha256"));
+      expect(kept.toString()).toMatch(/^[0-9a-f]{64}\n$/);
+      expect((await stat(path.join(self.dataDir, "runner", "runner-credential.sha256"))).mode & 0o777).toBe(0o600);
+      await self.kill();
+      await self.restart();
+      expect(await mine()).toHaveLength(1);
+      await eventually("the runner to be ready again", async () => (await call("GET", `/runners/${id}`)).body.state === "ready", 20_000);
+    } finally {
+      await self.stop();
+    }
+    // A key without write:runners: the runner says why and exits.
+    const reader = (await call("POST", "/api-keys", { name: "runner-reader", permissions: ["read:runners"] })).body.value as string;
+    await expect(startRunnerProcess({ credential: "", env: { ...env, SANDBAR_RUNNER_REGISTRATION_KEY: reader, SANDBAR_RUNNER_NAME: "self-2" } })).rejects.toThrow(/registering with .* failed: 403/);
   }, 90_000);
 
   it("a runner given another credential than the one registered never becomes ready", async () => {
