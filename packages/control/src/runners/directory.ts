@@ -69,6 +69,11 @@ export class RegisteredRunners implements RunnerDirectory {
     return rows[0].runner_key;
   }
 
+  async ready(): Promise<string[]> {
+    const rows = (await this.#exec()(`select runner_key from runner where state = 'ready' and runner_key is not null`, [])) as Array<{ runner_key: string }>;
+    return rows.map((r) => r.runner_key);
+  }
+
   async unresponsive(): Promise<ReadonlySet<string>> {
     // Read on every sandbox read: kept for a second.
     if (this.#silent && this.#silent.until > Date.now()) return this.#silent.keys;

@@ -11,6 +11,8 @@ import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process
 
 const root = process.getuid?.() === 0;
 const CHECKS = { intervalMs: 200, unresponsiveMs: 1500 };
+/** A timer "minute" of one second: auto-stop is seen within the test. */
+const TIMERS = { timerMinuteMs: 1000, timerTickMs: 250 };
 let t: TestServer;
 let t2: TestServer;
 let region: string;
@@ -49,8 +51,8 @@ async function deleteAll(): Promise<void> {
 
 beforeAll(async () => {
   if (!root) return;
-  t = await startTestServer({ settings: { runnerChecks: CHECKS } });
-  t2 = await startTestServer({ databaseUrl: t.server.databaseUrl, adminKey: t.adminKey, settings: { runnerChecks: CHECKS } });
+  t = await startTestServer({ settings: { runnerChecks: CHECKS, ...TIMERS } });
+  t2 = await startTestServer({ databaseUrl: t.server.databaseUrl, adminKey: t.adminKey, settings: { runnerChecks: CHECKS, ...TIMERS } });
   region = (await call("POST", "/regions", { name: "fleet" })).body.id;
   runners.push(await register("runner-a", "10.214.0.0/24"), await register("runner-b", "10.215.0.0/24"));
   for (const r of runners) await eventually(`${r.id} to be ready`, async () => (await runnerState(r.id)).state === "ready", 30_000);
@@ -110,6 +112,15 @@ describe.skipIf(!root)("scheduling across runner processes", () => {
     expect(again.status, JSON.stringify(again.body)).toBe(200);
     expect(again.body.runnerId).toBe(ra!.key);
   }, 180_000);
+
+  it("auto-stops an idle sandbox on a registered runner (the timers cover registered runners)", async () => {
+    await deleteAll();
+    const r = await call("POST", "/sandbox", { target: "fleet", cpu: 1, memory: 1, disk: 3, autoStopInterval: 1 });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    created.set(r.body.id, r.body.runnerId);
+    expect(runners.map((x) => x.key)).toContain(r.body.runnerId);
+    await eventually("the idle sandbox to stop", async () => (await call("GET", `/sandbox/${r.body.id}`)).body.state === "stopped", 20_000);
+  }, 60_000);
 
   it("kill -9 of a runner: unresponsive, no new sandboxes on it; back, its sandboxes answer again", async () => {
     await deleteAll();

@@ -43,6 +43,8 @@ export interface RunnerDirectory {
   place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string | undefined>;
   /** Ids (as sandboxes record them) of the runners that stopped answering: their sandboxes read as `unknown`. */
   unresponsive(): Promise<ReadonlySet<string>>;
+  /** Ids (as sandboxes record them) of the runners that answer now. */
+  ready(): Promise<string[]>;
 }
 
 /** A validated create request. */
