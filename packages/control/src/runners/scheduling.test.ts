@@ -122,6 +122,24 @@ describe.skipIf(!root)("scheduling across runner processes", () => {
     await eventually("the idle sandbox to stop", async () => (await call("GET", `/sandbox/${r.body.id}`)).body.state === "stopped", 20_000);
   }, 60_000);
 
+  it("archives a sandbox of a runner to control and restores it onto a runner, files kept", async () => {
+    await deleteAll();
+    const r = await create();
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    const id = r.body.id as string;
+    await exec(id, "echo archived-and-back > ~/marker");
+    const state = async () => (await call("GET", `/sandbox/${id}`)).body;
+    expect((await call("POST", `/sandbox/${id}/stop`)).status).toBeLessThan(300);
+    await eventually("stopped", async () => (await state()).state === "stopped", 30_000);
+    expect((await call("POST", `/sandbox/${id}/archive`)).status).toBeLessThan(300);
+    await eventually("archived", async () => (await state()).state === "archived", 60_000);
+    expect((await state()).runnerId ?? null).toBeNull();
+    expect((await call("POST", `/sandbox/${id}/start`)).status).toBeLessThan(300);
+    await eventually("started", async () => (await state()).state === "started", 60_000);
+    expect(runners.map((x) => x.key)).toContain((await state()).runnerId);
+    expect((await exec(id, "cat ~/marker")).result).toBe("archived-and-back\n");
+  }, 180_000);
+
   it("kill -9 of a runner: unresponsive, no new sandboxes on it; back, its sandboxes answer again", async () => {
     await deleteAll();
     const [ra, rb] = runners;

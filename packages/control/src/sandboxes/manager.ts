@@ -276,17 +276,19 @@ export class SandboxManager {
       if (cur.state !== cur.desiredState) throw stateChangeInProgress();
       if (cur.state !== "stopped" && cur.state !== "archived") throw bad("Sandbox is not in valid state");
       const archived = cur.state === "archived";
-      if (archived && (await this.runners?.servesRegion(cur.regionId))) throw bad("Archived sandboxes of a region with registered runners cannot be restored yet");
       if (!archived) await this.runtimeOf(cur);
-      // A stopped sandbox holds its disk already; an archived one takes it again.
-      await this.store.updateAdmitted(cur, { ...cur, disk: archived ? cur.disk : 0 }, {
+      // An archived sandbox of a region with registered runners is placed again, as a create is.
+      const placed = archived && ((await this.runners?.servesRegion(cur.regionId)) ?? false);
+      const patch: SandboxPatch = {
         desiredState: "started",
         authToken: newAuthToken(),
         errorReason: null,
         lastActivityAt: new Date(),
         ...(archived ? { state: "restoring", runnerId: this.runtime.runnerId } : {}),
-      });
-      return archived ? this.driveRestore(cur, this.files.archive(cur.id), "archived") : this.driveStart(cur);
+      };
+      // A stopped sandbox holds its disk already; an archived one takes it again.
+      await this.store.updateAdmitted(cur, { ...cur, disk: archived ? cur.disk : 0 }, patch, placed ? async (exec) => (await this.runners!.place(exec, cur.regionId, cur)) ?? this.runtime.runnerId : undefined);
+      return archived ? this.driveRestore({ ...cur, runnerId: patch.runnerId ?? null }, this.files.archive(cur.id), "archived") : this.driveStart(cur);
     });
     return this.#answer(row.id, op, "Sandbox failed to start");
   }

@@ -87,10 +87,11 @@ export class SandboxStore {
     await this.#write(id, {}, patch);
   }
 
-  /** `update`, once the organization's quota admits what the change adds (starting a sandbox). */
-  async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch): Promise<void> {
+  /** `update`, once the organization's quota admits what the change adds (starting a sandbox); `place` picks its runner in that transaction (patch.runnerId). */
+  async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch, place?: (exec: Exec) => Promise<string>): Promise<void> {
     await this.#em().transactional(async (em) => {
       await admit(execIn(em), row.organizationId, row.regionId, demand);
+      if (place) patch.runnerId = await place(execIn(em));
       await this.#apply(em, row.id, {}, patch);
     });
   }
