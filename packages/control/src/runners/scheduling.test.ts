@@ -4,9 +4,11 @@ import { freePort } from "../server/free-port.ts";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
+import { createTestNetns, type TestNetns } from "./testing/netns.ts";
 
-// Scheduling across registered runners, all real: two `sandbar runner` processes (own data dirs,
-// ports, uid ranges and sandbox subnets on loopback), each offering 2 CPUs, 4 GiB and 20 GiB;
+// Scheduling across registered runners, all real: two `sandbar runner` processes, each in a
+// network namespace the test makes (reached over a veth pair at its own address; own data dir,
+// port, uid range and sandbox subnet), each offering 2 CPUs, 4 GiB and 20 GiB;
 // two control processes on one PostgreSQL. Sandboxes of 1 CPU, 1 GiB, 3 GiB: four fit in all.
 
 const root = process.getuid?.() === 0;
@@ -19,13 +21,17 @@ let region: string;
 const runners: Array<{ process: RunnerProcess; id: string; key: string }> = [];
 /** Sandboxes made by the tests and the runner each landed on. */
 const created = new Map<string, string>();
+const namespaces: TestNetns[] = [];
 const call = (method: string, path: string, body?: unknown, server = t) => api(server.url, server.adminKey, method, path, body);
 
-async function register(name: string, subnet: string): Promise<{ process: RunnerProcess; id: string; key: string }> {
+/** A runner process in a network namespace of its own, reached at its address there. */
+async function register(name: string, subnet: string, index: number): Promise<{ process: RunnerProcess; id: string; key: string }> {
+  const netns = createTestNetns(index);
+  namespaces.push(netns);
   const port = await freePort();
-  const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://127.0.0.1:${port}` });
+  const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://${netns.address}:${port}` });
   expect(made.status, JSON.stringify(made.body)).toBe(201);
-  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, env: { SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
+  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, netns, env: { SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
   const remote = await RemoteRuntime.open({ url: process.url, credential: process.credential });
   const key = remote.runnerId;
   await remote.close();
@@ -54,7 +60,7 @@ beforeAll(async () => {
   t = await startTestServer({ settings: { runnerChecks: CHECKS, ...TIMERS } });
   t2 = await startTestServer({ databaseUrl: t.server.databaseUrl, adminKey: t.adminKey, settings: { runnerChecks: CHECKS, ...TIMERS } });
   region = (await call("POST", "/regions", { name: "fleet" })).body.id;
-  runners.push(await register("runner-a", "10.214.0.0/24"), await register("runner-b", "10.215.0.0/24"));
+  runners.push(await register("runner-a", "10.214.0.0/24", 1), await register("runner-b", "10.215.0.0/24", 2));
   for (const r of runners) await eventually(`${r.id} to be ready`, async () => (await runnerState(r.id)).state === "ready", 30_000);
 }, 180_000);
 
@@ -63,6 +69,7 @@ afterAll(async () => {
   await t2?.stop();
   await t?.stop();
   for (const r of runners) await r.process.stop();
+  for (const n of namespaces) n.remove();
 }, 120_000);
 
 describe.skipIf(!root)("scheduling across runner processes", () => {

@@ -28,7 +28,7 @@ export interface RunnerProcess {
 }
 
 /** `credential`: the one control was given for this runner (default: a random one). */
-export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: string; credential?: string; port?: number } = {}): Promise<RunnerProcess> {
+export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: string; credential?: string; port?: number; netns?: { name: string; address: string } } = {}): Promise<RunnerProcess> {
   const dataDir = await mkdtemp(path.join(tmpdir(), "sandbar-runner-"));
   const port = o.port ?? (await freePort());
   const credential = o.credential ?? randomBytes(24).toString("hex");
@@ -36,7 +36,7 @@ export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: 
     ...process.env,
     SANDBAR_DATA_DIR: dataDir,
     SANDBAR_SNAPSHOT_CACHE: TEST_SNAPSHOT_CACHE,
-    SANDBAR_RUNNER_HOST: "127.0.0.1",
+    SANDBAR_RUNNER_HOST: o.netns?.address ?? "127.0.0.1",
     SANDBAR_RUNNER_PORT: String(port),
     SANDBAR_RUNNER_CREDENTIAL: credential,
     ...(o.subnet ? { SANDBAR_SANDBOX_SUBNET: o.subnet } : {}),
@@ -45,7 +45,10 @@ export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: 
   let out = "";
   let child!: ChildProcess;
   const launch = async () => {
-    child = spawn(process.execPath, [CLI, "runner"], { cwd: REPO, env, stdio: ["ignore", "pipe", "pipe"] });
+    // In a namespace: nsenter enters its network namespace only and execs node (same pid: a kill
+    // reaches the runner). Not `ip netns exec`, which mounts a sysfs of its own over the cgroups.
+    const [cmd, args] = o.netns ? ["nsenter", [`--net=/run/netns/${o.netns.name}`, "--", process.execPath, CLI, "runner"]] : [process.execPath, [CLI, "runner"]];
+    child = spawn(cmd, args, { cwd: REPO, env, stdio: ["ignore", "pipe", "pipe"] });
     const started = new Promise<void>((resolve, reject) => {
       const onData = (c: Buffer) => {
         out += c.toString();
@@ -66,7 +69,7 @@ export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: 
     await exited;
   };
   return {
-    url: `${o.env?.SANDBAR_RUNNER_TLS_CERT ? "https" : "http"}://127.0.0.1:${port}`,
+    url: `${o.env?.SANDBAR_RUNNER_TLS_CERT ? "https" : "http"}://${o.netns?.address ?? "127.0.0.1"}:${port}`,
     port,
     credential,
     dataDir,
