@@ -29,7 +29,7 @@ export interface RunnerProcess {
 
 /** `credential`: the one control was given for this runner (default: a random one). */
 export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: string; credential?: string; port?: number; netns?: { name: string; address: string } } = {}): Promise<RunnerProcess> {
-  const dataDir = await mkdtemp(path.join(tmpdir(), "sandbar-runner-"));
+  const dataDir = await mkdtemp(path.join(tmpdir(), "sandbar-runner-process-"));
   const port = o.port ?? (await freePort());
   const credential = o.credential ?? randomBytes(24).toString("hex");
   const env: NodeJS.ProcessEnv = {
@@ -61,7 +61,11 @@ export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: 
     const timeout = setTimeout(() => child.kill("SIGKILL"), 60_000);
     await started.finally(() => clearTimeout(timeout));
   };
-  await launch();
+  // A runner that does not start takes its data dir along.
+  await launch().catch(async (err: unknown) => {
+    await rm(dataDir, { recursive: true, force: true });
+    throw err;
+  });
   const kill = async () => {
     if (child.exitCode !== null || child.signalCode !== null) return;
     const exited = new Promise<void>((r) => child.once("exit", () => r()));
