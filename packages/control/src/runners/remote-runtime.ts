@@ -178,7 +178,8 @@ export class RemoteRuntime implements SandboxRuntime {
   async connectAgent(id: string): Promise<AgentDial> {
     let access = this.#access.get(id);
     // Asked again unless the connection to the runner is up: a runner that went away answers UNAVAILABLE here, with the reason.
-    if (!access || this.#rpcSessions.state() !== "open") {
+    const state = this.#rpcSessions.state();
+    if (!access || !(state === "open" || state === "idle" || state === "verifying")) {
       access = this.#client.getAgentAccess({ id }, { timeoutMs: 10_000 }).then((a) => ({ secret: a.secret, key: a.key }));
       this.#access.set(id, access);
       if (this.#access.size > 10_000) this.#access.delete(this.#access.keys().next().value!);
