@@ -82,6 +82,7 @@ describe.skipIf(!root)("scheduling across runner processes", () => {
     const perRunner = new Map<string, number>();
     for (const a of ok) perRunner.set(a.body.runnerId, (perRunner.get(a.body.runnerId) ?? 0) + 1);
     expect(Object.fromEntries(perRunner)).toEqual({ [runners[0]!.key]: 2, [runners[1]!.key]: 2 });
+    for (const r of runners) expect(await runnerState(r.id)).toMatchObject({ cpu: 2, memory: 4, disk: 20, currentAllocatedCpu: 2, currentAllocatedMemoryGiB: 2, currentAllocatedDiskGiB: 6 });
     // The toolbox reaches a sandbox on each runner.
     for (const a of ok) expect(await exec(a.body.id, "echo on $(cat /proc/sys/kernel/hostname 2>/dev/null || echo box)")).toMatchObject({ exitCode: 0 });
     await deleteAll();

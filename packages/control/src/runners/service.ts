@@ -10,7 +10,7 @@ import type { SecretBox } from "../auth/secret-box.ts";
 import { organizationOf } from "../auth/principal.ts";
 import { execIn } from "../db/exec.ts";
 import { Checks } from "../services/validate.ts";
-import { type RunnerRow, RUNNER_COLUMNS } from "./rows.ts";
+import { ALLOCATED, type RunnerRow, RUNNER_COLUMNS } from "./rows.ts";
 
 // The runners API (reference: /runners, and the earlier /nodes): an organization registers the
 // runners of its custom regions, each with the address control reaches it at (`apiUrl`) and a
@@ -35,7 +35,7 @@ export function runnerService(orm: MikroORM, box: SecretBox): Partial<ServiceImp
 
   async function own(organizationId: string, id: string, tx: EntityManager = em()): Promise<RunnerRow> {
     if (!UUID.test(id)) throw errors.notFound("Runner not found");
-    const rows = (await execIn(tx)(`select ${RUNNER_COLUMNS} from runner where id = ? and organization_id = ?`, [id, organizationId])) as RunnerRow[];
+    const rows = (await execIn(tx)(`select ${RUNNER_COLUMNS}, ${ALLOCATED} from runner where id = ? and organization_id = ?`, [id, organizationId])) as RunnerRow[];
     if (!rows[0]) throw errors.notFound("Runner not found");
     return rows[0];
   }
@@ -111,7 +111,7 @@ export function runnerService(orm: MikroORM, box: SecretBox): Partial<ServiceImp
         filter = " and region_id = ?";
         params.push(req.regionId);
       }
-      const rows = (await execIn(fork)(`select ${RUNNER_COLUMNS} from runner where organization_id = ?${filter} order by created_at, id`, params)) as RunnerRow[];
+      const rows = (await execIn(fork)(`select ${RUNNER_COLUMNS}, ${ALLOCATED} from runner where organization_id = ?${filter} order by created_at, id`, params)) as RunnerRow[];
       return { items: rows.map(toRunner) };
     },
 
@@ -166,6 +166,9 @@ export function toRunner(r: RunnerRow): Runner {
     currentCpuUsagePercentage: r.cpu_usage,
     currentMemoryUsagePercentage: r.memory_usage,
     currentDiskUsagePercentage: r.disk_usage,
+    currentAllocatedCpu: r.allocated_cpu ?? 0,
+    currentAllocatedMemoryGib: r.allocated_memory ?? 0,
+    currentAllocatedDiskGib: r.allocated_disk ?? 0,
     currentStartedSandboxes: r.started_sandboxes,
     currentSnapshotCount: r.snapshot_count,
     availabilityScore: availability(r),
