@@ -1,3 +1,4 @@
+import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { freePort } from "../server/free-port.ts";
@@ -147,6 +148,24 @@ describe.skipIf(!root)("scheduling across runner processes", () => {
     expect(runners.map((x) => x.key)).toContain((await state()).runnerId);
     expect((await exec(id, "cat ~/marker")).result).toBe("archived-and-back\n");
   }, 180_000);
+
+  it("a control process that starts reconciles the registered runners: what a runner holds unknown to the database is removed", async () => {
+    const [ra] = runners;
+    const remote = await RemoteRuntime.open({ url: ra!.process.url, credential: ra!.process.credential });
+    const stray = randomUUID();
+    try {
+      await remote.create({ id: stray, cpu: 1, memoryGiB: 1, diskGiB: 1, env: {}, user: "sandbar" });
+      expect(await remote.inspect(stray)).toMatchObject({ state: "started" });
+      await t2.stop();
+      t2 = await startTestServer({ databaseUrl: t.server.databaseUrl, adminKey: t.adminKey, settings: { runnerChecks: CHECKS, ...TIMERS } });
+      expect(await remote.inspect(stray)).toBeUndefined();
+      // What the database knows stays as it was.
+      for (const id of created.keys()) expect((await call("GET", `/sandbox/${id}`)).body.state).toBe("started");
+    } finally {
+      await remote.destroy(stray);
+      await remote.close();
+    }
+  }, 120_000);
 
   it("kill -9 of a runner: unresponsive, no new sandboxes on it; back, its sandboxes answer again", async () => {
     await deleteAll();

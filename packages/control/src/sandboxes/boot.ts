@@ -71,6 +71,14 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, runners });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
+  // The registered runners that answer: the same, over each one's sandboxes.
+  for (const runnerId of (await runners?.ready().catch(() => [])) ?? []) {
+    if (runnerId === runtime.runnerId) continue;
+    await manager
+      .runtimeOf({ id: runnerId, runnerId })
+      .then((rt) => reconcile(manager, log, { runtime: rt, runnerId }))
+      .catch((err: unknown) => log(`reconcile of runner ${runnerId} failed: ${err instanceof Error ? err.message : String(err)}`));
+  }
   // After reconciliation, which removes from the host what has no row (a pool of an earlier run too).
   pool?.fill();
   // No snapshot stays `pulling` across a restart: each unfinished pull starts again.
