@@ -37,6 +37,8 @@ export class RegisteredRunners implements RunnerDirectory {
       const rt = await known.runtime.catch(() => undefined);
       if (rt) return rt;
     }
+    // A runner whose address or credential changed: its old client goes.
+    if (known) void known.runtime.then((rt) => rt.close(), () => undefined);
     const runtime = RemoteRuntime.open({ url: row.api_url, credential: this.#box.open(row.credential_sealed) });
     this.#runtimes.set(runnerId, { url: row.api_url, sealed: row.credential_sealed, runtime });
     try {
@@ -83,7 +85,8 @@ export class RegisteredRunners implements RunnerDirectory {
   }
 
   async close(): Promise<void> {
-    for (const { runtime } of this.#runtimes.values()) void runtime.then((rt) => rt.close(), () => undefined);
+    const all = [...this.#runtimes.values()];
     this.#runtimes.clear();
+    await Promise.allSettled(all.map(({ runtime }) => runtime.then((rt) => rt.close())));
   }
 }

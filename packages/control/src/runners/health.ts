@@ -78,7 +78,7 @@ export class RunnerHealth {
         ],
       );
     } catch (err) {
-      this.#forget(r.id);
+      void this.#forget(r.id);
       const reason = err instanceof Error ? err.message : String(err);
       // Silent for unresponsiveMs since its last answer (or its registration): then unresponsive.
       await exec(
@@ -92,22 +92,22 @@ export class RunnerHealth {
   #runtime(r: RunnerRow): Promise<RemoteRuntime> {
     const known = this.#clients.get(r.id);
     if (known && known.url === r.api_url && known.sealed === r.credential_sealed) return known.runtime;
-    if (known) this.#forget(r.id);
+    if (known) void this.#forget(r.id);
     const runtime = RemoteRuntime.open({ url: r.api_url!, credential: this.#box.open(r.credential_sealed), timeoutMs: PROBE_TIMEOUT_MS });
     this.#clients.set(r.id, { url: r.api_url!, sealed: r.credential_sealed, runtime });
     return runtime;
   }
 
-  #forget(id: string): void {
+  #forget(id: string): Promise<void> {
     const known = this.#clients.get(id);
     this.#clients.delete(id);
-    void known?.runtime.then((rt) => rt.close(), () => undefined);
+    return known ? known.runtime.then((rt) => rt.close(), () => undefined) : Promise.resolve();
   }
 
   async stop(): Promise<void> {
     clearTimeout(this.#timer);
     this.#timer = undefined;
     await this.#running;
-    for (const id of [...this.#clients.keys()]) this.#forget(id);
+    await Promise.all([...this.#clients.keys()].map((id) => this.#forget(id)));
   }
 }

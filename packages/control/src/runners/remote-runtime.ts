@@ -46,7 +46,8 @@ export class RemoteRuntime implements SandboxRuntime {
   /** Agent secrets and keys by sandbox, forgotten whenever this process changes the sandbox's run. */
   readonly #access = new Map<string, Promise<{ secret: string; key: string }>>();
   #streams: http2.ClientHttp2Session | undefined;
-  #relay: AgentRelay | undefined;
+  /** Made on the first agent connection (a health check's client never needs one). */
+  #relay: Promise<AgentRelay> | undefined;
 
   private constructor(o: RemoteRuntimeOptions, runnerId: string, client: Client<typeof RunnerService>, sessions: Http2SessionManager) {
     this.url = o.url;
@@ -69,9 +70,7 @@ export class RemoteRuntime implements SandboxRuntime {
     const client = createClient(RunnerService, createGrpcTransport({ baseUrl: o.url, sessionManager: sessions, interceptors: [auth] }));
     const info = await client.getRunnerInfo({}, { timeoutMs: Math.min(10_000, o.timeoutMs ?? 10_000) });
     if (!info.id) throw new Error(`the runner at ${o.url} did not say its id`);
-    const runtime = new RemoteRuntime(o, info.id, client, sessions);
-    runtime.#relay = await AgentRelay.start((id) => openAgentStream(runtime.#session(), AGENT_API_PATH, id, o.credential));
-    return runtime;
+    return new RemoteRuntime(o, info.id, client, sessions);
   }
 
   #opts() {
@@ -186,11 +185,13 @@ export class RemoteRuntime implements SandboxRuntime {
       access.catch(() => this.#access.delete(id));
     }
     const { secret, key } = await access;
+    this.#relay ??= AgentRelay.start((sandboxId) => openAgentStream(this.#session(), AGENT_API_PATH, sandboxId, this.#credential));
+    const relay = await this.#relay;
     return {
       key: `${this.url}#${key}`,
       secret,
       // A real socket (agent-relay.ts) under the agent's HTTP/2 clients.
-      api: () => this.#relay!.connect(id),
+      api: () => relay.connect(id),
       tunnel: () => openAgentStream(this.#session(), AGENT_TUNNEL_PATH, id, this.#credential),
     };
   }
@@ -216,7 +217,7 @@ export class RemoteRuntime implements SandboxRuntime {
 
   async close(): Promise<void> {
     this.#rpcSessions.abort();
-    await this.#relay?.close();
+    await this.#relay?.then((r) => r.close(), () => undefined);
     this.#streams?.close();
     this.#streams = undefined;
   }
