@@ -7,6 +7,7 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import { startAgent, type Agent } from "@sandbar/agent";
 import { api, startTestServer, type TestServer } from "@sandbar/control/testing";
 import { errors } from "@sandbar/protocol";
+import { unixAgentDial } from "../packages/control/src/sandboxes/runtime.ts";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
@@ -28,7 +29,7 @@ beforeAll(async () => {
       agentLocator: {
         agentFor: async (_org, idOrName) => {
           if (idOrName !== "sbx-1") throw errors.notFound(`Sandbox with ID or name ${idOrName} not found`);
-          return { sandboxId: "sbx-1", socket: agent.socketPath, secret };
+          return { sandboxId: "sbx-1", ...unixAgentDial(agent.socketPath, secret) };
         },
         touch: (id) => touched.push(id),
       },

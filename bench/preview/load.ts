@@ -2,6 +2,7 @@
 // loop with the control server it measures. Sequential mode: one request at a time, each timed.
 // Concurrent mode: `concurrency` keep-alive connections for `durationMs`, requests counted.
 import http from "node:http";
+import { connect } from "node:net";
 import { parentPort, workerData } from "node:worker_threads";
 import { dialTunnel } from "../../packages/control/src/preview/tunnel-dial.ts";
 
@@ -30,7 +31,7 @@ class TunnelAgent extends http.Agent {
     this.#t = t;
   }
   override createConnection(_o: unknown, cb: (err: Error | null, s?: import("node:stream").Duplex) => void) {
-    dialTunnel(this.#t.tunnelSocket, this.#t.secret, this.#t.port).then(
+    dialTunnel({ secret: this.#t.secret, tunnel: () => connect({ path: this.#t.tunnelSocket, allowHalfOpen: true }) }, this.#t.port).then(
       (s) => {
         cb(null, s);
         s.resume();

@@ -75,7 +75,7 @@ try {
   const token_ = { "x-sandbar-preview-token": token };
   const paths: Array<{ name: string; job: Omit<LoadJob, "mode"> }> = [
     { name: "same server on the host (TCP loopback)", job: { target: { host: "127.0.0.1", port: hostPort }, path: "/", headers: {} } },
-    { name: "agent tunnel alone (no proxy)", job: { target: { tunnelSocket: tunnelSocketBeside(agent.socket), secret: agent.secret, port: APP_PORT }, path: "/", headers: {} } },
+    { name: "agent tunnel alone (no proxy)", job: { target: { tunnelSocket: tunnelSocketBeside(agent.key), secret: agent.secret, port: APP_PORT }, path: "/", headers: {} } },
     { name: "proxy, host form", job: { target: { host: "127.0.0.1", port: controlPort }, path: "/", headers: { host: `${APP_PORT}-${id}.preview.127.0.0.1:${controlPort}`, ...token_ } } },
     { name: "proxy, path form", job: { target: { host: "127.0.0.1", port: controlPort }, path: `/api/preview-proxy/${id}/${APP_PORT}/`, headers: token_ } },
   ];

@@ -155,7 +155,7 @@ async function main(): Promise<void> {
       await floorOnce(workDir, lower, "true", agent, i);
     }
     const first = await s.server.server.sandboxes.manager.agentFor((await s.rest.ok("GET", `/sandbox/${created[0]}`)).organizationId, created[0]);
-    const runtimeDir = first.socket.split("/").slice(0, 4).join("/");
+    const runtimeDir = first.key.split("/").slice(0, 4).join("/");
     const cgroupName = `sandbar-${path.basename(runtimeDir)}`;
     await deleteAll(s, created);
 

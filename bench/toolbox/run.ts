@@ -14,6 +14,7 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
+import type { AgentDial } from "../../packages/control/src/sandboxes/runtime.ts";
 import { loadAvg, log, machine, ms, requireRoot, startBenchServer, stats, type BenchServer, type Stat } from "../sandboxes/support.ts";
 
 requireRoot("bench/toolbox");
@@ -46,7 +47,7 @@ async function timed(n: number, once: () => Promise<void>): Promise<number[]> {
 }
 
 /** The three exec paths, interleaved in rounds of 50 so drifting load hits them alike. */
-async function execRoundTrips(s: BenchServer, id: string, socket: string, secret: string): Promise<Record<string, number[]>> {
+async function execRoundTrips(s: BenchServer, id: string, socket: AgentDial, secret: string): Promise<Record<string, number[]>> {
   const rest = async () => {
     const r = await s.rest.ok("POST", `/toolbox/${id}/toolbox/process/execute`, { command: "true" });
     if (r.exitCode !== 0) throw new Error(`REST exec exited ${r.exitCode}`);
@@ -154,7 +155,7 @@ function restDownload(s: BenchServer, id: string, file: string, expected: number
   });
 }
 
-async function agentUpload(socket: string, secret: string, dest: string, mib: number): Promise<number> {
+async function agentUpload(socket: AgentDial, secret: string, dest: string, mib: number): Promise<number> {
   const agents = new AgentClients();
   const files = agents.client(FileService, socket);
   const t0 = performance.now();
@@ -169,7 +170,7 @@ async function agentUpload(socket: string, secret: string, dest: string, mib: nu
   return t;
 }
 
-async function agentDownload(socket: string, secret: string, file: string, expected: number): Promise<number> {
+async function agentDownload(socket: AgentDial, secret: string, file: string, expected: number): Promise<number> {
   const agents = new AgentClients();
   const files = agents.client(FileService, socket);
   const t0 = performance.now();
@@ -202,11 +203,12 @@ async function main(): Promise<void> {
   try {
     const sb = await s.rest.ok("POST", "/sandbox", { disk: 5 }); // two 1 GiB files
     created.push(sb.id);
-    const { socket, secret } = await s.server.server.sandboxes.manager.agentFor(sb.organizationId, sb.id);
+    const agent = await s.server.server.sandboxes.manager.agentFor(sb.organizationId, sb.id);
+    const { secret } = agent;
     const home = (await s.rest.ok("POST", `/toolbox/${sb.id}/toolbox/process/execute`, { command: "printf %s \"$HOME\"" })).result as string;
 
     log(`exec round trips: ${CALLS} calls per path after ${WARMUP} warm-up, interleaved`);
-    const trips = await execRoundTrips(s, sb.id, socket, secret);
+    const trips = await execRoundTrips(s, sb.id, agent, secret);
     const exec: [string, Stat][] = Object.entries(trips).map(([k, v]) => [k, stats(v)]);
     for (const [k, st] of exec) console.log(`${k.padEnd(34)} n=${st.n} p50=${ms(st.p50)} ms p99=${ms(st.p99)} ms mean=${ms(st.mean)} ms`);
 
@@ -217,9 +219,9 @@ async function main(): Promise<void> {
       log(`transfers: ${mib} MiB each way, REST and agent direct (2 rounds, best kept)`);
       const bytes = mib * MIB;
       const kinds: Record<string, () => Promise<number>> = {
-        "agent upload": () => agentUpload(socket, secret, `${home}/agent.bin`, mib),
+        "agent upload": () => agentUpload(agent, secret, `${home}/agent.bin`, mib),
         "REST upload": () => restUpload(s, sb.id, `${home}/rest.bin`, mib),
-        "agent download": () => agentDownload(socket, secret, `${home}/agent.bin`, bytes),
+        "agent download": () => agentDownload(agent, secret, `${home}/agent.bin`, bytes),
         "REST download": () => restDownload(s, sb.id, `${home}/rest.bin`, bytes),
       };
       const mbps = (t: number) => bytes / 1e6 / (t / 1000);

@@ -19,8 +19,6 @@ export interface ParamIds {
 
 const plain = (value: string): ParamIds => ({ theirs: [value], nobody: value, resource: false });
 
-/** Kinds the API cannot create yet (their routes answer 501): an unknown id of the right shape. */
-const notBuilt = (): ParamIds => ({ theirs: [randomUUID()], nobody: randomUUID(), resource: true });
 
 export function idsFor(w: World, service: string, param: string): ParamIds | undefined {
   const { B } = w;
@@ -50,7 +48,7 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
       if (service === "UserService") return { theirs: [B.owner, "dan"], nobody: "nobody-at-all", resource: true };
       if (service === "DockerRegistryService") return { theirs: [B.registry], nobody: nobodyUuid, resource: true };
       if (service === "SnapshotService") return { theirs: [B.snapshot, "b-snapshot"], nobody: nobodyUuid, resource: true };
-      if (service === "RunnerService") return notBuilt();
+      if (service === "RunnerService") return { theirs: [B.runner], nobody: nobodyUuid, resource: true };
       return undefined;
     case "volume_id":
       return { theirs: [w.B.volume], nobody: nobodyUuid, resource: true };

@@ -49,6 +49,8 @@ export interface World {
     role: string;
     invitation: string;
     region: string;
+    /** B's runner, registered in B's region (no runner process behind it: it stays `initializing`). */
+    runner: string;
     registry: string;
     webhookEndpoint: string;
     /** B's volume, named `b-volume`. */
@@ -114,6 +116,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
   await caller(t, erin, b.header)("POST", "/api-keys", { name: "erin-b-key", permissions: ["read:volumes"] });
   const bInvitation = (await asBob("POST", `/organizations/${b.org}/invitations`, { email: "carol@example.test", role: "member", assignedRoleIds: [bRole] })).body.id as string;
   const bRegion = (await asBob("POST", "/regions", { name: "b-region", proxyUrl: "https://proxy.b.example.test" })).body.id as string;
+  const bRunner = (await asBob("POST", "/runners", { regionId: bRegion, name: "b-runner" })).body.id as string;
   const bRegistry = (await asBob("POST", "/docker-registry", { name: "b-registry", url: "registry.b.example.test", username: "b-robot", password: "b-registry-pw", project: "b" })).body.id as string;
   expect((await asBob("POST", `/docker-registry/${bRegistry}/set-default`)).status).toBe(200);
   await asBob("PUT", `/organizations/${b.org}/otel-config`, { endpoint: "https://otel.b.example.test", headers: { "x-b": "secret-b" } });
@@ -160,6 +163,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
       role: bRole,
       invitation: bInvitation,
       region: bRegion,
+      runner: bRunner,
       registry: bRegistry,
       webhookEndpoint: bEndpoint,
       volume: bVolume,

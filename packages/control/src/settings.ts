@@ -5,6 +5,7 @@ import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings
 import { parseTrustedProxies } from "./server/client-address.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
 import { type InternalRegistrySettings, loadInternalRegistrySettings } from "./registries/internal/settings.ts";
+import { loadRemoteRunnerSettings, loadRunnerCheckSettings, type RemoteRunnerSettings, type RunnerCheckSettings } from "./runners/settings.ts";
 import { loadWebhookSettings, type WebhookSettings } from "./webhooks/settings.ts";
 
 /** Server settings, read once from the environment (see README's configuration table). */
@@ -67,6 +68,10 @@ export interface Settings {
   sandboxNetwork: "none" | "egress";
   /** IPv4 range the sandboxes' veth /30s come from (SANDBAR_SANDBOX_SUBNET); default 10.213.0.0/16. */
   sandboxSubnet?: string;
+  /** Sandboxes on a runner process instead of this host (SANDBAR_RUNNER_URL, SANDBAR_RUNNER_CREDENTIAL, SANDBAR_RUNNER_CA). */
+  remoteRunner?: RemoteRunnerSettings;
+  /** Health checks of registered runners (SANDBAR_RUNNER_CHECK_MS, SANDBAR_RUNNER_UNRESPONSIVE_MS). */
+  runnerChecks: RunnerCheckSettings;
   /** Build contexts' object storage (SANDBAR_S3_*); no endpoint: the embedded s3rver. */
   objectStorage: ObjectStorageSettings;
   /** What makes sandboxes on this host (SANDBAR_PROVIDER): "linux" (bubblewrap) or "docker" (a Docker engine). */
@@ -121,6 +126,8 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     sandboxSubnet: sandboxSubnet(env.SANDBAR_SANDBOX_SUBNET),
     sandboxProvider: sandboxProvider(env),
     objectStorage: loadObjectStorageSettings(env),
+    remoteRunner: loadRemoteRunnerSettings(env),
+    runnerChecks: loadRunnerCheckSettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
   };
 }

@@ -36,6 +36,39 @@ export function serverCommands(program: Command): void {
     });
 
   program
+    .command("runner")
+    .description("run a runner: this host's sandboxes, served to a control service (settings SANDBAR_RUNNER_*)")
+    .action(async () => {
+      const { loadRunnerHostSettings, loadSettings, startRunner } = await import("@sandbar/control");
+      const settings = loadSettings();
+      const host = loadRunnerHostSettings();
+      const log = (line: string) => console.log(`[sandbar runner] ${line}`);
+      log(`data dir: ${settings.dataDir}`);
+      let runner: Awaited<ReturnType<typeof startRunner>>;
+      try {
+        runner = await startRunner(settings, host, log);
+      } catch (err) {
+        console.error(`[sandbar runner] failed to start: ${err instanceof Error ? err.message : String(err)}`);
+        process.exitCode = 1;
+        return;
+      }
+      lifetime.keepAlive = true;
+      log(`runner ${runner.runnerId} listening on ${host.host}:${runner.server.port} (${host.tls ? "TLS" : "h2c"})`);
+      const shutdown = (signal: string) => {
+        log(`${signal}: shutting down (sandboxes keep running)`);
+        runner.stop().then(
+          () => process.exit(0),
+          (err) => {
+            console.error(err);
+            process.exit(1);
+          },
+        );
+      };
+      process.once("SIGINT", () => shutdown("SIGINT"));
+      process.once("SIGTERM", () => shutdown("SIGTERM"));
+    });
+
+  program
     .command("doctor")
     .description("say what this host offers sandboxes and what is missing (exit 1 when something required is)")
     .action(async () => {

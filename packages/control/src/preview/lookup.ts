@@ -1,5 +1,5 @@
 import { errors } from "@sandbar/protocol";
-import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
+import type { TunnelDial } from "./upstreams.ts";
 import type { SandboxManager } from "../sandboxes/manager.ts";
 import { reportedState } from "../sandboxes/states.ts";
 import type { SignedPreviewUrls } from "./signed-urls.ts";
@@ -32,7 +32,7 @@ export class PreviewLookup {
   readonly #ttlMs: number;
   readonly #sandboxes = new Map<string, Entry<PreviewSandbox | undefined>>();
   readonly #tokens = new Map<string, Entry<{ sandboxId: string; expiresAt: number } | undefined>>();
-  readonly #endpoints = new Map<string, Entry<{ tunnelSocket: string; secret: string }>>();
+  readonly #endpoints = new Map<string, Entry<TunnelDial>>();
 
   constructor(manager: SandboxManager, signed: SignedPreviewUrls, ttlMs = LOOKUP_TTL_MS) {
     this.#manager = manager;
@@ -70,9 +70,9 @@ export class PreviewLookup {
       const agent = await this.#manager.agentFor(sandbox.organizationId, sandbox.id).catch(() => {
         throw errors.unavailable(`Sandbox ${sandbox.id} is not running; start it to reach its ports`);
       });
-      return { tunnelSocket: tunnelSocketBeside(agent.socket), secret: agent.secret };
+      return { key: agent.key, secret: agent.secret, tunnel: agent.tunnel };
     });
-    return { sandboxId: sandbox.id, port, ...at };
+    return { sandboxId: sandbox.id, port, agent: at };
   }
 
   /** Forgets what was read about a sandbox (its agent went away). */

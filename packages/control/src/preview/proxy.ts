@@ -154,7 +154,7 @@ function toList(v: string | string[] | undefined): string[] {
 export async function forwardUpgrade(req: IncomingMessage, client: Duplex, head: Buffer, e: PortEndpoint, path: string, headers: OutgoingHttpHeaders, onTraffic: () => void): Promise<void> {
   let upstream;
   try {
-    upstream = await dialTunnel(e.tunnelSocket, e.secret, e.port);
+    upstream = await dialTunnel(e.agent, e.port);
   } catch (err) {
     throw unreachable(err, e);
   }

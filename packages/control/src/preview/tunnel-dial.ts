@@ -1,4 +1,5 @@
-import { connect, type Socket } from "node:net";
+import { Socket } from "node:net";
+import type { Duplex } from "node:stream";
 import { encodeTunnelRequest, parseTunnelReply, readTunnelLine, type TunnelRefusal } from "@sandbar/protocol/tunnel";
 
 /** How long the agent may take to connect to the port and answer. */
@@ -14,13 +15,15 @@ export class TunnelError extends Error {
 }
 
 /**
- * A connection to `port` on a sandbox's loopback, through its agent's tunnel socket: resolves
- * once the agent says it is connected, with the socket positioned at the first byte of the
- * target's stream (anything the target already sent is put back).
+ * A connection to `port` on a sandbox's loopback, through its agent's tunnel (a unix socket
+ * here, a stream through a runner): resolves once the agent says it is connected, with the
+ * stream positioned at the first byte of the target's stream (anything the target already sent
+ * is put back).
  */
-export function dialTunnel(tunnelSocket: string, secret: string, port: number): Promise<Socket> {
+export function dialTunnel(agent: { secret: string; tunnel(): Duplex }, port: number): Promise<Duplex> {
+  const { secret } = agent;
   return new Promise((resolve, reject) => {
-    const s = connect({ path: tunnelSocket, allowHalfOpen: true });
+    const s = agent.tunnel();
     let settled = false;
     const settle = () => {
       settled = true;
@@ -46,10 +49,9 @@ export function dialTunnel(tunnelSocket: string, secret: string, port: number): 
         ),
       );
     s.on("error", onError);
-    s.once("connect", () => {
-      s.setNoDelay(true);
-      s.write(encodeTunnelRequest({ port, secret }));
-    });
+    if (s instanceof Socket) s.once("connect", () => s.setNoDelay(true));
+    // Written at once: a socket buffers it until it connects.
+    s.write(encodeTunnelRequest({ port, secret }));
     void readTunnelLine(s).then((got) => {
       if (got === "ended") return fail(new TunnelError("protocol", "the sandbox's agent closed the tunnel"));
       if (got === "too-long") return fail(new TunnelError("protocol", "the tunnel's answer is too long"));

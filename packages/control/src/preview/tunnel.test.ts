@@ -1,7 +1,8 @@
 import { randomBytes } from "node:crypto";
 import { mkdtemp, rm } from "node:fs/promises";
-import { createServer, type AddressInfo, type Server, type Socket } from "node:net";
+import { connect, createServer, type AddressInfo, type Server, type Socket } from "node:net";
 import { tmpdir } from "node:os";
+import type { Duplex } from "node:stream";
 import { join } from "node:path";
 import { startAgent, type Agent } from "@sandbar/agent";
 import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
@@ -25,7 +26,7 @@ async function tcpServer(onConnection: (s: Socket) => void, allowHalfOpen = true
   return (server.address() as AddressInfo).port;
 }
 
-function readAll(s: Socket): Promise<Buffer> {
+function readAll(s: Duplex): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     s.on("data", (c: Buffer) => chunks.push(c));
@@ -41,6 +42,9 @@ beforeAll(async () => {
   tunnel = tunnelSocketBeside(socketPath);
 });
 
+/** The agent's tunnel socket as the runtime dials it. */
+const dial = () => ({ secret, tunnel: () => connect({ path: tunnel, allowHalfOpen: true }) });
+
 afterAll(async () => {
   for (const s of servers) s.close();
   await agent?.close();
@@ -51,7 +55,7 @@ describe("the agent's tunnel", () => {
   it("carries bytes both ways and passes a half-close on: the server answers after the client's end", async () => {
     // Reads everything until the client's FIN, then answers with its length: needs a half-open tunnel.
     const port = await tcpServer((s) => readAll(s).then((all) => s.end(`got ${all.length} bytes`)));
-    const s = await dialTunnel(tunnel, secret, port);
+    const s = await dialTunnel(dial(), port);
     s.resume();
     const answer = readAll(s);
     s.end(Buffer.alloc(300_000, 1));
@@ -60,7 +64,7 @@ describe("the agent's tunnel", () => {
 
   it("hands over what the server sends first (server-speaks-first protocols)", async () => {
     const port = await tcpServer((s) => s.end("220 hello\r\n"));
-    const s = await dialTunnel(tunnel, secret, port);
+    const s = await dialTunnel(dial(), port);
     s.resume();
     expect((await readAll(s)).toString()).toBe("220 hello\r\n");
   });
@@ -73,18 +77,18 @@ describe("the agent's tunnel", () => {
       server.listen(0, "::1", () => resolve(true));
     });
     if (!listening) return ctx.skip(); // no IPv6 loopback on this host
-    const s = await dialTunnel(tunnel, secret, (server.address() as AddressInfo).port);
+    const s = await dialTunnel(dial(), (server.address() as AddressInfo).port);
     s.resume();
     expect((await readAll(s)).toString()).toBe("v6");
   });
 
   it("refuses a wrong secret, a port nobody listens on, and a malformed header, each with its reason", async () => {
     const port = await tcpServer((s) => s.end());
-    await expect(dialTunnel(tunnel, "wrong", port)).rejects.toMatchObject({ reason: "auth" });
+    await expect(dialTunnel({ ...dial(), secret: "wrong" }, port)).rejects.toMatchObject({ reason: "auth" });
     const closed = await tcpServer(() => {});
     servers.pop()!.close();
     await new Promise((r) => setTimeout(r, 50));
-    const refused = await dialTunnel(tunnel, secret, closed).catch((e: unknown) => e);
+    const refused = await dialTunnel(dial(), closed).catch((e: unknown) => e);
     expect(refused).toBeInstanceOf(TunnelError);
     expect(refused).toMatchObject({ reason: "refused", message: `nothing listens on port ${closed}` });
     // A raw client that speaks no tunnel header gets a refusal, not a connection.
@@ -109,7 +113,7 @@ describe("the agent's tunnel", () => {
       };
       pump();
     });
-    const s = await dialTunnel(tunnel, secret, port);
+    const s = await dialTunnel(dial(), port);
     // Not reading: after a while the server must be stuck far below the 512 MB it wants to send.
     await new Promise((r) => setTimeout(r, 500));
     const heldAt = written;
@@ -128,7 +132,7 @@ describe("the agent's tunnel", () => {
       s.once("close", () => closedAtServer());
       s.resume();
     }, false);
-    const s = await dialTunnel(tunnel, secret, port);
+    const s = await dialTunnel(dial(), port);
     s.destroy();
     await serverSawClose;
   });

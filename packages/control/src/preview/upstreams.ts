@@ -1,14 +1,17 @@
 import { Agent, type AgentOptions } from "node:http";
 import type { Duplex } from "node:stream";
+import type { AgentDial } from "../sandboxes/runtime.ts";
 import { dialTunnel } from "./tunnel-dial.ts";
 
-/** Where a sandbox port is reached: its agent's tunnel socket and secret. */
+/** Where a sandbox port is reached: its agent (whose tunnel is dialed) and the port. */
 export interface PortEndpoint {
   sandboxId: string;
   port: number;
-  tunnelSocket: string;
-  secret: string;
+  agent: TunnelDial;
 }
+
+/** What dialing a tunnel needs of an agent. */
+export type TunnelDial = Pick<AgentDial, "key" | "secret" | "tunnel">;
 
 /** Idle keep-alive connections kept per sandbox port. */
 const MAX_IDLE_PER_PORT = 32;
@@ -17,15 +20,15 @@ const MAX_PORTS = 1024;
 
 /**
  * One keep-alive http.Agent per sandbox port whose connections are tunnels: a request reuses an
- * idle tunnel when there is one, else dials a new one (a unix socket to the agent, which connects
- * to the port inside the sandbox). The endpoint (socket path, secret) is part of the key, so a
+ * idle tunnel when there is one, else dials a new one (a stream to the agent, which connects
+ * to the port inside the sandbox). The agent's key is part of the key, so a
  * restarted sandbox gets fresh connections.
  */
 export class Upstreams {
   readonly #agents = new Map<string, Agent>();
 
   agentFor(e: PortEndpoint): Agent {
-    const key = `${e.sandboxId}:${e.port}:${e.tunnelSocket}`;
+    const key = `${e.sandboxId}:${e.port}:${e.agent.key}`;
     let agent = this.#agents.get(key);
     if (agent) {
       // Most recently used last (Map keeps insertion order).
@@ -69,8 +72,8 @@ class TunnelAgent extends Agent {
   // The asynchronous form: the connection is handed over once the agent has reached the port, so a
   // port nobody listens on fails the request with the agent's reason.
   override createConnection(_options: unknown, callback: (err: Error | null, socket?: Duplex) => void): Duplex | undefined {
-    const { tunnelSocket, secret, port } = this.#endpoint;
-    dialTunnel(tunnelSocket, secret, port).then(
+    const { agent, port } = this.#endpoint;
+    dialTunnel(agent, port).then(
       (socket) => {
         callback(null, socket);
         socket.resume();

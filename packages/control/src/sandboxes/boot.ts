@@ -4,8 +4,8 @@ import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sa
 import path from "node:path";
 import { checkHost, formatChecks } from "@sandbar/runner/linux";
 import type { Settings } from "../settings.ts";
-import { agentInit, LocalRuntime } from "./local-runtime.ts";
-import type { SandboxManager } from "./manager.ts";
+import { agentInit, LocalRuntime, type LocalProvider } from "./local-runtime.ts";
+import type { RunnerDirectory, SandboxManager } from "./manager.ts";
 import { reconcile } from "./reconcile.ts";
 import { type SandboxRuntime, unavailableRuntime } from "./runtime.ts";
 import { sandboxServices } from "./service.ts";
@@ -18,6 +18,7 @@ import { type Snapshots, snapshotServices } from "../snapshots/service.ts";
 import type { CredentialsFor } from "../snapshots/pulls.ts";
 import type { BuildContexts } from "../object-storage/index.ts";
 import { SandboxBuilds } from "../builds/sandbox-builds.ts";
+import { RemoteRuntime } from "../runners/remote-runtime.ts";
 
 /** The pool holds sandboxes of what a create without resources gets. */
 const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
@@ -41,22 +42,27 @@ export interface Sandboxes {
   stop(): Promise<void>;
 }
 
-/** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup); `contexts`: declarative builds' contexts. */
-export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor, contexts?: BuildContexts): Promise<Sandboxes> {
+/** This host's runtime: the one a single-host server holds in-process and a `sandbar runner` process serves. */
+export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage, log: (line: string) => void): Promise<LocalRuntime<LocalProvider>> {
+  return LocalRuntime.open({
+    dataDir: path.join(settings.dataDir, "runner"),
+    snapshotCacheDir: settings.snapshotCacheDir,
+    sandboxSubnet: settings.sandboxSubnet,
+    docker: settings.sandboxProvider.kind === "docker" ? { socketPath: settings.sandboxProvider.dockerSocket, runtime: settings.sandboxProvider.dockerRuntime } : undefined,
+    init: await agentInit(settings.agentBundle),
+    volumeRoot: (id) => volumes.hostPath(id),
+    images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },
+    log,
+  });
+}
+
+/** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup); `contexts`: declarative builds' contexts; `runners`: the registered runners. */
+export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor, contexts?: BuildContexts, runners?: RunnerDirectory): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
   const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
-  for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
+  if (!settings.remoteRunner) for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
   try {
-    runtime = await LocalRuntime.open({
-      dataDir: path.join(settings.dataDir, "runner"),
-      snapshotCacheDir: settings.snapshotCacheDir,
-      sandboxSubnet: settings.sandboxSubnet,
-      docker: settings.sandboxProvider.kind === "docker" ? { socketPath: settings.sandboxProvider.dockerSocket, runtime: settings.sandboxProvider.dockerRuntime } : undefined,
-      init: await agentInit(settings.agentBundle),
-      volumeRoot: (id) => volumes.hostPath(id),
-      images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },
-      log,
-    });
+    runtime = settings.remoteRunner ? await RemoteRuntime.open(settings.remoteRunner) : await openLocalRuntime(settings, volumes, log);
   } catch (err) {
     const reason = err instanceof Error ? err.message : String(err);
     log(`sandboxes are unavailable: ${reason}`);
@@ -66,9 +72,17 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
   const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, log });
   const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds });
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
+  // The registered runners that answer: the same, over each one's sandboxes.
+  for (const runnerId of (await runners?.ready().catch(() => [])) ?? []) {
+    if (runnerId === runtime.runnerId) continue;
+    await manager
+      .runtimeOf({ id: runnerId, runnerId })
+      .then((rt) => reconcile(manager, log, { runtime: rt, runnerId }))
+      .catch((err: unknown) => log(`reconcile of runner ${runnerId} failed: ${err instanceof Error ? err.message : String(err)}`));
+  }
   // After reconciliation, which removes from the host what has no row (a pool of an earlier run too).
   pool?.fill();
   // No snapshot stays `pulling` across a restart: each unfinished pull starts again.

@@ -488,8 +488,8 @@ describe("agent secrets", () => {
     const host = Buffer.from((await readFile(file, "utf8")).trim(), "hex");
     const expected = createHmac("sha256", host).update(s.id).digest("hex");
     const agent = await f.manager.agentFor(f.orgId, s.id);
-    expect(agent).toEqual({ sandboxId: s.id, socket: await f.runtime.agentSocket(s.id), secret: expected });
-    await expect(sh({ socket: agent.socket, secret: "wrong" }, "true")).rejects.toMatchObject({ code: Code.Unauthenticated });
+    expect(agent).toMatchObject({ sandboxId: s.id, key: await f.runtime.agentSocket(s.id), secret: expected });
+    await expect(sh({ socket: agent.key, secret: "wrong" }, "true")).rejects.toMatchObject({ code: Code.Unauthenticated });
     expect(await sh(agent, "echo ok")).toEqual({ exitCode: 0, result: "ok\n" });
     const row = await f.t.server.orm.em.fork().findOneOrFail(SandboxRecord, { id: s.id });
     expect(JSON.stringify(row)).not.toContain(expected);

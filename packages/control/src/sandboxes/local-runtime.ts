@@ -8,7 +8,7 @@ import type { InitCommand, SandboxInfo, SandboxSpec } from "@sandbar/runner";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
 import { DockerProvider } from "@sandbar/runner/docker";
 import { ImageStore, sandboxSpecFor, type ImageStoreOptions } from "@sandbar/runner/images";
-import type { RuntimeHealth, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime, RuntimeNetwork } from "./runtime.ts";
+import { type AgentDial, type RuntimeHealth, type RuntimeResources, type RuntimeSandbox, type RuntimeSandboxSpec, type SandboxRuntime, type RuntimeNetwork, unixAgentDial } from "./runtime.ts";
 
 // Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
 // from the default snapshot, with the agent as its first process. Each agent gets its own secret,
@@ -217,6 +217,11 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
     }
   }
 
+  async connectAgent(id: string): Promise<AgentDial> {
+    return unixAgentDial(await this.agentSocket(id), this.agentSecret(id));
+  }
+
+  /** Host path of the agent's unix socket; the sandbox must be started. */
   agentSocket(id: string): Promise<string> {
     return this.provider.connect(id);
   }

@@ -2,6 +2,8 @@ import { createHash, randomBytes, randomUUID, timingSafeEqual } from "node:crypt
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { SandboxRecord, SandboxVolumeMount } from "../db/entities.ts";
+import type { AgentEndpoint } from "../toolbox/agent-locator.ts";
+import type { Exec } from "../db/exec.ts";
 import { LayerFiles } from "./layer-files.ts";
 import { type NetworkFields, runtimeNetwork } from "./network-policy.ts";
 import { OperationLocks } from "./operation-locks.ts";
@@ -27,6 +29,22 @@ export interface SandboxManagerOptions {
   log?: (line: string) => void;
   /** Started sandboxes that creates of their shape take over. */
   pool?: WarmPool;
+  /** The registered runners (runners/directory.ts): regions that have some place their sandboxes there. */
+  runners?: RunnerDirectory;
+}
+
+/** Where sandboxes go besides this server's own runtime. */
+export interface RunnerDirectory {
+  /** A registered runner's runtime by the id its sandboxes record; undefined when no runner has that id. */
+  runtime(runnerId: string): Promise<SandboxRuntime | undefined>;
+  /** Whether the region's sandboxes go to registered runners (it has some) rather than this server's runtime. */
+  servesRegion(regionId: string): Promise<boolean>;
+  /** Picks a runner of the region inside the caller's transaction; undefined when the region has none registered. */
+  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string | undefined>;
+  /** Ids (as sandboxes record them) of the runners that stopped answering: their sandboxes read as `unknown`. */
+  unresponsive(): Promise<ReadonlySet<string>>;
+  /** Ids (as sandboxes record them) of the runners that answer now. */
+  ready(): Promise<string[]>;
 }
 
 /** A validated create request. */
@@ -61,11 +79,7 @@ export interface Resources {
 }
 
 /** Where the toolbox reaches a sandbox's agent. */
-export interface AgentEndpoint {
-  sandboxId: string;
-  socket: string;
-  secret: string;
-}
+export type { AgentEndpoint };
 
 /** How an operation ended: `failed` carries the reason when the sandbox did not get there. */
 interface Outcome {
@@ -92,6 +106,7 @@ export function isAuthToken(authToken: string, given: string): boolean {
 
 export class SandboxManager {
   readonly runtime: SandboxRuntime;
+  readonly runners?: RunnerDirectory;
   readonly store: SandboxStore;
   readonly files: LayerFiles;
   readonly locks = new OperationLocks();
@@ -111,6 +126,7 @@ export class SandboxManager {
     this.#waitMs = o.waitMs ?? 30_000;
     this.#log = o.log ?? (() => undefined);
     this.pool = o.pool;
+    this.runners = o.runners;
   }
 
   // ---- lookups -------------------------------------------------------------------------------
@@ -142,15 +158,14 @@ export class SandboxManager {
     if (isErrored(row.state)) throw bad("Sandbox is not running");
     if (this.locks.busy(row.id) || row.state !== row.desiredState) throw stateChangeInProgress();
     if (row.state !== "started") throw bad("Sandbox is not running");
-    this.#assertHere(row);
-    let socket: string;
+    const rt = await this.runtimeOf(row);
     try {
-      socket = await this.runtime.agentSocket(row.id);
+      const dial = await rt.connectAgent(row.id);
+      return { sandboxId: row.id, key: dial.key, secret: dial.secret, api: dial.api, tunnel: dial.tunnel };
     } catch (err) {
       if (err instanceof ConnectError && err.code === Code.FailedPrecondition) throw bad("Sandbox is not running");
       throw err;
     }
-    return { sandboxId: row.id, socket, secret: this.runtime.agentSecret(row.id) };
   }
 
   /** Records activity (what the auto-stop timer measures), at most once per throttle period. */
@@ -168,8 +183,12 @@ export class SandboxManager {
   async create(input: NewSandbox): Promise<SandboxRecord> {
     this.#assertOpen();
     // Pool sandboxes are loopback only, of the default snapshot, without volumes: any other create is made for its request.
-    const warm = input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
-    if (!warm) await this.runtime.assertReady();
+    const placed = (await this.runners?.servesRegion(input.regionId)) ?? false;
+    // Pulled images and volume data live on this server's host only.
+    if (placed && input.imageRef !== undefined) throw bad("Snapshots from images cannot run on registered runners yet: use the default snapshot in this region");
+    if (placed && input.volumes.length > 0) throw bad("Volumes cannot be mounted on registered runners yet");
+    const warm = !placed && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
+    if (!warm && !placed) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
     const now = new Date();
     const row: SandboxRecord = {
@@ -207,7 +226,8 @@ export class SandboxManager {
     };
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
-      await this.store.insert(row);
+      // A region with registered runners: one is picked in the insert's transaction (placement.ts).
+      await this.store.insert(row, placed ? async (exec) => (await this.runners!.place(exec, row.regionId, row)) ?? this.runtime.runnerId : undefined);
       return this.driveCreate(row);
     })!;
     return this.#answer(id, op, "Sandbox failed to start");
@@ -278,7 +298,7 @@ export class SandboxManager {
   /** Makes and starts the sandbox on the host; a failure leaves it in `error` with the reason. */
   async driveCreate(row: SandboxRecord): Promise<Outcome> {
     try {
-      await this.runtime.create(specOf(row));
+      await (await this.runtimeOf(row)).create(specOf(row));
       await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
       return {};
     } catch (err) {
@@ -304,17 +324,20 @@ export class SandboxManager {
       if (cur.state === "started" && cur.desiredState === "started") return {};
       if (cur.state !== cur.desiredState) throw stateChangeInProgress();
       if (cur.state !== "stopped" && cur.state !== "archived") throw bad("Sandbox is not in valid state");
-      this.#assertHere(cur);
       const archived = cur.state === "archived";
-      // A stopped sandbox holds its disk already; an archived one takes it again.
-      await this.store.updateAdmitted(cur, { ...cur, disk: archived ? cur.disk : 0 }, {
+      if (!archived) await this.runtimeOf(cur);
+      // An archived sandbox of a region with registered runners is placed again, as a create is.
+      const placed = archived && ((await this.runners?.servesRegion(cur.regionId)) ?? false);
+      const patch: SandboxPatch = {
         desiredState: "started",
         authToken: newAuthToken(),
         errorReason: null,
         lastActivityAt: new Date(),
         ...(archived ? { state: "restoring", runnerId: this.runtime.runnerId } : {}),
-      });
-      return archived ? this.driveRestore(cur, this.files.archive(cur.id), "archived") : this.driveStart(cur);
+      };
+      // A stopped sandbox holds its disk already; an archived one takes it again.
+      await this.store.updateAdmitted(cur, { ...cur, disk: archived ? cur.disk : 0 }, patch, { place: placed ? async (exec) => (await this.runners!.place(exec, cur.regionId, cur)) ?? this.runtime.runnerId : undefined });
+      return archived ? this.driveRestore({ ...cur, runnerId: patch.runnerId ?? null }, this.files.archive(cur.id), "archived") : this.driveStart(cur);
     });
     return this.#answer(row.id, op, "Sandbox failed to start");
   }
@@ -325,14 +348,15 @@ export class SandboxManager {
    */
   async driveStart(row: SandboxRecord): Promise<Outcome> {
     try {
-      if (!(await this.runtime.inspect(row.id))) {
+      const rt = await this.runtimeOf(row);
+      if (!(await rt.inspect(row.id))) {
         if (row.backupState === "Completed" && (await this.files.exists(this.files.backup(row.id)))) {
           await this.store.update(row.id, { state: "restoring" });
           return this.driveRestore(row, this.files.backup(row.id), "error");
         }
         return this.#fail(row.id, new Error("Sandbox has no runner and backup is not completed: its files are gone from this host"));
       }
-      await this.runtime.start(row.id);
+      await rt.start(row.id);
       await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
       return {};
     } catch (err) {
@@ -348,9 +372,10 @@ export class SandboxManager {
   async driveRestore(row: SandboxRecord, pack: string, onFailure: "archived" | "error"): Promise<Outcome> {
     try {
       if (!(await this.files.exists(pack))) throw new Error(`the pack of its files (${pack}) is missing`);
-      await this.runtime.destroy(row.id); // whatever an interrupted restore left
-      await this.runtime.restore(specOf(row), this.files.read(pack));
-      await this.runtime.start(row.id);
+      const rt = await this.runtimeOf(row);
+      await rt.destroy(row.id); // whatever an interrupted restore left
+      await rt.restore(specOf(row), this.files.read(pack));
+      await rt.start(row.id);
       await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
       if (pack === this.files.archive(row.id)) await this.files.removeArchive(row.id);
       return {};
@@ -358,7 +383,7 @@ export class SandboxManager {
       const reason = reasonOf(err);
       if (onFailure === "error") return this.#fail(row.id, err);
       this.#log(`sandbox ${row.id}: restore failed: ${reason}`);
-      await this.runtime.destroy(row.id).catch(() => undefined);
+      await this.runtimeOf(row).then((rt) => rt.destroy(row.id)).catch(() => undefined);
       await this.store.update(row.id, { state: "archived", desiredState: "archived", runnerId: null, errorReason: reason });
       return { failed: reason };
     }
@@ -381,7 +406,7 @@ export class SandboxManager {
     if (isErrored(cur.state) && !recovering) throw bad("Sandbox is in an errored state");
     if (!recovering && cur.state !== cur.desiredState) throw stateChangeInProgress();
     if (!recovering && cur.state !== "started") throw bad("Sandbox is not in a stoppable state");
-    this.#assertHere(cur);
+    await this.runtimeOf(cur);
     if (isEphemeral(cur.autoDeleteInterval)) {
       await this.#softDelete(cur);
       return this.driveDestroy(cur);
@@ -392,7 +417,7 @@ export class SandboxManager {
 
   async driveStop(row: SandboxRecord, force = false): Promise<Outcome> {
     try {
-      await this.runtime.stop(row.id, { force });
+      await (await this.runtimeOf(row)).stop(row.id, { force });
       await this.store.update(row.id, { state: "stopped", errorReason: null, lastActivityAt: new Date() });
       return {};
     } catch (err) {
@@ -416,7 +441,7 @@ export class SandboxManager {
     if (cur.state !== cur.desiredState) throw stateChangeInProgress();
     if (cur.state !== "stopped") throw bad("Sandbox is not stopped");
     if (isEphemeral(cur.autoDeleteInterval)) throw bad("Ephemeral sandboxes cannot be archived");
-    this.#assertHere(cur);
+    await this.runtimeOf(cur);
     await this.store.update(id, { desiredState: "archived" });
     return this.driveArchive(cur);
   }
@@ -425,9 +450,10 @@ export class SandboxManager {
   async driveArchive(row: SandboxRecord): Promise<Outcome> {
     try {
       await this.#backups.get(row.id);
-      if (await this.runtime.inspect(row.id)) {
-        await this.files.write(await this.runtime.pack(row.id), this.files.archive(row.id));
-        await this.runtime.destroy(row.id);
+      const rt = await this.runtimeOf(row);
+      if (await rt.inspect(row.id)) {
+        await this.files.write(await rt.pack(row.id), this.files.archive(row.id));
+        await rt.destroy(row.id);
       } else if (!(await this.files.exists(this.files.archive(row.id)))) {
         throw new Error("its files are gone from this host");
       }
@@ -457,7 +483,7 @@ export class SandboxManager {
     if (cur.state === "destroyed" || (cur.desiredState === "destroyed" && isErrored(cur.state))) {
       throw errors.notFound(`Sandbox with ID or name ${id} not found`);
     }
-    this.#assertHere(cur);
+    await this.runtimeOf(cur);
     await this.#softDelete(cur);
     return this.driveDestroy(cur);
   }
@@ -472,7 +498,7 @@ export class SandboxManager {
   async driveDestroy(row: SandboxRecord): Promise<Outcome> {
     try {
       await this.#backups.get(row.id);
-      await this.runtime.destroy(row.id);
+      await (await this.runtimeOf(row)).destroy(row.id);
       await this.files.remove(row.id);
       await this.store.update(row.id, { state: "destroyed", runnerId: null, errorReason: null });
       this.#touched.delete(row.id);
@@ -491,13 +517,13 @@ export class SandboxManager {
     if (row.backupState === "Pending" || row.backupState === "InProgress") throw bad("Sandbox backup is already in progress");
     if (this.locks.busy(row.id) || row.state !== row.desiredState) throw stateChangeInProgress();
     if (row.state !== "started" && row.state !== "stopped") throw bad("Sandbox is not in valid state");
-    this.#assertHere(row);
+    const rt = await this.runtimeOf(row);
     const claimed = await this.store.updateIf(row.id, { backupState: { $in: ["None", "Completed", "Error"] } }, { backupState: "InProgress" });
     if (!claimed) throw bad("Sandbox backup is already in progress");
     const id = row.id;
     const work = (async () => {
       try {
-        await this.files.write(await this.runtime.pack(id), this.files.backup(id));
+        await this.files.write(await rt.pack(id), this.files.backup(id));
         await this.store.updateIf(id, { backupState: "InProgress" }, { backupState: "Completed", backupCreatedAt: new Date() });
       } catch (err) {
         this.#log(`sandbox ${id}: backup failed: ${reasonOf(err)}`);
@@ -533,12 +559,12 @@ export class SandboxManager {
     if (running && next.memory < cur.memory) throw bad("Sandbox must be in stopped state to decrease memory");
     if (next.disk < cur.disk) throw bad("Sandbox disk size cannot be decreased");
     if (cur.runnerId === null) throw bad("Sandbox has no runner assigned");
-    this.#assertHere(cur);
+    await this.runtimeOf(cur);
     // The totals take what the resize adds (cpu and memory count only while the sandbox runs); the
     // per-sandbox limits its new size. The new size is written with `resizing`, so the room it
     // needs is held against concurrent creates and starts, and given back if the host fails.
     const added = { cpu: running ? next.cpu - cur.cpu : 0, memory: running ? next.memory - cur.memory : 0, disk: next.disk - cur.disk, gpu: 0 };
-    await this.store.updateAdmitted(cur, added, { state: "resizing", ...next }, { ...next, gpu: cur.gpu });
+    await this.store.updateAdmitted(cur, added, { state: "resizing", ...next }, { size: { ...next, gpu: cur.gpu } });
     return this.driveResize({ ...cur, ...next, state: "resizing" }, cur);
   }
 
@@ -550,7 +576,7 @@ export class SandboxManager {
   async driveResize(row: SandboxRecord, before?: Resources): Promise<Outcome> {
     const back = row.desiredState === "started" ? "started" : "stopped";
     try {
-      await this.runtime.resize(row.id, { cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk });
+      await (await this.runtimeOf(row)).resize(row.id, { cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk });
       await this.store.update(row.id, { state: back });
       this.touch(row.id);
       return {};
@@ -574,7 +600,8 @@ export class SandboxManager {
     const row = await this.store.find(organizationId, idOrName);
     const fields = next(row);
     const op = this.locks.tryRun(row.id, async () => {
-      if (row.runnerId === this.runtime.runnerId && (await this.runtime.inspect(row.id))) await this.runtime.setNetwork(row.id, runtimeNetwork(fields));
+      const rt = row.runnerId === null ? undefined : await this.runtimeOf(row);
+      if (rt && (await rt.inspect(row.id))) await rt.setNetwork(row.id, runtimeNetwork(fields));
       await this.store.update(row.id, { networkBlockAll: fields.networkBlockAll, networkAllowList: fields.networkAllowList ?? null });
     });
     if (!op) throw stateChangeInProgress();
@@ -619,7 +646,7 @@ export class SandboxManager {
     return this.#timerOp(id, async () => {
       const cur = await this.#current(id);
       if (cur.state !== "started" || cur.desiredState !== "started") return {};
-      const rt = await this.runtime.inspect(id);
+      const rt = await (await this.runtimeOf(cur)).inspect(id);
       if (rt?.state === "started") return {};
       return this.#fail(id, new Error(rt?.error ?? reason));
     });
@@ -632,14 +659,14 @@ export class SandboxManager {
    * restore or delete) keep the reference's 400 "Sandbox is in an errored state".
    */
   async #recoverable(row: SandboxRecord): Promise<boolean> {
-    if (row.state !== "error" || row.desiredState !== "started" || row.runnerId !== this.runtime.runnerId) return false;
-    return (await this.runtime.inspect(row.id).catch(() => undefined))?.state === "error";
+    if (row.state !== "error" || row.desiredState !== "started" || row.runnerId === null) return false;
+    return (await this.runtimeOf(row).then((rt) => rt.inspect(row.id)).catch(() => undefined))?.state === "error";
   }
 
   /** Started here, but its first process is gone (not yet marked `error` by the timers). */
   async #lost(row: SandboxRecord): Promise<boolean> {
-    if (row.state !== "started" || row.desiredState !== "started" || row.runnerId !== this.runtime.runnerId) return false;
-    return (await this.runtime.inspect(row.id).catch(() => undefined))?.state === "error";
+    if (row.state !== "started" || row.desiredState !== "started" || row.runnerId === null) return false;
+    return (await this.runtimeOf(row).then((rt) => rt.inspect(row.id)).catch(() => undefined))?.state === "error";
   }
 
   #timerOp(id: string, fn: () => Promise<Outcome>): Promise<Outcome> | undefined {
@@ -666,11 +693,12 @@ export class SandboxManager {
     if (this.#closing) throw errors.unavailable("The server is shutting down");
   }
 
-  /** Only this server's runner can operate the sandboxes it holds. */
-  #assertHere(row: SandboxRecord): void {
-    if (row.runnerId !== null && row.runnerId !== this.runtime.runnerId) {
-      throw errors.unavailable(`Sandbox ${row.id} is held by runner ${row.runnerId}, which this server does not run`);
-    }
+  /** The runtime of the runner holding the sandboxes (this server's when it holds none, or it is this server's). */
+  async runtimeOf(row: Pick<SandboxRecord, "id" | "runnerId">): Promise<SandboxRuntime> {
+    if (!row.runnerId || row.runnerId === this.runtime.runnerId) return this.runtime;
+    const rt = await this.runners?.runtime(row.runnerId);
+    if (!rt) throw errors.unavailable(`Sandbox ${row.id} is held by runner ${row.runnerId}, which this server does not run`);
+    return rt;
   }
 
   #operate(id: string, fn: () => Promise<Outcome>): Promise<Outcome> {

@@ -1,5 +1,6 @@
 import type { SandboxRecord } from "../db/entities.ts";
 import type { SandboxManager } from "./manager.ts";
+import type { SandboxRuntime } from "./runtime.ts";
 
 // At start, after a clean stop or a crash (kill -9): the database says what each sandbox should
 // be, the host says what is there. Sandboxes running and started in the database are adopted;
@@ -20,11 +21,20 @@ export interface ReconcileReport {
 
 const PARALLEL = 4;
 
-export async function reconcile(m: SandboxManager, log: (line: string) => void = () => undefined): Promise<ReconcileReport> {
+/** Whose sandboxes: this server's runtime (the default), or a registered runner's (by the id its sandboxes record). */
+export interface ReconcileTarget {
+  runtime: SandboxRuntime;
+  runnerId: string;
+}
+
+export async function reconcile(m: SandboxManager, log: (line: string) => void = () => undefined, target?: ReconcileTarget): Promise<ReconcileReport> {
   const report: ReconcileReport = { adopted: [], resumed: [], failed: [], removed: [] };
-  await m.files.removePartials();
-  const host = new Map((await m.runtime.list()).map((s) => [s.id, s]));
-  const rows = await m.store.ofRunner(m.runtime.runnerId);
+  // This server's runtime also answers for the rows no runner holds (and its partial packs).
+  const home = target === undefined;
+  const { runtime, runnerId } = target ?? { runtime: m.runtime, runnerId: m.runtime.runnerId };
+  if (home) await m.files.removePartials();
+  const host = new Map((await runtime.list()).map((s) => [s.id, s]));
+  const rows = (await m.store.ofRunner(runnerId)).filter((r) => home || r.runnerId === runnerId);
 
   const tasks = rows.map((row) => async () => {
     if (row.backupState === "InProgress" || row.backupState === "Pending") {
@@ -43,11 +53,11 @@ export async function reconcile(m: SandboxManager, log: (line: string) => void =
   await inParallel(tasks, PARALLEL);
 
   // What the host holds now that no live row claims.
-  const held = (await m.runtime.list()).map((s) => s.id);
+  const held = (await runtime.list()).map((s) => s.id);
   const known = new Map((await m.store.byIds(held)).map((r) => [r.id, r]));
   for (const id of held) {
     const row = known.get(id);
-    const claimed = row && row.state !== "destroyed" && (row.runnerId === m.runtime.runnerId || row.runnerId === null);
+    const claimed = row && row.state !== "destroyed" && (row.runnerId === runnerId || (home && row.runnerId === null));
     if (claimed && row.state !== "archived") continue;
     if (row?.state === "archived" && !(await m.files.exists(m.files.archive(id)))) {
       log(`reconcile: sandbox ${id} is archived but its archive is missing; its files on this host are kept`);
@@ -55,7 +65,7 @@ export async function reconcile(m: SandboxManager, log: (line: string) => void =
     }
     if (m.locks.busy(id)) continue;
     try {
-      await m.runtime.destroy(id);
+      await runtime.destroy(id);
       report.removed.push(id);
     } catch (err) {
       log(`reconcile: removing sandbox ${id} from the host failed: ${String(err)}`);
@@ -94,7 +104,7 @@ async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | un
     if (row.state === "started" && onHost === "started") return "adopted";
     if (row.state === "unknown") {
       // The create never answered: whatever it left on the host (perhaps half made) goes first.
-      await m.runtime.destroy(row.id);
+      await (await m.runtimeOf(row)).destroy(row.id);
       return done(await m.driveCreate(row));
     }
     if (row.state === "restoring") {

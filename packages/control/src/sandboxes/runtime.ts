@@ -1,9 +1,12 @@
-import type { Readable } from "node:stream";
+import { connect } from "node:net";
+import type { Duplex, Readable } from "node:stream";
+import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
 import { errors } from "@sandbar/protocol";
 import type { ImageStore } from "@sandbar/runner/images";
 
-// What the control plane needs from a host that runs sandboxes. One implementation today
-// (LocalRuntime: this host, the linux provider); a remote runner will implement the same.
+// What the control plane needs from a host that runs sandboxes: LocalRuntime (this host, the
+// linux provider; also what a `sandbar runner` process serves) and RemoteRuntime (a runner
+// process, over its gRPC port).
 // Every method may be called again after a crash: the host's state is on its disk.
 
 /** How a sandbox is made: from the default snapshot, or from a pulled image. */
@@ -92,14 +95,32 @@ export interface SandboxRuntime {
   /** Every sandbox the host holds; undefined from `inspect` when it holds none by that id. */
   list(): Promise<RuntimeSandbox[]>;
   inspect(id: string): Promise<RuntimeSandbox | undefined>;
-  /** Host path of the agent's unix socket; the sandbox must be started. */
-  agentSocket(id: string): Promise<string>;
-  /** The bearer secret the sandbox's agent expects. Never stored per sandbox; never logged. */
-  agentSecret(id: string): string;
+  /** How to reach the started sandbox's agent (FAILED_PRECONDITION when it is not started). */
+  connectAgent(id: string): Promise<AgentDial>;
   /** Releases what the runtime holds beyond its sandboxes (which keep running). */
   close(): Promise<void>;
   /** The host's image store (snapshots from OCI images); absent where images cannot be pulled. */
   images?(): Promise<ImageStore>;
+}
+
+/**
+ * A started sandbox's agent, wherever it runs: new byte streams to its API (the agent's HTTP/2)
+ * and to its port tunnel (tunnel.ts's header line, then raw bytes). Each call opens a stream at
+ * once (a unix socket here, an HTTP/2 stream to a runner): connection pools call it synchronously.
+ */
+export interface AgentDial {
+  /** Same for every dial of one running agent: the key connections are kept under. */
+  readonly key: string;
+  /** The bearer secret the agent expects. Never stored per sandbox; never logged. */
+  readonly secret: string;
+  api(): Duplex;
+  tunnel(): Duplex;
+}
+
+/** The agent of this host behind its unix socket (its tunnel socket sits beside it). */
+export function unixAgentDial(socket: string, secret: string): AgentDial {
+  const tunnel = tunnelSocketBeside(socket);
+  return { key: socket, secret, api: () => connect(socket), tunnel: () => connect({ path: tunnel, allowHalfOpen: true }) };
 }
 
 /** Stands in where sandboxes cannot run (not root, no bubblewrap): every call says why. */
@@ -121,10 +142,7 @@ export function unavailableRuntime(reason: string): SandboxRuntime {
     restore: fail,
     list: async () => [],
     inspect: async () => undefined,
-    agentSocket: fail,
-    agentSecret: () => {
-      throw errors.unavailable(`Sandboxes are not available on this server: ${reason}`);
-    },
+    connectAgent: fail,
     close: async () => {},
   };
 }

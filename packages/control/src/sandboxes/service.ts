@@ -14,8 +14,9 @@ import { organizationOf } from "../auth/principal.ts";
 import { Checks } from "../services/validate.ts";
 import type { Settings } from "../settings.ts";
 import { enumCodec, sandboxStates, toHealth, toSandbox, type DtoContext } from "./dto.ts";
+import type { SandboxRecord } from "../db/entities.ts";
 import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteria, pagePage, type PageSort, sortValueOf, whereOf } from "./list-query.ts";
-import { SandboxManager } from "./manager.ts";
+import { type RunnerDirectory, SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import type { WarmPool } from "./warm-pool.ts";
 import { normalizeAutoArchive } from "./states.ts";
@@ -39,6 +40,8 @@ export interface SandboxServiceDeps {
   runtime: SandboxRuntime;
   log?: (line: string) => void;
   pool?: WarmPool;
+  /** Registered runners: regions that have some place their sandboxes there. */
+  runners?: RunnerDirectory;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
   /** Builds of sandboxes created with buildInfo. */
   builds?: SandboxBuilds;
@@ -53,10 +56,18 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     minuteMs: deps.settings.timerMinuteMs,
     log: deps.log,
     pool: deps.pool,
+    runners: deps.runners,
   });
   const { publicUrl } = deps.settings;
   const dtoContext: DtoContext = { toolboxProxyUrl: `${publicUrl}/api/toolbox-proxy` };
   const dto = (r: Parameters<typeof toSandbox>[0]) => toSandbox(r, dtoContext);
+  // A sandbox on a runner that stopped answering is `unknown` (not lost: it comes back with its runner).
+  const silentRunners = async (): Promise<ReadonlySet<string>> => (deps.runners ? await deps.runners.unresponsive() : new Set());
+  const reported = (silent: ReadonlySet<string>) => (r: SandboxRecord) => {
+    const d = dto(r);
+    if (r.runnerId && silent.has(r.runnerId) && r.state !== "destroyed" && r.state !== "archived") d.state = sandboxStates.number("unknown");
+    return d;
+  };
 
   const impl: Partial<ServiceImpl<typeof SandboxService>> = {
     async listSandboxes(req, ctx) {
@@ -73,7 +84,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       const more = paged && rows.length > limit;
       const items = more ? rows.slice(0, limit) : rows;
       const last = items[items.length - 1];
-      return { items: items.map(dto), nextCursor: more && last ? encodeCursor(sortValueOf(sort, last), last.id) : undefined };
+      return { items: items.map(reported(await silentRunners())), nextCursor: more && last ? encodeCursor(sortValueOf(sort, last), last.id) : undefined };
     },
 
     async listSandboxesPaginated(req, ctx) {
@@ -86,7 +97,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       const sort = PAGE_SORTS[req.sort] ?? "createdAt";
       const order = req.order === SortOrder.ASC ? "asc" : "desc";
       const [rows, total] = await Promise.all([manager.store.list(pagePage(base, sort, order, page, limit)), manager.store.count({ ...base, orderBy: "" })]);
-      return { items: rows.map(dto), total, page, totalPages: Math.ceil(total / limit) };
+      return { items: rows.map(reported(await silentRunners())), total, page, totalPages: Math.ceil(total / limit) };
     },
 
     async createSandbox(req, ctx) {
@@ -113,9 +124,10 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       const organizationId = organizationOf(ctx);
       try {
         const row = await manager.get(organizationId, req.sandboxId);
-        const sandbox = dto(row);
-        if (row.state === "started") {
-          const health = (await manager.runtime.inspect(row.id).catch(() => undefined))?.health;
+        const silent = await silentRunners();
+        const sandbox = reported(silent)(row);
+        if (row.state === "started" && !(row.runnerId && silent.has(row.runnerId))) {
+          const health = (await manager.runtimeOf(row).then((rt) => rt.inspect(row.id)).catch(() => undefined))?.health;
           if (health) sandbox.health = toHealth(health);
         }
         return sandbox;

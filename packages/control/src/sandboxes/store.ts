@@ -1,7 +1,7 @@
 import type { EntityManager, MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import { SandboxRecord } from "../db/entities.ts";
-import { execIn } from "../db/exec.ts";
+import { type Exec, execIn } from "../db/exec.ts";
 import { admit, type Demand } from "../organizations/usage.ts";
 import { recordSandboxCreated, recordSandboxStateChange, type StateColumns } from "../webhooks/sandbox-events.ts";
 import type { ListFilter } from "./list-query.ts";
@@ -33,11 +33,15 @@ export class SandboxStore {
     return this.#orm.em.fork();
   }
 
-  /** Inserts a new sandbox once the organization's quota admits it (one transaction). */
-  async insert(row: SandboxRecord): Promise<void> {
+  /**
+   * Inserts a new sandbox once the organization's quota admits it (one transaction); `place`
+   * picks its runner in that transaction (so two control processes never over-commit one).
+   */
+  async insert(row: SandboxRecord, place?: (exec: Exec) => Promise<string>): Promise<void> {
     try {
       await this.#em().transactional(async (em) => {
         await admit(execIn(em), row.organizationId, row.regionId, row);
+        if (place) row.runnerId = await place(execIn(em));
         await lockForMount(execIn(em), [...new Set(row.volumes.map((v) => v.volumeId))]);
         await em.insert(SandboxRecord, row);
         await recordSandboxCreated(execIn(em), row);
@@ -83,10 +87,15 @@ export class SandboxStore {
     await this.#write(id, {}, patch);
   }
 
-  /** `update`, once the organization's quota admits what the change adds (starting or resizing a sandbox; see `admit`). */
-  async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch, size?: Demand): Promise<void> {
+  /**
+   * `update`, once the organization's quota admits what the change adds (starting or resizing a sandbox; see
+   * `admit`, which also checks `size` against the per-sandbox limits); `place` picks its runner in that
+   * transaction (patch.runnerId).
+   */
+  async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch, extra: { size?: Demand; place?: (exec: Exec) => Promise<string> } = {}): Promise<void> {
     await this.#em().transactional(async (em) => {
-      await admit(execIn(em), row.organizationId, row.regionId, demand, size);
+      await admit(execIn(em), row.organizationId, row.regionId, demand, extra.size);
+      if (extra.place) patch.runnerId = await extra.place(execIn(em));
       await this.#apply(em, row.id, {}, patch);
     });
   }

@@ -39,12 +39,23 @@ export class SandboxTimers {
     return this.#loop.stop();
   }
 
-  /** One pass over this runner's sandboxes (and the archived ones, which no runner holds). */
+  /** One pass over the sandboxes of this server's runtime and of the registered runners that answer (and the archived ones, which no runner holds). */
   async tick(now = Date.now()): Promise<void> {
     const m = this.#manager;
     const rows = await m.store.ofRunner(m.runtime.runnerId);
     const archived = await m.store.archivedWithAutoDelete();
     const host = new Map((await m.runtime.list()).map((s) => [s.id, s]));
+    for (const key of (await m.runners?.ready()) ?? []) {
+      if (key === m.runtime.runnerId) continue;
+      // A runner that fails to answer now is skipped this pass: its sandboxes are not "lost".
+      const held = await m
+        .runtimeOf({ id: key, runnerId: key })
+        .then((rt) => rt.list())
+        .catch(() => undefined);
+      if (!held) continue;
+      for (const s of held) host.set(s.id, s);
+      rows.push(...(await m.store.ofRunner(key)).filter((r) => r.runnerId === key));
+    }
     const suspended = await m.store.suspendedPastGrace(new Date(now), this.#o.minuteMs);
     const minute = this.#o.minuteMs;
     const idleFor = (r: SandboxRecord) => now - (r.lastActivityAt ?? r.updatedAt).getTime();

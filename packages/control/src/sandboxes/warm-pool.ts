@@ -88,7 +88,8 @@ export class WarmPool {
   async applyEnv(id: string, env: Record<string, string>): Promise<void> {
     if (Object.keys(env).length === 0) return;
     await this.#runtime.setEnv(id, env);
-    await this.#clients.client(EnvironmentService, await this.#runtime.agentSocket(id)).setEnvironment({ env }, this.#auth(id));
+    const agent = await this.#runtime.connectAgent(id);
+    await this.#clients.client(EnvironmentService, agent).setEnvironment({ env }, this.#auth(agent.secret));
   }
 
   stats(): PoolStats {
@@ -129,8 +130,8 @@ export class WarmPool {
     const { cpu, memory, disk, user } = this.shape; // the snapshot: the default one, the only one yet
     try {
       await this.#runtime.create({ id, cpu, memoryGiB: memory, diskGiB: disk, env: {}, user });
-      const socket = await this.#runtime.agentSocket(id);
-      await this.#clients.client(ProcessService, socket).execute({ command: "true" }, this.#auth(id));
+      const agent = await this.#runtime.connectAgent(id);
+      await this.#clients.client(ProcessService, agent).execute({ command: "true" }, this.#auth(agent.secret));
       return id;
     } catch (err) {
       await this.#runtime.destroy(id).catch(() => undefined);
@@ -138,8 +139,8 @@ export class WarmPool {
     }
   }
 
-  #auth(id: string) {
-    return { headers: { authorization: `Bearer ${this.#runtime.agentSecret(id)}` }, timeoutMs: 30_000 };
+  #auth(secret: string) {
+    return { headers: { authorization: `Bearer ${secret}` }, timeoutMs: 30_000 };
   }
 
   /** Stops filling and removes the sandboxes nobody claimed. */

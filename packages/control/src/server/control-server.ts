@@ -30,6 +30,10 @@ import { auditService } from "../audit/service.ts";
 import { Credentials } from "../auth/credentials.ts";
 import { Guard } from "../auth/guard.ts";
 import { SecretBox } from "../auth/secret-box.ts";
+import { RunnerHealth } from "../runners/health.ts";
+import { RegisteredRunners } from "../runners/directory.ts";
+import { runnerService } from "../runners/service.ts";
+import { RunnerService } from "@sandbar/protocol/gen/sandbar/control/v1/runner_pb.js";
 import { bootstrap } from "../bootstrap.ts";
 import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
 import { openDatabase } from "../db/orm.ts";
@@ -113,10 +117,13 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const internalRegistry = pushRegistry.registry;
   const registryCredentials: CredentialsFor = (organizationId, host) => (internalRegistry?.owns(host) ? internalRegistry.pullCredentials(organizationId) : savedCredentials(organizationId, host));
   const objectStorage = await startObjectStorageService(settings.objectStorage, settings.dataDir, settings.publicUrl, orm);
-  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials, objectStorage.contexts);
+  const runners = new RegisteredRunners(orm, box);
+  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials, objectStorage.contexts, runners);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
   // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
   const recorder = new AuditRecorder(orm, log);
+  const runnerHealth = new RunnerHealth(orm, box, { ...settings.runnerChecks, log });
+  runnerHealth.start();
   const auditRetention = new AuditRetention(orm, { retentionDays: settings.auditRetentionDays, minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
   auditRetention.start();
   const impls: ImplIndex = new Map();
@@ -142,6 +149,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [AuditService.typeName, auditService(orm) as Impl],
     [VolumeService.typeName, volumeService(orm, sandboxes.volumes, log) as Impl],
     [ObjectStorageService.typeName, objectStorage.impl as Impl],
+    [RunnerService.typeName, runnerService(orm, box) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
   for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard, undefined, recorder) as never);
@@ -201,6 +209,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
         preview.close();
         await listener.close();
         await auditRetention.stop();
+        await runnerHealth.stop();
+        await runners.close();
         await sandboxes.stop();
         await internalRegistry?.stop();
         await webhooks.stop();

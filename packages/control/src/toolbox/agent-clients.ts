@@ -1,7 +1,7 @@
-import { connect } from "node:net";
 import type { DescService } from "@bufbuild/protobuf";
 import { createClient, type Client } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import type { AgentDial } from "../sandboxes/runtime.ts";
 
 /** Open connections kept to agents; the least recently used beyond this are closed. */
 const MAX_AGENTS = 512;
@@ -12,19 +12,20 @@ interface Entry {
 }
 
 /**
- * gRPC clients of the agents, one HTTP/2 connection per agent socket, kept open between calls
+ * gRPC clients of the agents, one HTTP/2 connection per agent (by its dial's key), kept open between calls
  * (a toolbox call then costs one stream, not a connection).
  */
 export class AgentClients {
   private readonly entries = new Map<string, Entry>();
 
-  client<S extends DescService>(service: S, socket: string): Client<S> {
+  client<S extends DescService>(service: S, agent: Pick<AgentDial, "key" | "api">): Client<S> {
+    const socket = agent.key;
     let entry = this.entries.get(socket);
     if (entry) {
       this.entries.delete(socket); // re-insert: most recently used last
     } else {
       const manager = new Http2SessionManager("http://agent", { idleConnectionTimeoutMs: 60_000 }, {
-        createConnection: () => connect(socket),
+        createConnection: () => agent.api(),
         settings: { initialWindowSize: 1024 * 1024 },
       });
       entry = { manager, clients: new Map() };
@@ -40,7 +41,8 @@ export class AgentClients {
     return client as unknown as Client<S>;
   }
 
-  forget(socket: string): void {
+  forget(key: string): void {
+    const socket = key;
     this.entries.get(socket)?.manager.abort();
     this.entries.delete(socket);
   }

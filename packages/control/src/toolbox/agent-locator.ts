@@ -1,8 +1,8 @@
-/** Where a sandbox's agent listens, and the secret it expects. */
-export interface AgentEndpoint {
+import type { AgentDial } from "../sandboxes/runtime.ts";
+
+/** A sandbox's agent: how to reach it and the secret it expects. */
+export interface AgentEndpoint extends AgentDial {
   sandboxId: string;
-  socket: string;
-  secret: string;
 }
 
 /**

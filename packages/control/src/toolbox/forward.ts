@@ -30,7 +30,7 @@ function forwarder(service: DescService, method: DescMethod, locator: AgentLocat
     if (!idOrName) throw errors.invalidArgument(`the sandbox is missing: send its id in the ${SANDBOX_ID_HEADER} header`);
     const agent = await locator.agentFor(organizationOf(ctx), idOrName);
     locator.touch(agent.sandboxId);
-    const call = (clients.client(service, agent.socket) as unknown as Record<string, ClientMethod>)[method.localName];
+    const call = (clients.client(service, agent) as unknown as Record<string, ClientMethod>)[method.localName];
     const options: CallOptions = {
       headers: { authorization: `Bearer ${agent.secret}` },
       signal: ctx.signal,

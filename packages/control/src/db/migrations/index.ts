@@ -13,6 +13,7 @@ import { Migration0013Volumes } from "./0013-volumes.ts";
 import { Migration0014SandboxNetwork } from "./0014-sandbox-network.ts";
 import { Migration0016Builds } from "./0016-builds.ts";
 import { Migration0017RegistryPushCredentials } from "./0017-registry-push-credentials.ts";
+import { Migration0018Runners } from "./0018-runners.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -31,4 +32,5 @@ export const migrations = [
   { name: "0014-sandbox-network", class: Migration0014SandboxNetwork },
   { name: "0016-builds", class: Migration0016Builds },
   { name: "0017-registry-push-credentials", class: Migration0017RegistryPushCredentials },
+  { name: "0018-runners", class: Migration0018Runners },
 ];

@@ -1,4 +1,5 @@
 import { connect } from "node:net";
+import type { Duplex } from "node:stream";
 import { createClient, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
@@ -6,13 +7,11 @@ import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_p
 // Runs a shell command in a sandbox through its agent's unix socket: the agent's own
 // ProcessService/Execute over Connect (HTTP/2, JSON), with the sandbox's bearer secret.
 
-export interface AgentAddress {
-  socket: string;
-  secret: string;
-}
+/** A unix socket path, or any dial (a remote runner's agent stream). */
+export type AgentAddress = { secret: string } & ({ socket: string } | { api(): Duplex });
 
 export async function sh(agent: AgentAddress, command: string): Promise<{ exitCode: number; result: string }> {
-  const sessions = new Http2SessionManager("http://agent", undefined, { createConnection: () => connect(agent.socket) });
+  const sessions = new Http2SessionManager("http://agent", undefined, { createConnection: () => ("socket" in agent ? connect(agent.socket) : agent.api()) });
   const auth: Interceptor = (next) => (req) => {
     req.header.set("authorization", `Bearer ${agent.secret}`);
     return next(req);

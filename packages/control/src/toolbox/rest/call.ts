@@ -68,7 +68,7 @@ export function agentCaller(clients: AgentClients, locator: AgentLocator, agent:
     problems = [...problems, ...stringProblems(method.input, input)];
     if (problems.length) throw errors.invalidArgument(problems.join(", "));
     locator.touch(agent.sandboxId);
-    const client = clients.client(method.parent, agent.socket) as unknown as Record<string, (input: unknown, options: CallOptions) => unknown>;
+    const client = clients.client(method.parent, agent) as unknown as Record<string, (input: unknown, options: CallOptions) => unknown>;
     return client[method.localName](input, options);
   };
   return {

@@ -13,6 +13,7 @@ import { fileURLToPath } from "node:url";
 import { startAgent } from "@sandbar/agent";
 import { errors } from "@sandbar/protocol";
 import type { AgentEndpoint, AgentLocator } from "../agent-locator.ts";
+import { unixAgentDial } from "../../sandboxes/runtime.ts";
 import { startTestServer, type TestServer } from "../../testing/server.ts";
 
 export const SANDBOX = "sbx-1";
@@ -55,7 +56,7 @@ export async function startFixture(opts: { agentProcess?: boolean } = {}): Promi
     const agent = await startAgent({ socketPath: socket, secret, root, stateDir: join(dir, "state"), env: { ...process.env, HOME: root }, log: () => {} });
     stopAgent = () => agent.close();
   }
-  const endpoint: AgentEndpoint = { sandboxId: SANDBOX, socket, secret };
+  const endpoint: AgentEndpoint = { sandboxId: SANDBOX, ...unixAgentDial(socket, secret) };
   const touched: string[] = [];
   const locator: AgentLocator = {
     agentFor: async (_org, idOrName) => {

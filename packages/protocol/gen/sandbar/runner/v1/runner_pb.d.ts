@@ -249,6 +249,13 @@ export declare type SandboxStatus = Message<"sandbar.runner.v1.SandboxStatus"> &
    * @generated from field: string agent_version = 11;
    */
   agentVersion: string;
+
+  /**
+   * While started: what its workload did to it.
+   *
+   * @generated from field: sandbar.runner.v1.SandboxHealth health = 12;
+   */
+  health?: SandboxHealth | undefined;
 };
 
 /**
@@ -256,6 +263,146 @@ export declare type SandboxStatus = Message<"sandbar.runner.v1.SandboxStatus"> &
  * Use `create(SandboxStatusSchema)` to create a new message.
  */
 export declare const SandboxStatusSchema: GenMessage<SandboxStatus>;
+
+/**
+ * Live counters of a started sandbox.
+ *
+ * @generated from message sandbar.runner.v1.SandboxHealth
+ */
+export declare type SandboxHealth = Message<"sandbar.runner.v1.SandboxHealth"> & {
+  /**
+   * @generated from field: bool agent_running = 1;
+   */
+  agentRunning: boolean;
+
+  /**
+   * @generated from field: uint32 agent_restarts = 2;
+   */
+  agentRestarts: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp last_agent_restart_at = 3;
+   */
+  lastAgentRestartAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: uint64 oom_kills = 4;
+   */
+  oomKills: bigint;
+
+  /**
+   * @generated from field: uint64 pids_limit_hits = 5;
+   */
+  pidsLimitHits: bigint;
+
+  /**
+   * @generated from field: uint64 memory_bytes = 6;
+   */
+  memoryBytes: bigint;
+
+  /**
+   * @generated from field: uint64 memory_limit_bytes = 7;
+   */
+  memoryLimitBytes: bigint;
+
+  /**
+   * @generated from field: uint32 pids = 8;
+   */
+  pids: number;
+
+  /**
+   * @generated from field: uint32 pids_limit = 9;
+   */
+  pidsLimit: number;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.SandboxHealth.
+ * Use `create(SandboxHealthSchema)` to create a new message.
+ */
+export declare const SandboxHealthSchema: GenMessage<SandboxHealth>;
+
+/**
+ * @generated from message sandbar.runner.v1.SetSandboxEnvRequest
+ */
+export declare type SetSandboxEnvRequest = Message<"sandbar.runner.v1.SetSandboxEnvRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: map<string, string> env = 2;
+   */
+  env: { [key: string]: string };
+};
+
+/**
+ * Describes the message sandbar.runner.v1.SetSandboxEnvRequest.
+ * Use `create(SetSandboxEnvRequestSchema)` to create a new message.
+ */
+export declare const SetSandboxEnvRequestSchema: GenMessage<SetSandboxEnvRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.SetSandboxNetworkRequest
+ */
+export declare type SetSandboxNetworkRequest = Message<"sandbar.runner.v1.SetSandboxNetworkRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: sandbar.runner.v1.Network network = 2;
+   */
+  network?: Network | undefined;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.SetSandboxNetworkRequest.
+ * Use `create(SetSandboxNetworkRequestSchema)` to create a new message.
+ */
+export declare const SetSandboxNetworkRequestSchema: GenMessage<SetSandboxNetworkRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.GetAgentAccessRequest
+ */
+export declare type GetAgentAccessRequest = Message<"sandbar.runner.v1.GetAgentAccessRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.GetAgentAccessRequest.
+ * Use `create(GetAgentAccessRequestSchema)` to create a new message.
+ */
+export declare const GetAgentAccessRequestSchema: GenMessage<GetAgentAccessRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.AgentAccess
+ */
+export declare type AgentAccess = Message<"sandbar.runner.v1.AgentAccess"> & {
+  /**
+   * @generated from field: string secret = 1;
+   */
+  secret: string;
+
+  /**
+   * Same while the agent runs, different after a restart: what control keys
+   * its connections to the agent by.
+   *
+   * @generated from field: string key = 2;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.AgentAccess.
+ * Use `create(AgentAccessSchema)` to create a new message.
+ */
+export declare const AgentAccessSchema: GenMessage<AgentAccess>;
 
 /**
  * @generated from message sandbar.runner.v1.CreateSandboxRequest
@@ -724,6 +871,13 @@ export declare type RunnerInfo = Message<"sandbar.runner.v1.RunnerInfo"> & {
    * @generated from field: string version = 1;
    */
   version: string;
+
+  /**
+   * Stable id of the runner (kept in its data dir), recorded on each sandbox it holds.
+   *
+   * @generated from field: string id = 10;
+   */
+  id: string;
 
   /**
    * Isolation provider: "linux" or "docker".
@@ -1389,6 +1543,37 @@ export declare const RunnerService: GenService<{
     methodKind: "unary";
     input: typeof GetRunnerInfoRequestSchema;
     output: typeof RunnerInfoSchema;
+  },
+  /**
+   * Replaces the environment the sandbox's processes start with, from its next start on.
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.SetSandboxEnv
+   */
+  setSandboxEnv: {
+    methodKind: "unary";
+    input: typeof SetSandboxEnvRequestSchema;
+    output: typeof SandboxStatusSchema;
+  },
+  /**
+   * Replaces the sandbox's network policy: at once if it runs with egress, else from its next start.
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.SetSandboxNetwork
+   */
+  setSandboxNetwork: {
+    methodKind: "unary";
+    input: typeof SetSandboxNetworkRequestSchema;
+    output: typeof SandboxStatusSchema;
+  },
+  /**
+   * The bearer secret the sandbox's agent expects (control sends it on the
+   * agent byte streams). Derived on the runner, never stored per sandbox.
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.GetAgentAccess
+   */
+  getAgentAccess: {
+    methodKind: "unary";
+    input: typeof GetAgentAccessRequestSchema;
+    output: typeof AgentAccessSchema;
   },
 }>;
 

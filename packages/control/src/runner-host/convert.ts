@@ -1,0 +1,133 @@
+import { create } from "@bufbuild/protobuf";
+import { timestampDate, timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { errors } from "@sandbar/protocol";
+import {
+  type Network,
+  type Resources,
+  ResourcesSchema,
+  NetworkMode,
+  NetworkSchema,
+  type SandboxSpec,
+  SandboxSpecSchema,
+  SandboxState,
+  type SandboxStatus,
+  SandboxStatusSchema,
+} from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import type { RuntimeNetwork, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, RuntimeState } from "../sandboxes/runtime.ts";
+
+// The runner protocol's messages and the runtime's types, both ways: the runner serves a
+// SandboxRuntime with them, RemoteRuntime reads its answers back. Sizes travel in MiB and
+// millicores (the protocol's units), the runtime counts cores and GiB.
+
+const MIB_PER_GIB = 1024;
+
+export function specToProto(s: RuntimeSandboxSpec): SandboxSpec {
+  return create(SandboxSpecSchema, {
+    id: s.id,
+    snapshotRef: s.image ?? "",
+    resources: { cpuMillicores: Math.round(s.cpu * 1000), memoryMib: Math.round(s.memoryGiB * MIB_PER_GIB), diskMib: Math.round(s.diskGiB * MIB_PER_GIB) },
+    env: s.env,
+    user: s.user,
+    volumes: (s.volumes ?? []).map((v) => ({ volumeId: v.volumeId, mountPath: v.mountPath, subpath: v.subpath ?? "" })),
+    ...(s.network ? { network: networkToProto(s.network) } : {}),
+  });
+}
+
+/** A resize: absent figures travel as zero, which the protocol reads as "unchanged". */
+export function resourcesToProto(r: RuntimeResources): Resources {
+  return create(ResourcesSchema, {
+    cpuMillicores: r.cpu === undefined ? 0 : Math.round(r.cpu * 1000),
+    memoryMib: r.memoryGiB === undefined ? 0 : Math.round(r.memoryGiB * MIB_PER_GIB),
+    diskMib: r.diskGiB === undefined ? 0 : Math.round(r.diskGiB * MIB_PER_GIB),
+  });
+}
+
+export function resourcesFromProto(r: Resources | undefined): RuntimeResources {
+  return {
+    ...(r?.cpuMillicores ? { cpu: r.cpuMillicores / 1000 } : {}),
+    ...(r?.memoryMib ? { memoryGiB: r.memoryMib / MIB_PER_GIB } : {}),
+    ...(r?.diskMib ? { diskGiB: r.diskMib / MIB_PER_GIB } : {}),
+  };
+}
+
+export function specFromProto(s: SandboxSpec | undefined): RuntimeSandboxSpec {
+  const r = s?.resources;
+  if (!s?.id) throw errors.invalidArgument("spec.id is required");
+  if (!r?.cpuMillicores || !r.memoryMib || !r.diskMib) throw errors.invalidArgument("spec.resources needs cpu_millicores, memory_mib and disk_mib");
+  if (!s.user) throw errors.invalidArgument("spec.user is required");
+  return {
+    id: s.id,
+    cpu: r.cpuMillicores / 1000,
+    memoryGiB: r.memoryMib / MIB_PER_GIB,
+    diskGiB: r.diskMib / MIB_PER_GIB,
+    env: { ...s.env },
+    user: s.user,
+    volumes: s.volumes.map((v) => ({ volumeId: v.volumeId, mountPath: v.mountPath, ...(v.subpath ? { subpath: v.subpath } : {}) })),
+    ...(s.snapshotRef ? { image: s.snapshotRef } : {}),
+    ...(s.network ? { network: networkFromProto(s.network) } : {}),
+  };
+}
+
+const MODES: Record<RuntimeNetwork["mode"], NetworkMode> = { none: NetworkMode.NONE, full: NetworkMode.FULL, "allow-list": NetworkMode.ALLOW_LIST };
+
+export function networkToProto(n: RuntimeNetwork): Network {
+  return create(NetworkSchema, { mode: MODES[n.mode], allowCidrs: n.allowList });
+}
+
+export function networkFromProto(n: Network | undefined): RuntimeNetwork {
+  const mode = (Object.keys(MODES) as RuntimeNetwork["mode"][]).find((m) => MODES[m] === n?.mode) ?? "none";
+  return { mode, allowList: [...(n?.allowCidrs ?? [])] };
+}
+
+/** "created" (made, never started) travels as CREATING: the protocol has no state of its own for it. */
+const STATES: Record<RuntimeState, SandboxState> = {
+  created: SandboxState.CREATING,
+  started: SandboxState.STARTED,
+  stopped: SandboxState.STOPPED,
+  error: SandboxState.ERROR,
+};
+
+export function statusToProto(s: RuntimeSandbox): SandboxStatus {
+  const h = s.health;
+  return create(SandboxStatusSchema, {
+    id: s.id,
+    state: STATES[s.state],
+    reason: s.error ?? "",
+    ...(h
+      ? {
+          health: {
+            agentRunning: h.agentRunning,
+            agentRestarts: h.agentRestarts,
+            ...(h.lastAgentRestartAt ? { lastAgentRestartAt: timestampFromDate(h.lastAgentRestartAt) } : {}),
+            oomKills: BigInt(h.oomKills),
+            pidsLimitHits: BigInt(h.pidsLimitHits),
+            memoryBytes: BigInt(h.memoryBytes),
+            memoryLimitBytes: BigInt(h.memoryLimitBytes),
+            pids: h.pids,
+            pidsLimit: h.pidsLimit,
+          },
+        }
+      : {}),
+  });
+}
+
+export function statusFromProto(s: SandboxStatus): RuntimeSandbox {
+  const state = (Object.keys(STATES) as RuntimeState[]).find((k) => STATES[k] === s.state);
+  // A state this side does not know (a newer runner's) is an error with the runner's reason.
+  const out: RuntimeSandbox = { id: s.id, state: state ?? "error", ...(s.reason || !state ? { error: s.reason || `the runner reports state ${SandboxState[s.state] ?? s.state}` } : {}) };
+  const h = s.health;
+  if (h) {
+    out.health = {
+      agentRunning: h.agentRunning,
+      agentRestarts: h.agentRestarts,
+      ...(h.lastAgentRestartAt ? { lastAgentRestartAt: timestampDate(h.lastAgentRestartAt) } : {}),
+      oomKills: Number(h.oomKills),
+      pidsLimitHits: Number(h.pidsLimitHits),
+      memoryBytes: Number(h.memoryBytes),
+      memoryLimitBytes: Number(h.memoryLimitBytes),
+      pids: h.pids,
+      pidsLimit: h.pidsLimit,
+    };
+  }
+  return out;
+}

@@ -1,0 +1,166 @@
+import { createHash } from "node:crypto";
+import { statfs } from "node:fs/promises";
+import { cpus, loadavg, totalmem, freemem } from "node:os";
+import { Readable } from "node:stream";
+import { create } from "@bufbuild/protobuf";
+import type { ServiceImpl } from "@connectrpc/connect";
+import { errors } from "@sandbar/protocol";
+import {
+  type ArchiveTrailer,
+  Compression,
+  type PackSandboxResponse,
+  type RestoreSandboxRequest,
+  RunnerInfoSchema,
+  RunnerService,
+  SandboxState,
+  type SandboxStatus,
+  SandboxStatusSchema,
+} from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import type { SandboxRuntime } from "../sandboxes/runtime.ts";
+import { networkFromProto, resourcesFromProto, specFromProto, statusToProto } from "./convert.ts";
+
+// RunnerService over a SandboxRuntime: what a `sandbar runner` process serves around the same
+// LocalRuntime a single-host server uses in-process. Every call is idempotent by sandbox id, as
+// the protocol says, because the runtime's are.
+
+export interface RunnerServiceOptions {
+  runtime: SandboxRuntime;
+  /** Where sandboxes live (its file system's size and use are the disk figures). */
+  dataDir: string;
+  version: string;
+  /** What the runner offers sandboxes; unset figures are the host's. */
+  capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number };
+}
+
+export function runnerServiceImpl({ runtime, dataDir, version, capacity = {} }: RunnerServiceOptions): Partial<ServiceImpl<typeof RunnerService>> {
+  const status = async (id: string): Promise<SandboxStatus> => {
+    const s = await runtime.inspect(id);
+    if (!s) throw errors.notFound(`No sandbox ${id} on this runner`);
+    return statusToProto(s);
+  };
+  const id = (raw: string): string => {
+    if (!raw) throw errors.invalidArgument("id is required");
+    return raw;
+  };
+  return {
+    async createSandbox(req) {
+      // The runtime creates and starts in one step; a create that must stay stopped is not one of its operations.
+      if (req.skipStart) throw errors.invalidArgument("skip_start: this runner creates sandboxes started; stop it after the create");
+      const spec = specFromProto(req.spec);
+      await runtime.create(spec);
+      return status(spec.id);
+    },
+    async startSandbox(req) {
+      await runtime.start(id(req.id));
+      return status(req.id);
+    },
+    async stopSandbox(req) {
+      await runtime.stop(id(req.id), { force: req.force });
+      return status(req.id);
+    },
+    async destroySandbox(req) {
+      await runtime.destroy(id(req.id));
+      return create(SandboxStatusSchema, { id: req.id, state: SandboxState.DESTROYED });
+    },
+    inspectSandbox: (req) => status(id(req.id)),
+    async listSandboxes(req) {
+      const all = (await runtime.list()).map(statusToProto);
+      return { sandboxes: req.states.length ? all.filter((s) => req.states.includes(s.state)) : all };
+    },
+    async setSandboxEnv(req) {
+      await runtime.setEnv(id(req.id), { ...req.env });
+      return status(req.id);
+    },
+    async setSandboxNetwork(req) {
+      await runtime.setNetwork(id(req.id), networkFromProto(req.network));
+      return status(req.id);
+    },
+    async resizeSandbox(req) {
+      await runtime.resize(id(req.id), resourcesFromProto(req.resources));
+      return status(req.id);
+    },
+    async getAgentAccess(req) {
+      const dial = await runtime.connectAgent(id(req.id));
+      return { secret: dial.secret, key: dial.key };
+    },
+    async *packSandbox(req): AsyncGenerator<PackSandboxResponse> {
+      if (req.compression !== Compression.UNSPECIFIED && req.compression !== Compression.NONE) {
+        throw errors.invalidArgument("compression: this runner packs uncompressed tar only");
+      }
+      const tar = await runtime.pack(id(req.id));
+      yield { $typeName: "sandbar.runner.v1.PackSandboxResponse", part: { case: "header", value: { $typeName: "sandbar.runner.v1.ArchiveHeader", compression: Compression.NONE, snapshotRef: "", estimatedSizeBytes: 0n } } };
+      const hash = createHash("sha256");
+      let size = 0n;
+      for await (const chunk of tar as AsyncIterable<Buffer>) {
+        hash.update(chunk);
+        size += BigInt(chunk.length);
+        yield { $typeName: "sandbar.runner.v1.PackSandboxResponse", part: { case: "data", value: chunk } };
+      }
+      yield { $typeName: "sandbar.runner.v1.PackSandboxResponse", part: { case: "trailer", value: { $typeName: "sandbar.runner.v1.ArchiveTrailer", sizeBytes: size, sha256: hash.digest("hex") } } };
+    },
+    async restoreSandbox(requests) {
+      const it = requests[Symbol.asyncIterator]();
+      const first = await it.next();
+      if (first.done || first.value.part.case !== "header") throw errors.invalidArgument("restore: the first message must be the header");
+      const header = first.value.part.value;
+      if (header.archive && header.archive.compression !== Compression.UNSPECIFIED && header.archive.compression !== Compression.NONE) {
+        throw errors.invalidArgument("archive.compression: this runner restores uncompressed tar only");
+      }
+      const spec = specFromProto(header.spec);
+      await runtime.restore(spec, Readable.from(checkedData(it), { objectMode: false }));
+      if (header.start) await runtime.start(spec.id);
+      return status(spec.id);
+    },
+    async getRunnerInfo() {
+      const all = await runtime.list();
+      const disk = await statfs(dataDir);
+      const ready = await runtime.assertReady().then(
+        () => ({ healthy: true, reason: "" }),
+        (err: unknown) => ({ healthy: false, reason: err instanceof Error ? err.message : String(err) }),
+      );
+      const diskTotal = Number(disk.blocks) * Number(disk.bsize);
+      const diskFree = Number(disk.bavail) * Number(disk.bsize);
+      return create(RunnerInfoSchema, {
+        id: runtime.runnerId,
+        version,
+        provider: "linux",
+        capacity: {
+          cpuMillicores: (capacity.cpu ?? cpus().length) * 1000,
+          memoryMib: capacity.memoryGiB !== undefined ? capacity.memoryGiB * 1024 : Math.floor(totalmem() / 2 ** 20),
+          diskMib: capacity.diskGiB !== undefined ? capacity.diskGiB * 1024 : Math.floor(diskTotal / 2 ** 20),
+          gpu: 0,
+        },
+        usage: {
+          cpuPercent: Math.min(100, (loadavg()[0]! / cpus().length) * 100),
+          memoryPercent: ((totalmem() - freemem()) / totalmem()) * 100,
+          diskPercent: diskTotal ? ((diskTotal - diskFree) / diskTotal) * 100 : 0,
+          loadAverage: loadavg()[2]! / cpus().length,
+        },
+        sandboxCount: all.length,
+        startedSandboxCount: all.filter((s) => s.state === "started").length,
+        services: [{ name: "linux", ...ready }],
+      });
+    },
+  };
+}
+
+/** The data parts of a restore stream, refused at the end unless the trailer matches them. */
+async function* checkedData(it: AsyncIterator<RestoreSandboxRequest>): AsyncGenerator<Buffer> {
+  const hash = createHash("sha256");
+  let size = 0n;
+  let trailer: ArchiveTrailer | undefined;
+  for (let r = await it.next(); !r.done; r = await it.next()) {
+    const part = r.value.part;
+    if (trailer) throw errors.invalidArgument("restore: nothing may follow the trailer");
+    if (part.case === "data") {
+      hash.update(part.value);
+      size += BigInt(part.value.length);
+      yield Buffer.from(part.value.buffer, part.value.byteOffset, part.value.byteLength);
+    } else if (part.case === "trailer") trailer = part.value;
+    else throw errors.invalidArgument("restore: only data and a trailer may follow the header");
+  }
+  if (!trailer) throw errors.invalidArgument("restore: the archive ended without its trailer");
+  if (trailer.sizeBytes !== size || trailer.sha256 !== hash.digest("hex")) {
+    throw errors.invalidArgument(`restore: the archive does not match its trailer (${size} bytes received, ${trailer.sizeBytes} announced)`);
+  }
+}

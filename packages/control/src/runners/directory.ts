@@ -1,0 +1,92 @@
+import type { MikroORM } from "@mikro-orm/postgresql";
+import { errors } from "@sandbar/protocol";
+import type { SecretBox } from "../auth/secret-box.ts";
+import { type Exec, execIn } from "../db/exec.ts";
+import type { RunnerDirectory } from "../sandboxes/manager.ts";
+import type { SandboxRuntime } from "../sandboxes/runtime.ts";
+import { RemoteRuntime } from "./remote-runtime.ts";
+
+// The registered runners as the sandbox manager sees them: a RemoteRuntime per runner (by the
+// id its sandboxes record), and placement. A create in a region with registered runners takes
+// the runner with the most free CPU among those that are ready, schedulable, not draining and
+// have room for it; free = what the runner reported minus the sandboxes that hold it (every
+// sandbox on it but archived and destroyed ones). The region's runner rows are locked for the
+// insert's transaction, so two control processes placing at once see each other's sandboxes.
+
+export class RegisteredRunners implements RunnerDirectory {
+  readonly #orm: MikroORM;
+  readonly #box: SecretBox;
+  readonly #runtimes = new Map<string, { url: string; sealed: string; runtime: Promise<RemoteRuntime> }>();
+  #silent: { keys: ReadonlySet<string>; until: number } | undefined;
+
+  constructor(orm: MikroORM, box: SecretBox) {
+    this.#orm = orm;
+    this.#box = box;
+  }
+
+  #exec(): Exec {
+    return execIn(this.#orm.em.fork());
+  }
+
+  async runtime(runnerId: string): Promise<SandboxRuntime | undefined> {
+    const rows = (await this.#exec()(`select api_url, credential_sealed from runner where runner_key = ? and api_url is not null`, [runnerId])) as Array<{ api_url: string; credential_sealed: string }>;
+    const row = rows[0];
+    if (!row) return undefined;
+    const known = this.#runtimes.get(runnerId);
+    if (known && known.url === row.api_url && known.sealed === row.credential_sealed) {
+      const rt = await known.runtime.catch(() => undefined);
+      if (rt) return rt;
+    }
+    // A runner whose address or credential changed: its old client goes.
+    if (known) void known.runtime.then((rt) => rt.close(), () => undefined);
+    const runtime = RemoteRuntime.open({ url: row.api_url, credential: this.#box.open(row.credential_sealed) });
+    this.#runtimes.set(runnerId, { url: row.api_url, sealed: row.credential_sealed, runtime });
+    try {
+      return await runtime;
+    } catch (err) {
+      this.#runtimes.delete(runnerId);
+      throw errors.unavailable(`The runner holding this sandbox cannot be reached: ${err instanceof Error ? err.message : String(err)}`);
+    }
+  }
+
+  async servesRegion(regionId: string): Promise<boolean> {
+    return ((await this.#exec()(`select 1 from runner where region_id = ? limit 1`, [regionId])) as unknown[]).length > 0;
+  }
+
+  async place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string | undefined> {
+    const all = (await exec(`select id from runner where region_id = ? order by id for update`, [regionId])) as unknown[];
+    if (!all.length) return undefined;
+    const rows = (await exec(
+      `select r.runner_key from runner r
+         left join sandbox s on s.runner_id = r.runner_key and s.state not in ('archived', 'destroyed')
+        where r.region_id = ? and r.state = 'ready' and not r.unschedulable and not r.draining and r.runner_key is not null
+        group by r.id
+       having r.cpu - coalesce(sum(s.cpu), 0) >= ? and r.memory_gib - coalesce(sum(s.memory), 0) >= ? and r.disk_gib - coalesce(sum(s.disk), 0) >= ?
+        order by r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
+        limit 1`,
+      [regionId, need.cpu, need.memory, need.disk],
+    )) as Array<{ runner_key: string }>;
+    // The reference's answer when no runner of the region can take it.
+    if (!rows[0]) throw errors.invalidArgument("No available runners");
+    return rows[0].runner_key;
+  }
+
+  async ready(): Promise<string[]> {
+    const rows = (await this.#exec()(`select runner_key from runner where state = 'ready' and runner_key is not null`, [])) as Array<{ runner_key: string }>;
+    return rows.map((r) => r.runner_key);
+  }
+
+  async unresponsive(): Promise<ReadonlySet<string>> {
+    // Read on every sandbox read: kept for a second.
+    if (this.#silent && this.#silent.until > Date.now()) return this.#silent.keys;
+    const rows = (await this.#exec()(`select runner_key from runner where state = 'unresponsive' and runner_key is not null`, [])) as Array<{ runner_key: string }>;
+    this.#silent = { keys: new Set(rows.map((r) => r.runner_key)), until: Date.now() + 1000 };
+    return this.#silent.keys;
+  }
+
+  async close(): Promise<void> {
+    const all = [...this.#runtimes.values()];
+    this.#runtimes.clear();
+    await Promise.allSettled(all.map(({ runtime }) => runtime.then((rt) => rt.close())));
+  }
+}
