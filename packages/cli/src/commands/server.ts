@@ -19,20 +19,8 @@ export function serverCommands(program: Command): void {
         process.exitCode = 1;
         return;
       }
-      lifetime.keepAlive = true;
       log(`listening on ${settings.host}:${server.port}: REST under /api, Connect/gRPC/gRPC-Web on the same port`);
-      const shutdown = (signal: string) => {
-        log(`${signal}: shutting down`);
-        server.stop().then(
-          () => process.exit(0),
-          (err) => {
-            console.error(err);
-            process.exit(1);
-          },
-        );
-      };
-      process.once("SIGINT", () => shutdown("SIGINT"));
-      process.once("SIGTERM", () => shutdown("SIGTERM"));
+      stopOnSignal(() => server.stop(), log, "shutting down");
     });
 
   program
@@ -52,20 +40,8 @@ export function serverCommands(program: Command): void {
         process.exitCode = 1;
         return;
       }
-      lifetime.keepAlive = true;
       log(`runner ${runner.runnerId} listening on ${host.host}:${runner.server.port} (${host.tls ? "TLS" : "h2c"})`);
-      const shutdown = (signal: string) => {
-        log(`${signal}: shutting down (sandboxes keep running)`);
-        runner.stop().then(
-          () => process.exit(0),
-          (err) => {
-            console.error(err);
-            process.exit(1);
-          },
-        );
-      };
-      process.once("SIGINT", () => shutdown("SIGINT"));
-      process.once("SIGTERM", () => shutdown("SIGTERM"));
+      stopOnSignal(() => runner.stop(), log, "shutting down (sandboxes keep running)");
     });
 
   program
@@ -77,4 +53,21 @@ export function serverCommands(program: Command): void {
       for (const line of formatChecks(checks)) console.log(line);
       process.exitCode = checks.some((c) => c.required && !c.ok) ? 1 : 0;
     });
+}
+
+/** Keeps the process alive until SIGINT or SIGTERM, then stops the service and exits. */
+function stopOnSignal(stop: () => Promise<void>, log: (line: string) => void, what: string): void {
+  lifetime.keepAlive = true;
+  const shutdown = (signal: string) => {
+    log(`${signal}: ${what}`);
+    stop().then(
+      () => process.exit(0),
+      (err) => {
+        console.error(err);
+        process.exit(1);
+      },
+    );
+  };
+  process.once("SIGINT", () => shutdown("SIGINT"));
+  process.once("SIGTERM", () => shutdown("SIGTERM"));
 }
