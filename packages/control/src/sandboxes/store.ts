@@ -24,6 +24,8 @@ const changesState = (patch: SandboxPatch) => patch.state !== undefined || patch
 
 export class SandboxStore {
   readonly #orm: MikroORM;
+  /** Told the id of every sandbox whose row this store wrote (caches of rows listen). */
+  onWrite: (id: string) => void = () => undefined;
 
   constructor(orm: MikroORM) {
     this.#orm = orm;
@@ -85,10 +87,14 @@ export class SandboxStore {
 
   /** `update`, once the organization's quota admits what the change adds (starting a sandbox). */
   async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch): Promise<void> {
-    await this.#em().transactional(async (em) => {
-      await admit(execIn(em), row.organizationId, row.regionId, demand);
-      await this.#apply(em, row.id, {}, patch);
-    });
+    try {
+      await this.#em().transactional(async (em) => {
+        await admit(execIn(em), row.organizationId, row.regionId, demand);
+        await this.#apply(em, row.id, {}, patch);
+      });
+    } finally {
+      this.onWrite(row.id);
+    }
   }
 
   /** Updates only while `where` holds; says whether it did. */
@@ -97,9 +103,13 @@ export class SandboxStore {
   }
 
   /** A change of state runs in a transaction of its own (for its event); others are one statement. */
-  #write(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
-    if (!changesState(patch)) return this.#apply(this.#em(), id, where, patch);
-    return this.#em().transactional((em) => this.#apply(em, id, where, patch));
+  async #write(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
+    try {
+      if (!changesState(patch)) return await this.#apply(this.#em(), id, where, patch);
+      return await this.#em().transactional((em) => this.#apply(em, id, where, patch));
+    } finally {
+      this.onWrite(id);
+    }
   }
 
   async #apply(em: EntityManager, id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
