@@ -218,6 +218,7 @@ export class SandboxManager {
 
   /** A create served by a warm pool sandbox: its row (quota admitted), then its environment. */
   async #takeOver(row: SandboxRecord): Promise<SandboxRecord> {
+    const since = this.#endpoints.generation();
     const op = this.locks.tryRun(row.id, async (): Promise<Outcome> => {
       try {
         await this.store.insert({ ...row, state: "started" });
@@ -233,7 +234,11 @@ export class SandboxManager {
       }
     })!;
     const outcome = await op;
+    const socket = this.pool!.socketOf(row.id);
+    this.pool!.release(row.id);
     if (outcome.failed !== undefined) throw bad(`Sandbox failed to start: ${outcome.failed}`);
+    // The first toolbox call finds the agent without a lookup (its warm-up found it).
+    if (socket) this.#endpoints.set(row.organizationId, row.id, { sandboxId: row.id, socket, secret: this.runtime.agentSecret(row.id) }, since);
     return { ...row, state: "started" };
   }
 

@@ -45,6 +45,8 @@ export class WarmPool {
   readonly #log: (line: string) => void;
   readonly #clients: AgentClients;
   readonly #ready: string[] = [];
+  /** The agent socket of each pool sandbox, known from its warm-up. */
+  readonly #sockets = new Map<string, string>();
   #starting = 0;
   #claimed = 0;
   #retryMs = RETRY_MS;
@@ -75,6 +77,16 @@ export class WarmPool {
     this.#refillTimer = setTimeout(() => this.fill(), REFILL_DELAY_MS);
     this.#refillTimer.unref();
     return id;
+  }
+
+  /** The agent socket of a sandbox of this pool (claimed or not), as its warm-up found it. */
+  socketOf(id: string): string | undefined {
+    return this.#sockets.get(id);
+  }
+
+  /** The claimed sandbox is its request's now (its row holds it): the pool forgets it. */
+  release(id: string): void {
+    this.#sockets.delete(id);
   }
 
   /** A claimed sandbox whose request failed before anything ran in it (e.g. its name was taken). */
@@ -131,6 +143,7 @@ export class WarmPool {
       await this.#runtime.create({ id, cpu, memoryGiB: memory, diskGiB: disk, env: {}, user });
       const socket = await this.#runtime.agentSocket(id);
       await this.#clients.client(ProcessService, socket).execute({ command: "true" }, this.#auth(id));
+      this.#sockets.set(id, socket);
       return id;
     } catch (err) {
       await this.#runtime.destroy(id).catch(() => undefined);
@@ -149,6 +162,7 @@ export class WarmPool {
     clearTimeout(this.#refillTimer);
     await Promise.allSettled([...this.#fills]);
     const left = this.#ready.splice(0);
+    this.#sockets.clear();
     await Promise.allSettled(left.map((id) => this.#runtime.destroy(id)));
   }
 }
