@@ -1,10 +1,11 @@
 import { randomUUID } from "node:crypto";
-import { stat, rm, writeFile } from "node:fs/promises";
+import { statSync } from "node:fs";
+import { rm, writeFile } from "node:fs/promises";
 import * as path from "node:path";
 import { constants } from "node:os";
 import { errors } from "@sandbar/protocol";
 import type { AgentContext } from "../context.ts";
-import { fsCall } from "../util/fs-errors.ts";
+import { fsError } from "../util/fs-errors.ts";
 import { resolvePath } from "../util/paths.ts";
 import { invalidEnvName, shellQuote } from "../util/shell.ts";
 import { signalTree } from "../util/kill.ts";
@@ -37,7 +38,12 @@ export async function prepareExecution(ctx: AgentContext, input: ExecuteInput): 
   const badEnv = invalidEnvName(input.envs);
   if (badEnv) throw errors.invalidArgument(badEnv);
   const cwd = input.cwd ? resolvePath(ctx.workDir, input.cwd, "cwd") : ctx.workDir;
-  const st = await fsCall(cwd, () => stat(cwd));
+  let st;
+  try {
+    st = statSync(cwd);
+  } catch (err) {
+    throw fsError(err, cwd);
+  }
   if (!st.isDirectory()) throw errors.invalidArgument(`cwd is not a directory: ${cwd}`);
   return cwd;
 }

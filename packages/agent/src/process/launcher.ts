@@ -4,7 +4,7 @@ import * as path from "node:path";
 import type { Writable } from "node:stream";
 import type { AgentContext } from "../context.ts";
 import { shellQuote } from "../util/shell.ts";
-import { asUserProcess } from "./user-spawn.ts";
+import { asUserProcess, userJoinPrelude } from "./user-spawn.ts";
 
 /** Longest script handed to a warm shell; bash reads it byte by byte. */
 const WARM_SCRIPT_LIMIT = 16 * 1024;
@@ -77,8 +77,8 @@ export class ShellLauncher {
 
   private refill(): void {
     if (this.spare || this.ctx.shutdown.aborted) return;
-    const [file, args] = asUserProcess(this.ctx.shell, ["-c", WARM_BOOT], this.ctx.env);
-    const s = spawn(file, args, { cwd: this.ctx.workDir, env: this.ctx.env, detached: true, stdio: ["ignore", "pipe", "pipe", "pipe"] });
+    // The shell joins the user cgroup itself (no /bin/sh wrapper to exec first).
+    const s = spawn(this.ctx.shell, ["-c", userJoinPrelude() + WARM_BOOT], { cwd: this.ctx.workDir, env: this.ctx.env, detached: true, stdio: ["ignore", "pipe", "pipe", "pipe"] });
     s.once("error", () => {
       if (this.spare === s) this.spare = undefined;
     });

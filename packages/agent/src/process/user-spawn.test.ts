@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { promisify } from "node:util";
 import { afterEach, expect, it } from "vitest";
-import { asUserProcess, setUserCgroup, USER_OOM_SCORE_ADJ } from "./user-spawn.ts";
+import { asUserProcess, setUserCgroup, USER_OOM_SCORE_ADJ, userJoinPrelude } from "./user-spawn.ts";
 
 // The wrapper that puts the agent's children in the sandbox's user cgroup. Outside a sandbox the
 // procs files are plain files here: what the wrapper writes into them is what the kernel reads
@@ -46,4 +46,18 @@ it("leaves a command that is not on PATH as it is, so spawning it fails with ENO
   expect(asUserProcess("no-such-command-here", ["x"], { PATH: "/usr/bin:/bin" })).toEqual(["no-such-command-here", ["x"]]);
   expect(asUserProcess("echo", ["x"], { PATH: "/usr/bin:/bin" })[0]).toBe("/bin/sh");
   expect(asUserProcess("/bin/echo", ["x"], {})[0]).toBe("/bin/sh");
+});
+
+it("joins from inside a shell with the prelude the warm shells run (no wrapper exec), quoting the paths", async () => {
+  expect(userJoinPrelude()).toBe("");
+  dir = await mkdtemp(path.join(tmpdir(), "sandbar-user-spawn-"));
+  const files = [path.join(dir, "it's memory"), path.join(dir, "pids $(x)")];
+  for (const f of files) await writeFile(f, "");
+  setUserCgroup([...files, "/nonexistent/cgroup.procs"]);
+  const { stdout, stderr } = await run("bash", ["-c", userJoinPrelude() + 'echo "$$"; cat /proc/self/oom_score_adj']);
+  const [pid, score] = stdout.trim().split("\n");
+  expect(score).toBe(String(USER_OOM_SCORE_ADJ));
+  expect(stderr).toBe("");
+  for (const f of files) expect(await readFile(f, "utf8")).toBe("0\n");
+  expect(Number(pid)).toBeGreaterThan(0);
 });

@@ -12,6 +12,7 @@
 
 import { accessSync, constants } from "node:fs";
 import * as path from "node:path";
+import { shellQuote } from "../util/shell.ts";
 
 /**
  * oom_score_adj of user processes: the most, so the OOM killer takes any user process before the
@@ -43,6 +44,17 @@ export function userCgroupFiles(): readonly string[] {
 export function asUserProcess(file: string, args: readonly string[], env: NodeJS.ProcessEnv = process.env): [string, string[]] {
   if (procsFiles.length === 0 || !findable(file, env.PATH)) return [file, [...args]];
   return ["/bin/sh", ["-c", JOIN, "sandbar-user", ...procsFiles, "--", file, ...args]];
+}
+
+/**
+ * What a POSIX shell runs first to make itself a user process, the wrapper's work without its
+ * exec: for shells the agent starts with a script of its own (the warm shells), one exec less.
+ * Empty outside a sandbox.
+ */
+export function userJoinPrelude(): string {
+  if (procsFiles.length === 0) return "";
+  const joins = procsFiles.map((f) => `{ echo 0 >${shellQuote(f)}; } 2>/dev/null; `).join("");
+  return `${joins}{ echo ${USER_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; } 2>/dev/null; `;
 }
 
 function findable(file: string, pathVar = ""): boolean {

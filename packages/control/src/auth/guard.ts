@@ -38,12 +38,12 @@ export class Guard {
   async check(method: DescMethod, header: Headers, message: unknown, route: Route = routeOf(method), call: CallSite = {}): Promise<AuthContext> {
     const { limits } = this;
     const address = call.address ?? "";
-    if (!limits) return (await this.authorize(header, message, route)).auth;
+    if (!limits) return (await this.authorize(header, message, route, call)).auth;
     const lookup = limits.refuseBlocked(address);
     if (lookup) await lookup;
     let authorized: Authorized;
     try {
-      authorized = await this.authorize(header, message, route);
+      authorized = await this.authorize(header, message, route, call);
     } catch (err) {
       if (err instanceof ConnectError && err.code === Code.Unauthenticated) throw await limits.failedAuthentication(address, err);
       throw err;
@@ -57,9 +57,9 @@ export class Guard {
     return auth;
   }
 
-  private async authorize(header: Headers, message: unknown, route: Route): Promise<Authorized> {
+  private async authorize(header: Headers, message: unknown, route: Route, call: CallSite): Promise<Authorized> {
     if (route.auth === Auth.PUBLIC) return { auth: {} };
-    const principal = await this.credentials.authenticate(header.get("authorization"));
+    const principal = (call.principal ??= await this.credentials.authenticate(header.get("authorization")));
     if (route.auth === Auth.JWT && principal.kind !== "jwt") throw errors.unauthenticated();
     if (route.auth === Auth.API_KEY && principal.kind !== "api-key") throw errors.unauthenticated();
     if (route.auth === Auth.SYSTEM_ADMIN && !isOperator(principal)) throw errors.permissionDenied("Access denied");
@@ -104,6 +104,12 @@ export interface CallSite {
   figures?: Figures;
   /** Already counted for this request (the REST gateway's check before the body): not counted again. */
   counted?: boolean;
+  /**
+   * Who the request's credentials name, when this request was authenticated already (the REST
+   * gateway's check before the body); set by the check otherwise. Authenticating costs a database
+   * round trip (the revocation barrier), which a request pays once.
+   */
+  principal?: Principal;
 }
 
 interface Authorized {

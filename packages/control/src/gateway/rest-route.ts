@@ -2,7 +2,8 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from "node:
 import type { Duplex } from "node:stream";
 import type { DescMethod } from "@bufbuild/protobuf";
 import { createContextKey, createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
-import { inputProblemsKey, type Precheck, precheck, rateLimitCountedKey } from "../rpc/secure.ts";
+import { inputProblemsKey, type Precheck, precheck, precheckedPrincipalKey, rateLimitCountedKey } from "../rpc/secure.ts";
+import type { Principal } from "../auth/principal.ts";
 import type { CallSite } from "../auth/guard.ts";
 import { writeFigures } from "../limits/figures.ts";
 import { clientAddress, clientAddressKey } from "../server/client-address.ts";
@@ -66,7 +67,8 @@ export function callContext(method: DescMethod, req: CallRequest, signal: AbortS
   const contextValues = createContextValues()
     .set(inputProblemsKey, values.problems ?? [])
     .set(clientAddressKey, clientAddress(req))
-    .set(rateLimitCountedKey, counted.has(req));
+    .set(rateLimitCountedKey, prechecked.has(req))
+    .set(precheckedPrincipalKey, prechecked.get(req));
   if (values.sandboxId !== undefined) contextValues.set(sandboxIdKey, values.sandboxId);
   return createHandlerContext({
     service: method.parent,
@@ -81,8 +83,11 @@ export function callContext(method: DescMethod, req: CallRequest, signal: AbortS
   });
 }
 
-/** Requests the gateway's precheck counted against their rate limit (so the calls they make are not counted again). */
-const counted = new WeakSet<object>();
+/**
+ * Requests the gateway's precheck counted against their rate limit and authenticated (so the
+ * calls they make are neither counted nor authenticated again), with who they authenticated as.
+ */
+const prechecked = new WeakMap<object, Principal | undefined>();
 
 /**
  * The gateway's check of a request before its body is read: credentials, scope and rate limit,
@@ -94,7 +99,7 @@ export async function precheckRequest(impls: ImplIndex, method: DescMethod, req:
   const call: CallSite = { address: clientAddress(req) };
   await check(method, headersOf(req), partial, call);
   if (call.figures) writeFigures(call.figures, (k, v) => res.setHeader(k, v));
-  counted.add(req);
+  prechecked.set(req, call.principal);
 }
 
 /** Node's request headers as fetch Headers (repeated ones joined, as Connect does). */

@@ -3,7 +3,7 @@ import { createContextKey, type HandlerContext, type ServiceImpl } from "@connec
 import { asConnectError, Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
 import type { CallRecorder, CompleteCall } from "../audit/recorder.ts";
 import type { CallSite, Guard } from "../auth/guard.ts";
-import { authContextKey } from "../auth/principal.ts";
+import { authContextKey, type Principal } from "../auth/principal.ts";
 import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
 import { clientAddressKey } from "../server/client-address.ts";
 import { stringProblems } from "../services/validate.ts";
@@ -20,6 +20,9 @@ export type Precheck = (method: DescMethod, header: Headers, partial: unknown, c
 
 /** Set when the REST gateway's precheck already counted the request against its rate limit. */
 export const rateLimitCountedKey = createContextKey<boolean>(false);
+
+/** Who the REST gateway's precheck authenticated for this request (not authenticated again). */
+export const precheckedPrincipalKey = createContextKey<Principal | undefined>(undefined);
 
 /**
  * Problems the REST gateway found decoding a request. They are raised after the guard, so
@@ -60,7 +63,7 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route, recor
   const enter = async (input: unknown, ctx: HandlerContext, call: Call) => {
     // Streaming requests are authorized on their headers alone.
     const message = method.methodKind === "unary" || method.methodKind === "server_streaming" ? input : undefined;
-    const site: CallSite = { address: ctx.values.get(clientAddressKey), counted: ctx.values.get(rateLimitCountedKey) };
+    const site: CallSite = { address: ctx.values.get(clientAddressKey), counted: ctx.values.get(rateLimitCountedKey), principal: ctx.values.get(precheckedPrincipalKey) };
     ctx.values.set(authContextKey, await guard.check(method, ctx.requestHeader, message, route, site));
     // REST writes the figures onto its response itself; RPC callers get them as response headers.
     if (site.figures) {

@@ -11,6 +11,7 @@ import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 import { isEphemeral, isErrored } from "./states.ts";
 import { type SandboxPatch, SandboxStore } from "./store.ts";
 import type { WarmPool } from "./warm-pool.ts";
+import { EndpointCache } from "./endpoint-cache.ts";
 
 // The sandbox lifecycle (reference §4.3): every transition with the reference's preconditions,
 // status codes and messages. One operation at a time per sandbox; an operation records where it
@@ -112,6 +113,7 @@ export class SandboxManager {
   readonly locks = new OperationLocks();
   readonly #backups = new Map<string, Promise<void>>();
   readonly #touched = new Map<string, number>();
+  readonly #endpoints = new EndpointCache();
   readonly #touchEveryMs: number;
   readonly #waitMs: number;
   readonly #log: (line: string) => void;
@@ -121,6 +123,7 @@ export class SandboxManager {
   constructor(o: SandboxManagerOptions) {
     this.runtime = o.runtime;
     this.store = new SandboxStore(o.orm);
+    this.store.onWrite = (id) => this.#endpoints.evict(id);
     this.files = new LayerFiles(o.dataDir);
     this.#touchEveryMs = Math.min(10_000, Math.floor((o.minuteMs ?? 60_000) / 6));
     this.#waitMs = o.waitMs ?? 30_000;
@@ -137,7 +140,15 @@ export class SandboxManager {
 
   /** The toolbox's way in: a started sandbox of the caller's organization. */
   async agentFor(organizationId: string, idOrName: string): Promise<AgentEndpoint> {
-    return this.#endpoint(await this.store.find(organizationId, idOrName));
+    const hit = this.#endpoints.get(organizationId, idOrName);
+    if (hit) {
+      if (this.locks.busy(hit.sandboxId)) throw stateChangeInProgress();
+      return hit;
+    }
+    const since = this.#endpoints.generation();
+    const endpoint = await this.#endpoint(await this.store.find(organizationId, idOrName));
+    this.#endpoints.set(organizationId, idOrName, endpoint, since);
+    return endpoint;
   }
 
   /**
@@ -276,6 +287,7 @@ export class SandboxManager {
 
   /** A create served by a warm pool sandbox: its row (quota admitted), then its environment. */
   async #takeOver(row: SandboxRecord): Promise<SandboxRecord> {
+    const since = this.#endpoints.generation();
     const op = this.locks.tryRun(row.id, async (): Promise<Outcome> => {
       try {
         await this.store.insert({ ...row, state: "started" });
@@ -291,7 +303,11 @@ export class SandboxManager {
       }
     })!;
     const outcome = await op;
+    const agent = this.pool!.agentOf(row.id);
+    this.pool!.release(row.id);
     if (outcome.failed !== undefined) throw bad(`Sandbox failed to start: ${outcome.failed}`);
+    // The first toolbox call finds the agent without a lookup (its warm-up found it).
+    if (agent) this.#endpoints.set(row.organizationId, row.id, { sandboxId: row.id, ...agent }, since);
     return { ...row, state: "started" };
   }
 

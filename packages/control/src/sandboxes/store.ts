@@ -24,6 +24,8 @@ const changesState = (patch: SandboxPatch) => patch.state !== undefined || patch
 
 export class SandboxStore {
   readonly #orm: MikroORM;
+  /** Told the id of every sandbox whose row this store wrote (caches of rows listen). */
+  onWrite: (id: string) => void = () => undefined;
 
   constructor(orm: MikroORM) {
     this.#orm = orm;
@@ -93,11 +95,15 @@ export class SandboxStore {
    * transaction (patch.runnerId).
    */
   async updateAdmitted(row: SandboxRecord, demand: Demand, patch: SandboxPatch, extra: { size?: Demand; place?: (exec: Exec) => Promise<string> } = {}): Promise<void> {
-    await this.#em().transactional(async (em) => {
-      await admit(execIn(em), row.organizationId, row.regionId, demand, extra.size);
-      if (extra.place) patch.runnerId = await extra.place(execIn(em));
-      await this.#apply(em, row.id, {}, patch);
-    });
+    try {
+      await this.#em().transactional(async (em) => {
+        await admit(execIn(em), row.organizationId, row.regionId, demand, extra.size);
+        if (extra.place) patch.runnerId = await extra.place(execIn(em));
+        await this.#apply(em, row.id, {}, patch);
+      });
+    } finally {
+      this.onWrite(row.id);
+    }
   }
 
   /** Updates only while `where` holds; says whether it did. */
@@ -106,9 +112,13 @@ export class SandboxStore {
   }
 
   /** A change of state runs in a transaction of its own (for its event); others are one statement. */
-  #write(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
-    if (!changesState(patch)) return this.#apply(this.#em(), id, where, patch);
-    return this.#em().transactional((em) => this.#apply(em, id, where, patch));
+  async #write(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
+    try {
+      if (!changesState(patch)) return await this.#apply(this.#em(), id, where, patch);
+      return await this.#em().transactional((em) => this.#apply(em, id, where, patch));
+    } finally {
+      this.onWrite(id);
+    }
   }
 
   async #apply(em: EntityManager, id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {

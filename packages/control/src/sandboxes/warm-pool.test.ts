@@ -1,5 +1,5 @@
 import { rm } from "node:fs/promises";
-import { afterAll, beforeAll, expect, it } from "vitest";
+import { afterAll, beforeAll, expect, it, vi } from "vitest";
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
 
@@ -43,8 +43,12 @@ it("hands each create its own sandbox with its env, labels and user, none of ano
   expect(a.state).toBe("started");
   expect(a.labels).toEqual({ owner: "a" });
   expect(b.labels).toEqual({ owner: "b" });
+  // The first calls find the agent without a lookup (the claim knew it from the warm-up).
+  const lookups = vi.spyOn(f.manager.store, "find");
   expect((await execute(a.id, 'echo "$WHO ${ONLY_A:-none}" && id -un')).result).toBe("a 1\nsandbar\n");
   expect((await execute(b.id, 'echo "$WHO ${ONLY_A:-none}" && id -un')).result).toBe("b none\nsandbar\n");
+  expect(lookups.mock.calls.filter(([, idOrName]) => idOrName === a.id || idOrName === b.id)).toEqual([]);
+  lookups.mockRestore();
   // Sessions and later processes see it too, and it survives a stop and start (the host record has it).
   expect((await f.call("POST", `/sandbox/${a.id}/stop`)).body.state).toBe("stopped");
   expect((await f.call("POST", `/sandbox/${a.id}/start`)).body.state).toBe("started");

@@ -2,7 +2,7 @@ import { randomUUID } from "node:crypto";
 import { EnvironmentService } from "@sandbar/protocol/gen/sandbar/agent/v1/environment_pb.js";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import type { AgentClients } from "../toolbox/agent-clients.ts";
-import type { SandboxRuntime } from "./runtime.ts";
+import type { AgentDial, SandboxRuntime } from "./runtime.ts";
 
 /** What every pool sandbox is: a request asking for anything else is made the ordinary way. */
 export interface PoolShape {
@@ -26,6 +26,13 @@ export interface PoolStats {
  */
 const REFILL_DELAY_MS = 1_000;
 
+/**
+ * Commands a pool sandbox runs before it is offered. The first loads the agent's process code; the
+ * next ones get the agent's (and control's) call path compiled past V8's first tier, which a
+ * claimed sandbox's first exec would otherwise run interpreted.
+ */
+const WARM_UP_CALLS = 5;
+
 /** After a failed fill, wait this long (doubling up to the maximum) before trying again. */
 const RETRY_MS = 2_000;
 const RETRY_MAX_MS = 60_000;
@@ -45,6 +52,8 @@ export class WarmPool {
   readonly #log: (line: string) => void;
   readonly #clients: AgentClients;
   readonly #ready: string[] = [];
+  /** The agent of each pool sandbox, dialled at its warm-up. */
+  readonly #agents = new Map<string, AgentDial>();
   #starting = 0;
   #claimed = 0;
   #retryMs = RETRY_MS;
@@ -75,6 +84,16 @@ export class WarmPool {
     this.#refillTimer = setTimeout(() => this.fill(), REFILL_DELAY_MS);
     this.#refillTimer.unref();
     return id;
+  }
+
+  /** The agent of a sandbox of this pool (claimed or not), as its warm-up dialled it. */
+  agentOf(id: string): AgentDial | undefined {
+    return this.#agents.get(id);
+  }
+
+  /** The claimed sandbox is its request's now (its row holds it): the pool forgets it. */
+  release(id: string): void {
+    this.#agents.delete(id);
   }
 
   /** A claimed sandbox whose request failed before anything ran in it (e.g. its name was taken). */
@@ -131,7 +150,9 @@ export class WarmPool {
     try {
       await this.#runtime.create({ id, cpu, memoryGiB: memory, diskGiB: disk, env: {}, user });
       const agent = await this.#runtime.connectAgent(id);
-      await this.#clients.client(ProcessService, agent).execute({ command: "true" }, this.#auth(agent.secret));
+      const process = this.#clients.client(ProcessService, agent);
+      for (let i = 0; i < WARM_UP_CALLS; i++) await process.execute({ command: "true" }, this.#auth(agent.secret));
+      this.#agents.set(id, agent);
       return id;
     } catch (err) {
       await this.#runtime.destroy(id).catch(() => undefined);
@@ -150,6 +171,7 @@ export class WarmPool {
     clearTimeout(this.#refillTimer);
     await Promise.allSettled([...this.#fills]);
     const left = this.#ready.splice(0);
+    this.#agents.clear();
     await Promise.allSettled(left.map((id) => this.#runtime.destroy(id)));
   }
 }

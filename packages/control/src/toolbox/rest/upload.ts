@@ -11,6 +11,13 @@ type UploadMessage = MessageInitShape<typeof UploadFilesRequestSchema> & Message
 const FIELD = /^files\[(\d+)\]\.(path|file)$/;
 
 /**
+ * Size of the data messages an upload is sent to the agent in. The body arrives in socket reads
+ * of 64 KiB or less; a message each would cost the whole per-message path (generators, the
+ * guard's check, protobuf, a gRPC frame, the agent's decode and write) 16 times per MiB.
+ */
+export const UPLOAD_MESSAGE_BYTES = 1024 * 1024;
+
+/**
  * `POST …/files/bulk-upload`: per file a text field `files[i].path` (the destination) before the
  * file field `files[i].file`, any number of files, streamed into the agent's upload as they arrive.
  */
@@ -73,10 +80,18 @@ async function* content(part: FormPart): AsyncGenerator<UploadMessage> {
     if (part.value !== "") yield { part: { case: "data", value: Buffer.from(part.value, "utf8") } };
     return;
   }
+  let held: Buffer[] = [];
+  let size = 0;
   for await (const chunk of fileChunks(part.stream)) {
     noteMoved(chunk.length);
-    yield { part: { case: "data", value: chunk } };
+    held.push(chunk);
+    size += chunk.length;
+    if (size < UPLOAD_MESSAGE_BYTES) continue;
+    yield { part: { case: "data", value: held.length === 1 ? held[0] : Buffer.concat(held, size) } };
+    held = [];
+    size = 0;
   }
+  if (size > 0) yield { part: { case: "data", value: held.length === 1 ? held[0] : Buffer.concat(held, size) } };
 }
 
 /**
