@@ -37,6 +37,7 @@ const SESSION_WINDOW = 32 * 1024 * 1024;
 
 export class RemoteRuntime implements SandboxRuntime {
   readonly runnerId: string;
+  readonly agentsOnThisHost = false;
   readonly url: string;
   readonly #client: Client<typeof RunnerService>;
   readonly #rpcSessions: Http2SessionManager;

@@ -68,6 +68,7 @@ const UID_SLOTS = 6000; // stays below 2^31
 /** `P`: the provider's type, for callers (tests, benches) that know which one they opened. */
 export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements SandboxRuntime {
   readonly runnerId: string;
+  readonly agentsOnThisHost = true;
   readonly provider: P;
   /** First host uid of this runner's sandboxes (the range is `uidCount` long). */
   readonly uidBase: number;

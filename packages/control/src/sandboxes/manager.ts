@@ -146,8 +146,9 @@ export class SandboxManager {
       return hit;
     }
     const since = this.#endpoints.generation();
-    const endpoint = await this.#endpoint(await this.store.find(organizationId, idOrName));
-    this.#endpoints.set(organizationId, idOrName, endpoint, since);
+    const row = await this.store.find(organizationId, idOrName);
+    const endpoint = await this.#endpoint(row);
+    if ((await this.runtimeOf(row)).agentsOnThisHost) this.#endpoints.set(organizationId, idOrName, endpoint, since);
     return endpoint;
   }
 
@@ -307,7 +308,7 @@ export class SandboxManager {
     this.pool!.release(row.id);
     if (outcome.failed !== undefined) throw bad(`Sandbox failed to start: ${outcome.failed}`);
     // The first toolbox call finds the agent without a lookup (its warm-up found it).
-    if (agent) this.#endpoints.set(row.organizationId, row.id, { sandboxId: row.id, ...agent }, since);
+    if (agent && this.runtime.agentsOnThisHost) this.#endpoints.set(row.organizationId, row.id, { sandboxId: row.id, ...agent }, since);
     return { ...row, state: "started" };
   }
 

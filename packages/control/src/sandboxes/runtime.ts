@@ -69,6 +69,12 @@ export interface RuntimeHealth {
 export interface SandboxRuntime {
   /** Stable id of this host's runner (recorded on each sandbox it holds). */
   readonly runnerId: string;
+  /**
+   * Whether its agents' sockets are on this host: a dial to one stays good until the sandbox's row
+   * changes, so the toolbox may keep it between calls. A remote runner's dial goes through a
+   * connection that can fail on its own, so it is asked for each call.
+   */
+  readonly agentsOnThisHost: boolean;
   /** Throws UNAVAILABLE with the reason when sandboxes cannot be made here. */
   assertReady(): Promise<void>;
   /** Creates the sandbox (or finds it, after an interrupted create) and starts it. */
@@ -130,6 +136,7 @@ export function unavailableRuntime(reason: string): SandboxRuntime {
   };
   return {
     runnerId: "unavailable",
+    agentsOnThisHost: false,
     assertReady: fail,
     create: fail,
     start: fail,
