@@ -19,6 +19,7 @@ import type { CredentialsFor } from "../snapshots/pulls.ts";
 import type { BuildContexts } from "../object-storage/index.ts";
 import { SandboxBuilds } from "../builds/sandbox-builds.ts";
 import { RemoteRuntime } from "../runners/remote-runtime.ts";
+import { snapshotImageSource } from "../snapshots/image-source.ts";
 
 /** The pool holds sandboxes of what a create without resources gets. */
 const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
@@ -72,7 +73,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
   const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, log });
   const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners });
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror) });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // The registered runners that answer: the same, over each one's sandboxes.

@@ -1,0 +1,117 @@
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { Code, ConnectError } from "@sandbar/protocol";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { buildAgentBundle } from "../../../agent/src/testing/bundle.ts";
+import { startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
+import { freePort } from "../server/free-port.ts";
+import { eventually } from "../sandboxes/testing/fixtures.ts";
+import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
+import { api, startTestServer, type TestServer } from "../testing/server.ts";
+import { RemoteRuntime } from "./remote-runtime.ts";
+import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
+
+// Snapshots from images on registered runners, all real: a docker-registry on loopback (basic
+// auth) holding an image built here, one control server that pulls it as a snapshot, and two
+// `sandbar runner` processes on loopback (the registry must be reachable from them) registered in
+// one region. A create there makes the chosen runner pull the image (credentials passed per pull)
+// before it boots the sandbox.
+
+const root = process.getuid?.() === 0;
+const CHECKS = { intervalMs: 200, unresponsiveMs: 1500 };
+let reg: TestRegistry;
+let scratch: string;
+let bundle: string;
+let app: string;
+let t: TestServer;
+let region: string;
+const runners: Array<{ process: RunnerProcess; id: string; key: string; remote: RemoteRuntime }> = [];
+const call = (method: string, p: string, body?: unknown) => api(t.url, t.adminKey, method, p, body);
+const exec = async (id: string, command: string) => (await call("POST", `/toolbox/${id}/toolbox/process/execute`, { command })).body as { exitCode: number; result: string };
+
+async function register(name: string, subnet: string) {
+  const port = await freePort();
+  const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://127.0.0.1:${port}` });
+  expect(made.status, JSON.stringify(made.body)).toBe(201);
+  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, env: { SANDBAR_AGENT_BUNDLE: bundle, SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
+  const remote = await RemoteRuntime.open({ url: process.url, credential: process.credential });
+  return { process, id: made.body.id as string, key: remote.runnerId, remote };
+}
+
+async function snapshotFrom(name: string, imageName: string): Promise<{ id: string; ref: string }> {
+  const made = await call("POST", "/snapshots", { name, imageName });
+  expect(made.status, JSON.stringify(made.body)).toBe(200);
+  let row: any;
+  await eventually(`snapshot ${name} active`, async () => ["active", "error"].includes((row = (await call("GET", `/snapshots/${made.body.id}`)).body).state), 60_000);
+  expect(row.errorReason ?? null).toBeNull();
+  return { id: row.id, ref: row.ref };
+}
+
+beforeAll(async () => {
+  if (!root) return;
+  scratch = await mkdtemp(path.join(os.tmpdir(), "sandbar-runner-images-"));
+  reg = await startRegistry();
+  app = await pushTestImage(reg, scratch);
+  bundle = await buildAgentBundle("sandbar-runner-images-agent-");
+  t = await startTestServer({ settings: { agentBundle: bundle, runnerChecks: CHECKS }, control: { registryCredentials: registryAccount(reg) } });
+  region = (await call("POST", "/regions", { name: "fleet" })).body.id;
+  runners.push(await register("runner-a", "10.217.0.0/24"), await register("runner-b", "10.218.0.0/24"));
+  for (const r of runners) await eventually(`${r.id} ready`, async () => (await call("GET", `/runners/${r.id}`)).body.state === "ready", 30_000);
+}, 240_000);
+
+afterAll(async () => {
+  if (t) for (const s of (await call("GET", "/sandbox")).body ?? []) await call("DELETE", `/sandbox/${s.id}`);
+  await t?.stop();
+  for (const r of runners) {
+    await r.remote.close();
+    await r.process.stop();
+  }
+  await reg?.stop();
+  if (scratch) await rm(scratch, { recursive: true, force: true });
+  if (bundle) await rm(bundle, { recursive: true, force: true });
+}, 120_000);
+
+describe.skipIf(!root)("snapshots from images on registered runners", () => {
+  let snap: { id: string; ref: string };
+  let first: { id: string; runnerId: string };
+
+  it("a create in a runner region pulls the snapshot's image onto the chosen runner (pulling_snapshot meanwhile), then boots from it", async () => {
+    snap = await snapshotFrom("app-snap", app);
+    for (const r of runners) expect(await r.remote.holdsImage(snap.ref)).toBe(false);
+    // The states the sandbox reads as while its create runs.
+    const seen = new Set<string>();
+    let creating = true;
+    const watch = (async () => {
+      while (creating) {
+        for (const s of (await call("GET", "/sandbox")).body ?? []) seen.add(s.state);
+        await new Promise((r) => setTimeout(r, 5));
+      }
+    })();
+    const r = await call("POST", "/sandbox", { target: "fleet", snapshot: "app-snap", autoStopInterval: 0 }).finally(() => (creating = false));
+    await watch;
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    expect(r.body.state).toBe("started");
+    first = { id: r.body.id, runnerId: r.body.runnerId };
+    expect(seen).toContain("pulling_snapshot");
+    const holder = runners.find((x) => x.key === first.runnerId)!;
+    const other = runners.find((x) => x.key !== first.runnerId)!;
+    expect(await holder.remote.heldImages()).toContain(snap.ref);
+    expect(await other.remote.holdsImage(snap.ref)).toBe(false);
+    expect(await exec(first.id, "cat /app/hello.txt; echo $GREETING")).toMatchObject({ exitCode: 0, result: "hello from the image\nhello world\n" });
+  }, 180_000);
+
+  it("the runner's snapshot service refuses what is wrong, naming the field, and checks the pulled digest", async () => {
+    const r = runners[0]!.remote;
+    const code = (p: Promise<unknown>) => p.then(() => undefined, (err: unknown) => (err instanceof ConnectError ? [err.code, err.rawMessage] : err));
+    expect(await code(r.pullImage("latest", app))).toEqual([Code.InvalidArgument, "ref must be an image manifest digest (sha256:<64 hex>)"]);
+    expect(await code(r.pullImage(snap.ref, ""))).toEqual([Code.InvalidArgument, "image is required"]);
+    const wrong = `sha256:${"0".repeat(64)}`;
+    const credentials = { username: reg.username, password: reg.password };
+    expect(await code(r.pullImage(wrong, app, credentials))).toEqual([Code.FailedPrecondition, `${app} is ${snap.ref} on its registry, not ${wrong}`]);
+    // Without the registry's credentials the pull is refused by the registry.
+    const fresh = await pushTestImage(reg, await mkdtemp(path.join(scratch, "other-")), "test/other:1.0", { files: { "other.txt": "x\n" } });
+    const denied = await code(r.pullImage(wrong, fresh));
+    expect(Array.isArray(denied) && denied[0]).toBe(Code.PermissionDenied);
+  }, 120_000);
+});
