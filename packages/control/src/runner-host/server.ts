@@ -49,8 +49,7 @@ export async function startRunnerServer(o: RunnerServerOptions): Promise<RunnerS
   const rpc = connectNodeAdapter({
     routes: (router) => {
       router.service(RunnerService, runnerServiceImpl({ runtime: o.runtime, dataDir: o.dataDir, version: o.version, capacity: o.capacity }));
-      const images = o.runtime.images?.bind(o.runtime);
-      if (images) router.service(RunnerSnapshotService, runnerSnapshotServiceImpl(images));
+      router.service(RunnerSnapshotService, runnerSnapshotServiceImpl(o.runtime));
     },
   });
   const handler = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {

@@ -4,14 +4,16 @@ import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { type RunnerSnapshotService, type SnapshotInfo, SnapshotInfoSchema, type SnapshotProgress, SnapshotProgressSchema } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
-import type { Image, ImageStore } from "@sandbar/runner/images";
+import type { Image } from "@sandbar/runner/images";
+import type { SandboxRuntime } from "../sandboxes/runtime.ts";
 
 // RunnerSnapshotService over the runner's image store: control asks a runner to hold the image a
 // sandbox boots from before it creates the sandbox there. A snapshot's ref on a runner is the
 // image's manifest digest (what control records as the snapshot's ref), so "is it here" is one
 // lookup and a pull can be checked against it. Registry credentials come with each pull and are
 // handed to skopeo for that pull only (a 0600 auth file it removes): the runner keeps none.
-// Builds and removal are control's host's job for now (not served here).
+// Removal is refused while a sandbox on this host boots from the image. Builds are control's
+// host's job for now (not served here).
 
 const DIGEST = /^sha256:[a-f0-9]{64}$/;
 
@@ -34,7 +36,11 @@ function digestOf(ref: string): string {
   return ref;
 }
 
-export function runnerSnapshotServiceImpl(images: () => Promise<ImageStore>): Partial<ServiceImpl<typeof RunnerSnapshotService>> {
+export function runnerSnapshotServiceImpl(runtime: SandboxRuntime): Partial<ServiceImpl<typeof RunnerSnapshotService>> {
+  const images = async () => {
+    if (!runtime.images) throw errors.failedPrecondition("This runner's provider has no image store");
+    return runtime.images();
+  };
   return {
     async *pullSnapshot(req, ctx): AsyncGenerator<SnapshotProgress> {
       const ref = digestOf(req.ref);
@@ -75,6 +81,15 @@ export function runnerSnapshotServiceImpl(images: () => Promise<ImageStore>): Pa
         if (image) held.push(snapshotInfo(image));
       }
       return { snapshots: held };
+    },
+    async removeSnapshot(req) {
+      const store = await images();
+      const image = await store.get(digestOf(req.ref));
+      if (!image) return {};
+      const users = (await runtime.list()).filter((s) => s.rootfs === image.rootfs).map((s) => s.id);
+      if (users.length) throw errors.failedPrecondition(`Snapshot ${req.ref} is in use by sandbox ${users.join(", ")} on this runner`);
+      await store.remove(image.digest);
+      return {};
     },
   };
 }

@@ -110,6 +110,11 @@ export class RemoteRuntime implements SandboxRuntime {
     return (await this.#snapshots.listSnapshots({}, { timeoutMs: 10_000 })).snapshots.map((s) => s.ref);
   }
 
+  /** Drops the image from the runner's store (refused while one of its sandboxes boots from it). */
+  async removeImage(digest: string): Promise<void> {
+    await this.#snapshots.removeSnapshot({ ref: digest }, { timeoutMs: 60_000 });
+  }
+
   /**
    * Has the runner pull `name` (pinned to `digest`) unless it holds it; the credentials go with this
    * call only. Concurrent pulls of one image on the runner are one pull (its image store's lock).

@@ -114,4 +114,17 @@ describe.skipIf(!root)("snapshots from images on registered runners", () => {
     const denied = await code(r.pullImage(wrong, fresh));
     expect(Array.isArray(denied) && denied[0]).toBe(Code.PermissionDenied);
   }, 120_000);
+
+  it("a runner refuses to remove an image one of its sandboxes boots from, and removes it once unused", async () => {
+    const holder = runners.find((x) => x.key === first.runnerId)!.remote;
+    const refused = await holder.removeImage(snap.ref).then(() => undefined, (err: unknown) => err as ConnectError);
+    expect(refused?.code).toBe(Code.FailedPrecondition);
+    expect(refused?.rawMessage).toBe(`Snapshot ${snap.ref} is in use by sandbox ${first.id} on this runner`);
+    expect(await holder.holdsImage(snap.ref)).toBe(true);
+    expect((await call("DELETE", `/sandbox/${first.id}`)).status).toBeLessThan(300);
+    await eventually("the sandbox gone", async () => (await call("GET", `/sandbox/${first.id}`)).body.state === "destroyed", 30_000);
+    await holder.removeImage(snap.ref);
+    expect(await holder.holdsImage(snap.ref)).toBe(false);
+    await holder.removeImage(snap.ref); // an absent ref is not an error
+  }, 120_000);
 });

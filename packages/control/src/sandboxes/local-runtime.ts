@@ -204,7 +204,7 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
   }
 
   async list(): Promise<RuntimeSandbox[]> {
-    return (await this.provider.list()).map((i) => ({ id: i.id, state: i.state, error: i.error }));
+    return (await this.provider.list()).map((i) => ({ id: i.id, state: i.state, error: i.error, rootfs: i.spec.rootfs }));
   }
 
   async inspect(id: string): Promise<RuntimeSandbox | undefined> {

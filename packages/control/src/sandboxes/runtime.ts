@@ -50,6 +50,8 @@ export interface RuntimeSandbox {
   /** "error": meant to run, but its first process is gone (see `error`). */
   state: RuntimeState;
   error?: string;
+  /** The root it boots from (lists of this host's runtime: which image a sandbox uses). */
+  rootfs?: string;
   /** While started: what its workload did to it (see SandboxHealth in the contract). */
   health?: RuntimeHealth;
 }
