@@ -55,11 +55,14 @@ export class RunnerHealth {
     try {
       const runtime = await this.#runtime(r);
       const info = await runtime.info();
+      // What it holds, for placement; a runner that cannot list its images keeps what was known.
+      const held = await runtime.heldImages().catch(() => undefined);
       const sick = info.services.find((s) => !s.healthy);
       const gib = (mib: number) => Math.floor(mib / 1024);
       await exec(
         `update runner set state = ?, state_reason = ?, last_checked = now(), updated_at = now(), runner_key = ?, app_version = ?,
-           cpu = ?, memory_gib = ?, disk_gib = ?, cpu_usage = ?, memory_usage = ?, disk_usage = ?, started_sandboxes = ?, snapshot_count = ?
+           cpu = ?, memory_gib = ?, disk_gib = ?, cpu_usage = ?, memory_usage = ?, disk_usage = ?, started_sandboxes = ?, snapshot_count = ?,
+           held_images = case when ?::jsonb is null then held_images else array(select jsonb_array_elements_text(?::jsonb)) end
          where id = ? and state <> 'decommissioned'`,
         [
           sick ? "unresponsive" : "ready",
@@ -73,7 +76,9 @@ export class RunnerHealth {
           info.usage?.memoryPercent ?? 0,
           info.usage?.diskPercent ?? 0,
           info.startedSandboxCount,
-          info.snapshotCount,
+          held?.length ?? info.snapshotCount,
+          held ? JSON.stringify(held) : null,
+          held ? JSON.stringify(held) : null,
           r.id,
         ],
       );

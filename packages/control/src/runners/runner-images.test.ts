@@ -101,6 +101,42 @@ describe.skipIf(!root)("snapshots from images on registered runners", () => {
     expect(await exec(first.id, "cat /app/hello.txt; echo $GREETING")).toMatchObject({ exitCode: 0, result: "hello from the image\nhello world\n" });
   }, 180_000);
 
+  it("placement prefers a ready runner that already holds the image over more free CPU; a full holder gives way, and the other runner pulls", async () => {
+    const holder = runners.find((x) => x.key === first.runnerId)!;
+    const other = runners.find((x) => x.key !== first.runnerId)!;
+    await eventually("the holder to report its image", async () => (await call("GET", `/runners/${holder.id}`)).body.currentSnapshotCount === 1, 10_000);
+    // The holder has 1 CPU free, the other 2: the image wins.
+    const second = await call("POST", "/sandbox", { target: "fleet", snapshot: "app-snap", autoStopInterval: 0 });
+    expect(second.status, JSON.stringify(second.body)).toBe(200);
+    expect(second.body.runnerId).toBe(holder.key);
+    // The holder is full now (2 CPUs): the other runner takes the next one and pulls the image.
+    const third = await call("POST", "/sandbox", { target: "fleet", snapshot: "app-snap", autoStopInterval: 0 });
+    expect(third.status, JSON.stringify(third.body)).toBe(200);
+    expect(third.body.runnerId).toBe(other.key);
+    expect(await other.remote.holdsImage(snap.ref)).toBe(true);
+    expect((await exec(third.body.id, "cat /app/hello.txt")).result).toBe("hello from the image\n");
+    for (const id of [second.body.id, third.body.id]) expect((await call("DELETE", `/sandbox/${id}`)).status).toBeLessThan(300);
+    for (const id of [second.body.id, third.body.id]) await eventually(`${id} gone`, async () => (await call("GET", `/sandbox/${id}`)).body.state === "destroyed", 30_000);
+  }, 180_000);
+
+  it("two pulls of one image on a runner at once are one pull", async () => {
+    const name = await pushTestImage(reg, await mkdtemp(path.join(scratch, "twice-")), "test/twice:1.0", { files: { "twice.txt": "2\n" } });
+    const head = await fetch(`http://${reg.host}/v2/test/twice/manifests/1.0`, {
+      method: "HEAD",
+      headers: { accept: "application/vnd.oci.image.manifest.v1+json", authorization: `Basic ${Buffer.from(`${reg.username}:${reg.password}`).toString("base64")}` },
+    });
+    const digest = head.headers.get("docker-content-digest")!;
+    expect(digest).toMatch(/^sha256:[a-f0-9]{64}$/);
+    const credentials = { username: reg.username, password: reg.password };
+    const logs: string[][] = [[], []];
+    const r = runners[0]!.remote;
+    await Promise.all(logs.map((log) => r.pullImage(digest, name, credentials, (l) => log.push(l))));
+    expect(await r.holdsImage(digest)).toBe(true);
+    // One of the two did the work (its lines say so); the other waited for it and got its result.
+    expect(logs.flat().filter((l) => l.startsWith("pulling "))).toHaveLength(1);
+    await r.removeImage(digest);
+  }, 120_000);
+
   it("the runner's snapshot service refuses what is wrong, naming the field, and checks the pulled digest", async () => {
     const r = runners[0]!.remote;
     const code = (p: Promise<unknown>) => p.then(() => undefined, (err: unknown) => (err instanceof ConnectError ? [err.code, err.rawMessage] : err));

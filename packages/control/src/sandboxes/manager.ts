@@ -45,7 +45,9 @@ export interface RunnerDirectory {
   /** Whether the region's sandboxes go to registered runners (it has some) rather than this server's runtime. */
   servesRegion(regionId: string): Promise<boolean>;
   /** Picks a runner of the region inside the caller's transaction; undefined when the region has none registered. */
-  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string | undefined>;
+  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null }): Promise<string | undefined>;
+  /** Records that a runner now holds an image (placement prefers it for sandboxes of that image). */
+  holds?(runnerId: string, digest: string): Promise<void>;
   /** Ids (as sandboxes record them) of the runners that stopped answering: their sandboxes read as `unknown`. */
   unresponsive(): Promise<ReadonlySet<string>>;
   /** Ids (as sandboxes record them) of the runners that answer now. */
@@ -312,6 +314,7 @@ export class SandboxManager {
     const before = (await this.#current(row.id)).state;
     await this.store.update(row.id, { state: "pulling_snapshot" });
     await rt.pullImage(row.imageRef, name, credentials);
+    if (row.runnerId) await this.runners?.holds?.(row.runnerId, row.imageRef);
     await this.store.update(row.id, { state: before });
   }
 
