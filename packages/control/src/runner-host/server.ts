@@ -23,6 +23,8 @@ export interface RunnerServerOptions {
   /** PEM certificate chain and key: TLS instead of h2c. */
   tls?: { cert: string; key: string };
   capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number };
+  /** Whether it mounts volumes from a shared volume root. */
+  sharedVolumes?: boolean;
   log?: (line: string) => void;
 }
 
@@ -48,7 +50,7 @@ export async function startRunnerServer(o: RunnerServerOptions): Promise<RunnerS
   const authorized = bearerCheck(o.credentialSha256);
   const rpc = connectNodeAdapter({
     routes: (router) => {
-      router.service(RunnerService, runnerServiceImpl({ runtime: o.runtime, dataDir: o.dataDir, version: o.version, capacity: o.capacity }));
+      router.service(RunnerService, runnerServiceImpl({ runtime: o.runtime, dataDir: o.dataDir, version: o.version, capacity: o.capacity, sharedVolumes: o.sharedVolumes }));
       router.service(RunnerSnapshotService, runnerSnapshotServiceImpl(o.runtime));
     },
   });

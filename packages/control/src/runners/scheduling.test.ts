@@ -89,11 +89,11 @@ describe.skipIf(!root)("scheduling across runner processes", () => {
     await deleteAll();
   }, 240_000);
 
-  it("refuses what a registered runner cannot run yet, naming it: image snapshots and volumes", async () => {
+  it("refuses volumes in a region whose runners have no shared volume root, saying so", async () => {
     const vol = await call("POST", "/volumes", { name: "fleet-data" });
     const r = await call("POST", "/sandbox", { target: "fleet", volumes: [{ volumeId: vol.body.id, mountPath: "/data" }] });
     expect(r.status).toBe(400);
-    expect(r.body.message).toBe("Volumes cannot be mounted on registered runners yet");
+    expect(r.body.message).toBe("Volumes cannot be mounted in this region: none of its runners has a shared volume root (SANDBAR_VOLUME_ROOT)");
   });
 
   it("spreads new sandboxes over the runners by free capacity", async () => {

@@ -4,7 +4,7 @@ import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sa
 import path from "node:path";
 import { checkHost, formatChecks } from "@sandbar/runner/linux";
 import type { Settings } from "../settings.ts";
-import { agentInit, LocalRuntime, type LocalProvider } from "./local-runtime.ts";
+import { agentInit, LocalRuntime, type LocalProvider, SHARED_VOLUME_GID } from "./local-runtime.ts";
 import type { RunnerDirectory, SandboxManager } from "./manager.ts";
 import { reconcile } from "./reconcile.ts";
 import { type SandboxRuntime, unavailableRuntime } from "./runtime.ts";
@@ -44,14 +44,16 @@ export interface Sandboxes {
 }
 
 /** This host's runtime: the one a single-host server holds in-process and a `sandbar runner` process serves. */
-export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage, log: (line: string) => void): Promise<LocalRuntime<LocalProvider>> {
+export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage | undefined, log: (line: string) => void): Promise<LocalRuntime<LocalProvider>> {
   return LocalRuntime.open({
     dataDir: path.join(settings.dataDir, "runner"),
     snapshotCacheDir: settings.snapshotCacheDir,
     sandboxSubnet: settings.sandboxSubnet,
     docker: settings.sandboxProvider.kind === "docker" ? { socketPath: settings.sandboxProvider.dockerSocket, runtime: settings.sandboxProvider.dockerRuntime } : undefined,
     init: await agentInit(settings.agentBundle),
-    volumeRoot: (id) => volumes.hostPath(id),
+    ...(volumes ? { volumeRoot: (id: string) => volumes.hostPath(id) } : {}),
+    // Runtimes sharing a volume root (SANDBAR_VOLUME_ROOT) share its group, whatever their uid slots.
+    ...(settings.volumeRoot ? { volumeGid: SHARED_VOLUME_GID } : {}),
     images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },
     log,
   });
@@ -60,7 +62,7 @@ export async function openLocalRuntime(settings: Settings, volumes: VolumeStorag
 /** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup); `contexts`: declarative builds' contexts; `runners`: the registered runners. */
 export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor, contexts?: BuildContexts, runners?: RunnerDirectory): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
-  const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
+  const volumes = new HostDiskVolumes(settings.volumeRoot ?? path.join(settings.dataDir, "volumes"));
   if (!settings.remoteRunner) for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
   try {
     runtime = settings.remoteRunner ? await RemoteRuntime.open(settings.remoteRunner) : await openLocalRuntime(settings, volumes, log);

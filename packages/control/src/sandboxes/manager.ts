@@ -45,7 +45,7 @@ export interface RunnerDirectory {
   /** Whether the region's sandboxes go to registered runners (it has some) rather than this server's runtime. */
   servesRegion(regionId: string): Promise<boolean>;
   /** Picks a runner of the region inside the caller's transaction; undefined when the region has none registered. */
-  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null }): Promise<string | undefined>;
+  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null; volumes?: readonly unknown[] | null }): Promise<string | undefined>;
   /** Records that a runner now holds an image (placement prefers it for sandboxes of that image). */
   holds?(runnerId: string, digest: string): Promise<void>;
   /** Ids (as sandboxes record them) of the runners that stopped answering: their sandboxes read as `unknown`. */
@@ -193,8 +193,6 @@ export class SandboxManager {
     this.#assertOpen();
     // Pool sandboxes are loopback only, of the default snapshot, without volumes: any other create is made for its request.
     const placed = (await this.runners?.servesRegion(input.regionId)) ?? false;
-    // Volume data lives on this server's host only.
-    if (placed && input.volumes.length > 0) throw bad("Volumes cannot be mounted on registered runners yet");
     const warm = !placed && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
     if (!warm && !placed) await this.runtime.assertReady();
     const id = warm ?? randomUUID();

@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { Code, ConnectError } from "@sandbar/protocol";
@@ -12,16 +12,18 @@ import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
 
-// Snapshots from images on registered runners, all real: a docker-registry on loopback (basic
-// auth) holding an image built here, one control server that pulls it as a snapshot, and two
-// `sandbar runner` processes on loopback (the registry must be reachable from them) registered in
-// one region. A create there makes the chosen runner pull the image (credentials passed per pull)
-// before it boots the sandbox.
+// Snapshots from images and volumes on registered runners, all real: a docker-registry on
+// loopback (basic auth) holding an image built here, one control server that pulls it as a
+// snapshot, and two `sandbar runner` processes on loopback (the registry must be reachable from
+// them) registered in one region. A create there makes the chosen runner pull the image
+// (credentials passed per pull) before it boots the sandbox. Control and both runners share one
+// volume root (a directory of this host standing in for an NFS mount).
 
 const root = process.getuid?.() === 0;
 const CHECKS = { intervalMs: 200, unresponsiveMs: 1500 };
 let reg: TestRegistry;
 let scratch: string;
+let volumeRoot: string;
 let bundle: string;
 let app: string;
 let t: TestServer;
@@ -34,7 +36,7 @@ async function register(name: string, subnet: string) {
   const port = await freePort();
   const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://127.0.0.1:${port}` });
   expect(made.status, JSON.stringify(made.body)).toBe(201);
-  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, env: { SANDBAR_AGENT_BUNDLE: bundle, SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
+  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, env: { SANDBAR_AGENT_BUNDLE: bundle, SANDBAR_VOLUME_ROOT: volumeRoot, SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
   const remote = await RemoteRuntime.open({ url: process.url, credential: process.credential });
   return { process, id: made.body.id as string, key: remote.runnerId, remote };
 }
@@ -54,7 +56,8 @@ beforeAll(async () => {
   reg = await startRegistry();
   app = await pushTestImage(reg, scratch);
   bundle = await buildAgentBundle("sandbar-runner-images-agent-");
-  t = await startTestServer({ settings: { agentBundle: bundle, runnerChecks: CHECKS }, control: { registryCredentials: registryAccount(reg) } });
+  volumeRoot = path.join(scratch, "shared-volumes");
+  t = await startTestServer({ settings: { agentBundle: bundle, runnerChecks: CHECKS, volumeRoot }, control: { registryCredentials: registryAccount(reg) } });
   region = (await call("POST", "/regions", { name: "fleet" })).body.id;
   runners.push(await register("runner-a", "10.217.0.0/24"), await register("runner-b", "10.218.0.0/24"));
   for (const r of runners) await eventually(`${r.id} ready`, async () => (await call("GET", `/runners/${r.id}`)).body.state === "ready", 30_000);
@@ -163,4 +166,24 @@ describe.skipIf(!root)("snapshots from images on registered runners", () => {
     expect(await holder.holdsImage(snap.ref)).toBe(false);
     await holder.removeImage(snap.ref); // an absent ref is not an error
   }, 120_000);
+});
+
+describe.skipIf(!root)("volumes on registered runners", () => {
+  it("a volume is shared live between sandboxes on two runners (the shared volume root)", async () => {
+    const vol = await call("POST", "/volumes", { name: "fleet-data" });
+    expect(vol.status, JSON.stringify(vol.body)).toBe(200);
+    await eventually("the volume ready", async () => (await call("GET", `/volumes/${vol.body.id}`)).body.state === "ready", 10_000);
+    const body = { target: "fleet", cpu: 1, memory: 1, disk: 3, autoStopInterval: 0, volumes: [{ volumeId: "fleet-data", mountPath: "/data" }] };
+    const a = await call("POST", "/sandbox", body);
+    expect(a.status, JSON.stringify(a.body)).toBe(200);
+    const b = await call("POST", "/sandbox", body);
+    expect(b.status, JSON.stringify(b.body)).toBe(200);
+    expect(new Set([a.body.runnerId, b.body.runnerId])).toEqual(new Set(runners.map((r) => r.key)));
+    expect(await exec(a.body.id, "echo from-a > /data/note && cat /data/note")).toMatchObject({ exitCode: 0, result: "from-a\n" });
+    expect(await exec(b.body.id, "cat /data/note && echo from-b >> /data/note")).toMatchObject({ exitCode: 0, result: "from-a\n" });
+    expect((await exec(a.body.id, "cat /data/note")).result).toBe("from-a\nfrom-b\n");
+    // The bytes are in the shared root, under the volume's id.
+    expect(await readFile(path.join(volumeRoot, vol.body.id, "note"), "utf8")).toBe("from-a\nfrom-b\n");
+    for (const s of [a, b]) expect((await call("DELETE", `/sandbox/${s.body.id}`)).status).toBeLessThan(300);
+  }, 180_000);
 });
