@@ -3,15 +3,19 @@ import type { SecretBox } from "../auth/secret-box.ts";
 import { execIn } from "../db/exec.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 import { type RunnerRow, RUNNER_COLUMNS } from "./rows.ts";
+import { StraySweep } from "./stray-sweep.ts";
 
 // Control asks each registered runner how it is (RunnerService.GetRunnerInfo at its apiUrl, with
 // its credential) on a timer: an answer makes it `ready` (or `unresponsive` when it reports an
 // unhealthy service) with its capacity and load; no answer for `unresponsiveMs` makes it
-// `unresponsive`. Every control process probes: the updates are idempotent.
+// `unresponsive`. Every control process probes: the updates are idempotent. A ready runner's
+// sandboxes the database does not claim are removed after a grace period (stray-sweep.ts).
 
 export interface RunnerHealthOptions {
   intervalMs: number;
   unresponsiveMs: number;
+  /** Sandboxes a ready runner holds unknown to the database are removed after this long (stray-sweep.ts). */
+  strayGraceMs?: number;
   log?: (line: string) => void;
 }
 
@@ -23,12 +27,14 @@ export class RunnerHealth {
   readonly #o: RunnerHealthOptions;
   readonly #clients = new Map<string, { url: string; sealed: string; runtime: Promise<RemoteRuntime> }>();
   #timer: NodeJS.Timeout | undefined;
+  readonly #strays: StraySweep;
   #running: Promise<void> | undefined;
 
   constructor(orm: MikroORM, box: SecretBox, o: RunnerHealthOptions) {
     this.#orm = orm;
     this.#box = box;
     this.#o = o;
+    this.#strays = new StraySweep(orm, o.strayGraceMs ?? 300_000, o.log);
   }
 
   start(): void {
@@ -83,7 +89,9 @@ export class RunnerHealth {
           r.id,
         ],
       );
+      if (!sick) await this.#strays.sweep(info.id, runtime).catch((err: unknown) => this.#o.log?.(`runner ${r.name}: stray sweep: ${err instanceof Error ? err.message : String(err)}`));
     } catch (err) {
+      if (r.runner_key) this.#strays.forget(r.runner_key);
       void this.#forget(r.id);
       const reason = err instanceof Error ? err.message : String(err);
       // Silent for unresponsiveMs since its last answer (or its registration): then unresponsive.
