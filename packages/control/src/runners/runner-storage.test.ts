@@ -166,6 +166,31 @@ describe.skipIf(!root)("snapshots from images on registered runners", () => {
     expect(await holder.holdsImage(snap.ref)).toBe(false);
     await holder.removeImage(snap.ref); // an absent ref is not an error
   }, 120_000);
+
+  it("an archived image sandbox starts again on a runner that no longer holds the image: the runner pulls it before the restore, files kept", async () => {
+    const r = await call("POST", "/sandbox", { target: "fleet", snapshot: "app-snap", autoStopInterval: 0 });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    const id = r.body.id as string;
+    await exec(id, "echo kept > /tmp/marker");
+    const state = async () => (await call("GET", `/sandbox/${id}`)).body;
+    const stopped = await call("POST", `/sandbox/${id}/stop`);
+    expect(stopped.status, JSON.stringify(stopped.body)).toBeLessThan(300);
+    await eventually("stopped", async () => (await state()).state === "stopped", 30_000);
+    const archiveped = await call("POST", `/sandbox/${id}/archive`);
+    expect(archiveped.status, JSON.stringify(archiveped.body)).toBeLessThan(300);
+    await eventually("archived", async () => (await state()).state === "archived", 60_000);
+    // No runner holds the image any more.
+    for (const x of runners) await x.remote.removeImage(snap.ref);
+    const startped = await call("POST", `/sandbox/${id}/start`);
+    expect(startped.status, JSON.stringify(startped.body)).toBeLessThan(300);
+    await eventually("started", async () => (await state()).state === "started", 60_000);
+    const on = (await state()).runnerId as string;
+    const now = runners.find((x) => x.key === on)!;
+    expect(await now.remote.holdsImage(snap.ref)).toBe(true);
+    expect((await exec(id, "cat /tmp/marker /app/hello.txt")).result).toBe("kept\nhello from the image\n");
+    expect((await call("DELETE", `/sandbox/${id}`)).status).toBeLessThan(300);
+    await eventually(`${id} gone`, async () => (await state()).state === "destroyed", 30_000);
+  }, 180_000);
 });
 
 describe.skipIf(!root)("volumes on registered runners", () => {

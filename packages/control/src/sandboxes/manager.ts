@@ -302,18 +302,19 @@ export class SandboxManager {
   }
 
   /**
-   * A remote runner lacking the sandbox's image pulls it first (the sandbox reads
-   * `pulling_snapshot` meanwhile), from the snapshot's registry with the organization's credentials.
+   * A remote runner lacking the sandbox's image pulls it first, from the snapshot's registry with
+   * the organization's credentials. A create reads `pulling_snapshot` meanwhile (reconcile redoes
+   * the create when a crash leaves it there); a restore stays `restoring`.
    */
   async #holdImage(row: SandboxRecord, rt: SandboxRuntime): Promise<void> {
     if (!row.imageRef || !rt.pullImage || !rt.holdsImage || (await rt.holdsImage(row.imageRef))) return;
     if (!this.#imageSource) throw errors.failedPrecondition("This server cannot tell runners where snapshot images come from");
     const { name, credentials } = await this.#imageSource(row.organizationId, row.imageRef);
-    const before = (await this.#current(row.id)).state;
-    await this.store.update(row.id, { state: "pulling_snapshot" });
+    const creating = (await this.#current(row.id)).state === "unknown";
+    if (creating) await this.store.update(row.id, { state: "pulling_snapshot" });
     await rt.pullImage(row.imageRef, name, credentials);
     if (row.runnerId) await this.runners?.holds?.(row.runnerId, row.imageRef);
-    await this.store.update(row.id, { state: before });
+    if (creating) await this.store.update(row.id, { state: "unknown" });
   }
 
   /** Makes and starts the sandbox on the host; a failure leaves it in `error` with the reason. */
