@@ -19,7 +19,8 @@ export function snapshotImageSource(orm: MikroORM, credentialsFor: CredentialsFo
       [digest, organizationId],
     )) as Array<{ image_name: string; built: boolean }>;
     const row = rows[0];
-    if (!row || row.built) throw errors.failedPrecondition(`The image ${digest} was built on control's host and is in no registry a runner can pull from: run it in a region without registered runners`);
+    if (!row) throw errors.failedPrecondition(`No active snapshot of this organization has the image ${digest} any more: a runner has nowhere to pull it from`);
+    if (row.built) throw errors.failedPrecondition(`The image ${digest} was built on control's host and is in no registry a runner can pull from: run it in a region without registered runners`);
     const ref = parseImageRef(row.image_name);
     const registry = ref.registry === DOCKER_HUB && mirror ? mirror : ref.registry;
     const credentials = credentialsFor ? await credentialsFor(organizationId, registry) : undefined;
