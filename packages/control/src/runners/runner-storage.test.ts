@@ -9,6 +9,7 @@ import { freePort } from "../server/free-port.ts";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
+import { reconcile } from "../sandboxes/reconcile.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
 
@@ -121,6 +122,27 @@ describe.skipIf(!root)("snapshots from images on registered runners", () => {
     for (const id of [second.body.id, third.body.id]) expect((await call("DELETE", `/sandbox/${id}`)).status).toBeLessThan(300);
     for (const id of [second.body.id, third.body.id]) await eventually(`${id} gone`, async () => (await call("GET", `/sandbox/${id}`)).body.state === "destroyed", 30_000);
   }, 180_000);
+
+  it("a create a crash left pulling_snapshot is made again by reconciliation (the runner pulls, the sandbox starts)", async () => {
+    const r = await call("POST", "/sandbox", { target: "fleet", snapshot: "app-snap", autoStopInterval: 0 });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    const id = r.body.id as string;
+    const { manager } = t.server.sandboxes;
+    const runner = runners.find((x) => x.key === r.body.runnerId)!;
+    // What a control process killed during the runner's pull leaves: the row pulling, the sandbox
+    // not made, the image not on the runner.
+    await runner.remote.destroy(id);
+    await runner.remote.removeImage(snap.ref);
+    await manager.store.update(id, { state: "pulling_snapshot" });
+    expect((await call("GET", `/sandbox/${id}`)).body.state).toBe("pulling_snapshot");
+    const report = await reconcile(manager, undefined, { runtime: runner.remote, runnerId: runner.key });
+    expect(report.resumed).toContain(id);
+    expect((await call("GET", `/sandbox/${id}`)).body.state).toBe("started");
+    expect(await runner.remote.holdsImage(snap.ref)).toBe(true);
+    expect((await exec(id, "cat /app/hello.txt")).result).toBe("hello from the image\n");
+    expect((await call("DELETE", `/sandbox/${id}`)).status).toBeLessThan(300);
+    await eventually(`${id} gone`, async () => (await call("GET", `/sandbox/${id}`)).body.state === "destroyed", 30_000);
+  }, 120_000);
 
   it("two pulls of one image on a runner at once are one pull", async () => {
     const name = await pushTestImage(reg, await mkdtemp(path.join(scratch, "twice-")), "test/twice:1.0", { files: { "twice.txt": "2\n" } });
