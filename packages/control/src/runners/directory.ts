@@ -7,11 +7,11 @@ import type { SandboxRuntime } from "../sandboxes/runtime.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 
 // The registered runners as the sandbox manager sees them: a RemoteRuntime per runner (by the
-// id its sandboxes record), and placement. A create in a region with registered runners takes
-// the runner with the most free CPU among those that are ready, schedulable, not draining and
-// have room for it (with volumes: that mount them from the shared volume root), those already
-// holding its image (held_images) first; free = what the runner reported minus the sandboxes that hold it (every
-// sandbox on it but archived and destroyed ones). The region's runner rows are locked for the
+// id its sandboxes record), and placement. A create in a region with registered runners takes,
+// among the runners that are ready, schedulable, not draining and have room for it (with
+// volumes: that mount them from the shared volume root), one already holding its image
+// (held_images) first, then the one with the most free CPU; free = what the runner reported
+// minus the sandboxes that hold it (every sandbox on it but archived and destroyed ones). The region's runner rows are locked for the
 // insert's transaction, so two control processes placing at once see each other's sandboxes.
 
 export class RegisteredRunners implements RunnerDirectory {
