@@ -80,6 +80,20 @@ export class RegisteredRunners implements RunnerDirectory {
     await this.#exec()(`update runner set held_images = array_append(held_images, ?) where runner_key = ? and not held_images @> array[?]::text[]`, [digest, runnerId, digest]);
   }
 
+  /** Removes an image no sandbox uses any more from every runner recorded as holding it; a runner that cannot is logged and keeps it. */
+  async dropImage(digest: string, log: (line: string) => void = () => undefined): Promise<void> {
+    const rows = (await this.#exec()(`select runner_key from runner where held_images @> array[?]::text[] and runner_key is not null`, [digest])) as Array<{ runner_key: string }>;
+    for (const { runner_key: key } of rows) {
+      try {
+        const rt = await this.runtime(key);
+        await rt?.removeImage?.(digest);
+        await this.#exec()(`update runner set held_images = array_remove(held_images, ?) where runner_key = ?`, [digest, key]);
+      } catch (err) {
+        log(`runner ${key}: removing image ${digest} failed: ${err instanceof Error ? err.message : String(err)}`);
+      }
+    }
+  }
+
   async ready(): Promise<string[]> {
     const rows = (await this.#exec()(`select runner_key from runner where state = 'ready' and runner_key is not null`, [])) as Array<{ runner_key: string }>;
     return rows.map((r) => r.runner_key);

@@ -215,6 +215,28 @@ describe.skipIf(!root)("snapshots from images on registered runners", () => {
   }, 180_000);
 });
 
+describe.skipIf(!root)("deleting a snapshot", () => {
+  it("removes its image from the runners that hold it once no sandbox and no other snapshot uses it", async () => {
+    const { ref } = await snapshotFrom("gone-snap", app);
+    const made = await call("POST", "/sandbox", { target: "fleet", snapshot: "gone-snap", autoStopInterval: 0 });
+    expect(made.status, JSON.stringify(made.body)).toBe(200);
+    const holding = async () => (await Promise.all(runners.map(async (r) => ((await r.remote.holdsImage(ref)) ? r.key : undefined)))).filter((k) => k !== undefined);
+    expect(await holding()).toContain(made.body.runnerId);
+    // In use by a sandbox: refused, images kept.
+    const refused = await call("DELETE", "/snapshots/gone-snap");
+    expect(refused.status).toBe(409);
+    expect(refused.body.message).toContain("in use");
+    expect((await call("DELETE", `/sandbox/${made.body.id}`)).status).toBeLessThan(300);
+    await eventually("the sandbox gone", async () => (await call("GET", `/sandbox/${made.body.id}`)).body.state === "destroyed", 30_000);
+    // app-snap (the same image) still names it: the runners keep it.
+    expect((await call("DELETE", "/snapshots/gone-snap")).status).toBeLessThan(300);
+    expect(await holding()).toContain(made.body.runnerId);
+    expect((await call("DELETE", "/snapshots/app-snap")).status).toBeLessThan(300);
+    expect(await holding()).toEqual([]);
+    for (const r of runners) await eventually(`${r.id} to report no image`, async () => (await call("GET", `/runners/${r.id}`)).body.currentSnapshotCount === 0, 10_000);
+  }, 180_000);
+});
+
 describe.skipIf(!root)("volumes on registered runners", () => {
   it("a volume is shared live between sandboxes on two runners (the shared volume root)", async () => {
     const vol = await call("POST", "/volumes", { name: "fleet-data" });

@@ -73,7 +73,8 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   }
   const agentClients = new AgentClients();
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
-  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, log });
+  const dropFromRunners = runners?.dropImage ? (digest: string) => runners.dropImage!(digest, log) : undefined;
+  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, dropFromRunners, log });
   const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
   const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror) });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.

@@ -48,6 +48,8 @@ export interface RunnerDirectory {
   place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null; volumes?: readonly unknown[] | null }): Promise<string | undefined>;
   /** Records that a runner now holds an image (placement prefers it for sandboxes of that image). */
   holds?(runnerId: string, digest: string): Promise<void>;
+  /** Removes an image no sandbox uses any more from every runner holding it. */
+  dropImage?(digest: string, log?: (line: string) => void): Promise<void>;
   /** Ids (as sandboxes record them) of the runners that stopped answering: their sandboxes read as `unknown`. */
   unresponsive(): Promise<ReadonlySet<string>>;
   /** Ids (as sandboxes record them) of the runners that answer now. */

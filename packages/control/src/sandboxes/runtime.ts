@@ -107,6 +107,8 @@ export interface SandboxRuntime {
   holdsImage?(digest: string): Promise<boolean>;
   /** Such a runner pulls `name` (pinned to `digest`) into its store; the credentials serve this pull only. */
   pullImage?(digest: string, name: string, credentials?: RegistryCredentials): Promise<void>;
+  /** Such a runner drops an image from its store (refused while one of its sandboxes uses it). */
+  removeImage?(digest: string): Promise<void>;
 }
 
 /**
