@@ -42,6 +42,12 @@ export interface Settings {
    * generated once and kept in the database (protects dumps of the rows, not of the database).
    */
   encryptionKey?: string;
+  /**
+   * SANDBAR_VOLUME_ROOT: where volume directories live. `serve`: default `<dataDir>/volumes`. A
+   * runner mounts volumes only when it is set, to storage shared with control and the region's
+   * other runners (an NFS mount, say): a volume is then live between sandboxes on any of them.
+   */
+  volumeRoot?: string;
   /** The agent run as each sandbox's first process: a bundle directory holding agent.mjs, or one script; default packages/agent/dist. */
   agentBundle?: string;
   /** Proxies whose X-Forwarded-For names the client (addresses or CIDRs); none by default. */
@@ -111,6 +117,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     timerTickMs: positiveInt(env, "SANDBAR_TIMER_TICK_MS", 10_000),
     snapshotCacheDir: env.SANDBAR_SNAPSHOT_CACHE || undefined,
     agentBundle: env.SANDBAR_AGENT_BUNDLE || undefined,
+    volumeRoot: absolutePath(env, "SANDBAR_VOLUME_ROOT"),
     oidc: oidcSettings(env),
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
@@ -198,4 +205,11 @@ function oidcSettings(env: NodeJS.ProcessEnv): Settings["oidc"] {
   const audience = env.SANDBAR_OIDC_AUDIENCE;
   if (!audience) throw new Error("SANDBAR_OIDC_AUDIENCE is required with SANDBAR_OIDC_ISSUER (the audience of the API's access tokens)");
   return { issuer, clientId: env.SANDBAR_OIDC_CLIENT_ID || "", audience };
+}
+
+function absolutePath(env: NodeJS.ProcessEnv, name: string): string | undefined {
+  const v = env[name];
+  if (!v) return undefined;
+  if (!v.startsWith("/")) throw new Error(`${name} must be an absolute path, got "${v}"`);
+  return v;
 }

@@ -2,10 +2,11 @@ import { createHash, timingSafeEqual } from "node:crypto";
 import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { RunnerService } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import { RunnerService, RunnerSnapshotService } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import type { SandboxRuntime } from "../sandboxes/runtime.ts";
 import { AGENT_API_PATH, AGENT_TUNNEL_PATH, ERROR_HEADER, serveAgentStream } from "./agent-streams.ts";
 import { runnerServiceImpl } from "./service.ts";
+import { runnerSnapshotServiceImpl } from "./snapshot-service.ts";
 
 // A runner's port: RunnerService over gRPC (and Connect) plus the agent streams, HTTP/2 only
 // (cleartext h2c, or TLS when a certificate is given). Every request carries the runner's
@@ -22,6 +23,8 @@ export interface RunnerServerOptions {
   /** PEM certificate chain and key: TLS instead of h2c. */
   tls?: { cert: string; key: string };
   capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number };
+  /** Whether it mounts volumes from a shared volume root. */
+  sharedVolumes?: boolean;
   log?: (line: string) => void;
 }
 
@@ -46,7 +49,10 @@ export function bearerCheck(want: Buffer): (authorization: string | undefined) =
 export async function startRunnerServer(o: RunnerServerOptions): Promise<RunnerServer> {
   const authorized = bearerCheck(o.credentialSha256);
   const rpc = connectNodeAdapter({
-    routes: (router) => router.service(RunnerService, runnerServiceImpl({ runtime: o.runtime, dataDir: o.dataDir, version: o.version, capacity: o.capacity })),
+    routes: (router) => {
+      router.service(RunnerService, runnerServiceImpl({ runtime: o.runtime, dataDir: o.dataDir, version: o.version, capacity: o.capacity, sharedVolumes: o.sharedVolumes }));
+      router.service(RunnerSnapshotService, runnerSnapshotServiceImpl(o.runtime));
+    },
   });
   const handler = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
     if (!authorized(req.headers.authorization)) {

@@ -30,9 +30,11 @@ export interface RunnerServiceOptions {
   version: string;
   /** What the runner offers sandboxes; unset figures are the host's. */
   capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number };
+  /** Whether it mounts volumes from a root shared with control and the region's other runners. */
+  sharedVolumes?: boolean;
 }
 
-export function runnerServiceImpl({ runtime, dataDir, version, capacity = {} }: RunnerServiceOptions): Partial<ServiceImpl<typeof RunnerService>> {
+export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sharedVolumes = false }: RunnerServiceOptions): Partial<ServiceImpl<typeof RunnerService>> {
   const status = async (id: string): Promise<SandboxStatus> => {
     const s = await runtime.inspect(id);
     if (!s) throw errors.notFound(`No sandbox ${id} on this runner`);
@@ -139,6 +141,7 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {} }: 
         sandboxCount: all.length,
         startedSandboxCount: all.filter((s) => s.state === "started").length,
         services: [{ name: "linux", ...ready }],
+        sharedVolumes,
       });
     },
   };

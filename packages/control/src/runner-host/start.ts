@@ -19,7 +19,8 @@ export interface Runner {
 
 export async function startRunner(settings: Settings, host: RunnerHostSettings, log: (line: string) => void): Promise<Runner> {
   for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
-  const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
+  // Volumes only from a root shared with control and the region's other runners (SANDBAR_VOLUME_ROOT).
+  const volumes = settings.volumeRoot ? new HostDiskVolumes(settings.volumeRoot) : undefined;
   const runtime = await openLocalRuntime(settings, volumes, log);
   const credentialSha256 = await credentialHash(path.join(settings.dataDir, "runner"), host, log).catch(async (err: unknown) => {
     await runtime.close();
@@ -34,6 +35,7 @@ export async function startRunner(settings: Settings, host: RunnerHostSettings, 
     port: host.port,
     tls: host.tls,
     capacity: host.capacity,
+    sharedVolumes: !!volumes,
     log,
   });
   return {

@@ -7,10 +7,11 @@ import type { SandboxRuntime } from "../sandboxes/runtime.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 
 // The registered runners as the sandbox manager sees them: a RemoteRuntime per runner (by the
-// id its sandboxes record), and placement. A create in a region with registered runners takes
-// the runner with the most free CPU among those that are ready, schedulable, not draining and
-// have room for it; free = what the runner reported minus the sandboxes that hold it (every
-// sandbox on it but archived and destroyed ones). The region's runner rows are locked for the
+// id its sandboxes record), and placement. A create in a region with registered runners takes,
+// among the runners that are ready, schedulable, not draining and have room for it (with
+// volumes: that mount them from the shared volume root), one already holding its image
+// (held_images) first, then the one with the most free CPU; free = what the runner reported
+// minus the sandboxes that hold it (every sandbox on it but archived and destroyed ones). The region's runner rows are locked for the
 // insert's transaction, so two control processes placing at once see each other's sandboxes.
 
 export class RegisteredRunners implements RunnerDirectory {
@@ -53,22 +54,44 @@ export class RegisteredRunners implements RunnerDirectory {
     return ((await this.#exec()(`select 1 from runner where region_id = ? limit 1`, [regionId])) as unknown[]).length > 0;
   }
 
-  async place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string | undefined> {
+  async place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null; volumes?: readonly unknown[] | null }): Promise<string | undefined> {
+    const volumes = (need.volumes?.length ?? 0) > 0;
     const all = (await exec(`select id from runner where region_id = ? order by id for update`, [regionId])) as unknown[];
     if (!all.length) return undefined;
     const rows = (await exec(
       `select r.runner_key from runner r
          left join sandbox s on s.runner_id = r.runner_key and s.state not in ('archived', 'destroyed')
-        where r.region_id = ? and r.state = 'ready' and not r.unschedulable and not r.draining and r.runner_key is not null
+        where r.region_id = ? and r.state = 'ready' and not r.unschedulable and not r.draining and r.runner_key is not null and (r.shared_volumes or not ?)
         group by r.id
        having r.cpu - coalesce(sum(s.cpu), 0) >= ? and r.memory_gib - coalesce(sum(s.memory), 0) >= ? and r.disk_gib - coalesce(sum(s.disk), 0) >= ?
-        order by r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
+        order by r.held_images @> array[?]::text[] desc, r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
         limit 1`,
-      [regionId, need.cpu, need.memory, need.disk],
+      [regionId, volumes, need.cpu, need.memory, need.disk, need.imageRef ?? ""],
     )) as Array<{ runner_key: string }>;
+    if (!rows[0] && volumes && !((await exec(`select 1 from runner where region_id = ? and shared_volumes limit 1`, [regionId])) as unknown[]).length) {
+      throw errors.invalidArgument("Volumes cannot be mounted in this region: none of its runners has a shared volume root (SANDBAR_VOLUME_ROOT)");
+    }
     // The reference's answer when no runner of the region can take it.
     if (!rows[0]) throw errors.invalidArgument("No available runners");
     return rows[0].runner_key;
+  }
+
+  async holds(runnerId: string, digest: string): Promise<void> {
+    await this.#exec()(`update runner set held_images = array_append(held_images, ?) where runner_key = ? and not held_images @> array[?]::text[]`, [digest, runnerId, digest]);
+  }
+
+  /** Removes an image no sandbox uses any more from every runner recorded as holding it; a runner that cannot is logged and keeps it. */
+  async dropImage(digest: string, log: (line: string) => void = () => undefined): Promise<void> {
+    const rows = (await this.#exec()(`select runner_key from runner where held_images @> array[?]::text[] and runner_key is not null`, [digest])) as Array<{ runner_key: string }>;
+    for (const { runner_key: key } of rows) {
+      try {
+        const rt = await this.runtime(key);
+        await rt?.removeImage?.(digest);
+        await this.#exec()(`update runner set held_images = array_remove(held_images, ?) where runner_key = ?`, [digest, key]);
+      } catch (err) {
+        log(`runner ${key}: removing image ${digest} failed: ${err instanceof Error ? err.message : String(err)}`);
+      }
+    }
   }
 
   async ready(): Promise<string[]> {

@@ -3,15 +3,19 @@ import type { SecretBox } from "../auth/secret-box.ts";
 import { execIn } from "../db/exec.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 import { type RunnerRow, RUNNER_COLUMNS } from "./rows.ts";
+import { StraySweep } from "./stray-sweep.ts";
 
 // Control asks each registered runner how it is (RunnerService.GetRunnerInfo at its apiUrl, with
 // its credential) on a timer: an answer makes it `ready` (or `unresponsive` when it reports an
 // unhealthy service) with its capacity and load; no answer for `unresponsiveMs` makes it
-// `unresponsive`. Every control process probes: the updates are idempotent.
+// `unresponsive`. Every control process probes: the updates are idempotent. A ready runner's
+// sandboxes the database does not claim are removed after a grace period (stray-sweep.ts).
 
 export interface RunnerHealthOptions {
   intervalMs: number;
   unresponsiveMs: number;
+  /** Sandboxes a ready runner holds unknown to the database are removed after this long (stray-sweep.ts). */
+  strayGraceMs?: number;
   log?: (line: string) => void;
 }
 
@@ -23,12 +27,14 @@ export class RunnerHealth {
   readonly #o: RunnerHealthOptions;
   readonly #clients = new Map<string, { url: string; sealed: string; runtime: Promise<RemoteRuntime> }>();
   #timer: NodeJS.Timeout | undefined;
+  readonly #strays: StraySweep;
   #running: Promise<void> | undefined;
 
   constructor(orm: MikroORM, box: SecretBox, o: RunnerHealthOptions) {
     this.#orm = orm;
     this.#box = box;
     this.#o = o;
+    this.#strays = new StraySweep(orm, o.strayGraceMs ?? 300_000, o.log);
   }
 
   start(): void {
@@ -55,11 +61,14 @@ export class RunnerHealth {
     try {
       const runtime = await this.#runtime(r);
       const info = await runtime.info();
+      // What it holds, for placement; a runner that cannot list its images keeps what was known.
+      const held = await runtime.heldImages().catch(() => undefined);
       const sick = info.services.find((s) => !s.healthy);
       const gib = (mib: number) => Math.floor(mib / 1024);
       await exec(
         `update runner set state = ?, state_reason = ?, last_checked = now(), updated_at = now(), runner_key = ?, app_version = ?,
-           cpu = ?, memory_gib = ?, disk_gib = ?, cpu_usage = ?, memory_usage = ?, disk_usage = ?, started_sandboxes = ?, snapshot_count = ?
+           cpu = ?, memory_gib = ?, disk_gib = ?, cpu_usage = ?, memory_usage = ?, disk_usage = ?, started_sandboxes = ?, snapshot_count = ?,
+           shared_volumes = ?, held_images = case when ?::jsonb is null then held_images else array(select jsonb_array_elements_text(?::jsonb)) end
          where id = ? and state <> 'decommissioned'`,
         [
           sick ? "unresponsive" : "ready",
@@ -73,11 +82,16 @@ export class RunnerHealth {
           info.usage?.memoryPercent ?? 0,
           info.usage?.diskPercent ?? 0,
           info.startedSandboxCount,
-          info.snapshotCount,
+          held?.length ?? info.snapshotCount,
+          info.sharedVolumes,
+          held ? JSON.stringify(held) : null,
+          held ? JSON.stringify(held) : null,
           r.id,
         ],
       );
+      if (!sick) await this.#strays.sweep(info.id, runtime).catch((err: unknown) => this.#o.log?.(`runner ${r.name}: stray sweep: ${err instanceof Error ? err.message : String(err)}`));
     } catch (err) {
+      if (r.runner_key) this.#strays.forget(r.runner_key);
       void this.#forget(r.id);
       const reason = err instanceof Error ? err.message : String(err);
       // Silent for unresponsiveMs since its last answer (or its registration): then unresponsive.

@@ -11,7 +11,9 @@ import {
   type RestoreSandboxRequest,
   type RunnerInfo,
   RunnerService,
+  RunnerSnapshotService,
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import type { RegistryCredentials } from "@sandbar/runner/images";
 import { AGENT_API_PATH, AGENT_TUNNEL_PATH, openAgentStream } from "../runner-host/agent-streams.ts";
 import { AgentRelay } from "./agent-relay.ts";
 import { networkToProto, resourcesToProto, specToProto, statusFromProto } from "../runner-host/convert.ts";
@@ -40,6 +42,7 @@ export class RemoteRuntime implements SandboxRuntime {
   readonly agentsOnThisHost = false;
   readonly url: string;
   readonly #client: Client<typeof RunnerService>;
+  readonly #snapshots: Client<typeof RunnerSnapshotService>;
   readonly #rpcSessions: Http2SessionManager;
   readonly #credential: string;
   readonly #ca?: string;
@@ -50,10 +53,11 @@ export class RemoteRuntime implements SandboxRuntime {
   /** Made on the first agent connection (a health check's client never needs one). */
   #relay: Promise<AgentRelay> | undefined;
 
-  private constructor(o: RemoteRuntimeOptions, runnerId: string, client: Client<typeof RunnerService>, sessions: Http2SessionManager) {
+  private constructor(o: RemoteRuntimeOptions, runnerId: string, client: Client<typeof RunnerService>, snapshots: Client<typeof RunnerSnapshotService>, sessions: Http2SessionManager) {
     this.url = o.url;
     this.runnerId = runnerId;
     this.#client = client;
+    this.#snapshots = snapshots;
     this.#rpcSessions = sessions;
     this.#credential = o.credential;
     this.#ca = o.ca;
@@ -68,10 +72,11 @@ export class RemoteRuntime implements SandboxRuntime {
       req.header.set("authorization", `Bearer ${o.credential}`);
       return next(req);
     };
-    const client = createClient(RunnerService, createGrpcTransport({ baseUrl: o.url, sessionManager: sessions, interceptors: [auth] }));
+    const transport = createGrpcTransport({ baseUrl: o.url, sessionManager: sessions, interceptors: [auth] });
+    const client = createClient(RunnerService, transport);
     const info = await client.getRunnerInfo({}, { timeoutMs: Math.min(10_000, o.timeoutMs ?? 10_000) });
     if (!info.id) throw new Error(`the runner at ${o.url} did not say its id`);
-    return new RemoteRuntime(o, info.id, client, sessions);
+    return new RemoteRuntime(o, info.id, client, createClient(RunnerSnapshotService, transport), sessions);
   }
 
   #opts() {
@@ -88,6 +93,41 @@ export class RemoteRuntime implements SandboxRuntime {
     });
     const sick = info.services.find((s) => !s.healthy);
     if (sick) throw errors.unavailable(sick.reason || `the runner's ${sick.name} service is unhealthy`);
+  }
+
+  /** Whether the runner's image store holds the image with this manifest digest. */
+  async holdsImage(digest: string): Promise<boolean> {
+    try {
+      await this.#snapshots.getSnapshotInfo({ ref: digest }, { timeoutMs: 10_000 });
+      return true;
+    } catch (err) {
+      if (err instanceof ConnectError && err.code === Code.NotFound) return false;
+      throw err;
+    }
+  }
+
+  /** Manifest digests of the images the runner holds. */
+  async heldImages(): Promise<string[]> {
+    return (await this.#snapshots.listSnapshots({}, { timeoutMs: 10_000 })).snapshots.map((s) => s.ref);
+  }
+
+  /** Drops the image from the runner's store (refused while one of its sandboxes boots from it). */
+  async removeImage(digest: string): Promise<void> {
+    await this.#snapshots.removeSnapshot({ ref: digest }, { timeoutMs: 60_000 });
+  }
+
+  /**
+   * Has the runner pull `name` (pinned to `digest`) unless it holds it; the credentials go with this
+   * call only. Concurrent pulls of one image on the runner are one pull (its image store's lock).
+   */
+  async pullImage(digest: string, name: string, credentials?: RegistryCredentials, onProgress?: (line: string) => void): Promise<void> {
+    const auth = credentials && { url: "", username: credentials.username, password: credentials.password };
+    // A pull is bounded by the image's size, not by a lifecycle call's timeout.
+    for await (const event of this.#snapshots.pullSnapshot({ ref: digest, image: name, ...(auth ? { auth } : {}) })) {
+      if (event.event.case === "log") onProgress?.(Buffer.from(event.event.value.data).toString().trimEnd());
+      else if (event.event.case === "done") return;
+    }
+    throw errors.unavailable(`the runner at ${this.url} ended the pull of ${name} without its result`);
   }
 
   async create(spec: RuntimeSandboxSpec): Promise<void> {

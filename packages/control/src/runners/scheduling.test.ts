@@ -13,7 +13,9 @@ import { createTestNetns, type TestNetns } from "./testing/netns.ts";
 // two control processes on one PostgreSQL. Sandboxes of 1 CPU, 1 GiB, 3 GiB: four fit in all.
 
 const root = process.getuid?.() === 0;
-const CHECKS = { intervalMs: 200, unresponsiveMs: 1500 };
+/** Sandboxes a ready runner holds unknown to the database are removed after 3 s. */
+const STRAY_GRACE_MS = 3000;
+const CHECKS = { intervalMs: 200, unresponsiveMs: 1500, strayGraceMs: STRAY_GRACE_MS };
 /** A timer "minute" of one second: auto-stop is seen within the test. */
 const TIMERS = { timerMinuteMs: 1000, timerTickMs: 250 };
 let t: TestServer;
@@ -89,11 +91,11 @@ describe.skipIf(!root)("scheduling across runner processes", () => {
     await deleteAll();
   }, 240_000);
 
-  it("refuses what a registered runner cannot run yet, naming it: image snapshots and volumes", async () => {
+  it("refuses volumes in a region whose runners have no shared volume root, saying so", async () => {
     const vol = await call("POST", "/volumes", { name: "fleet-data" });
     const r = await call("POST", "/sandbox", { target: "fleet", volumes: [{ volumeId: vol.body.id, mountPath: "/data" }] });
     expect(r.status).toBe(400);
-    expect(r.body.message).toBe("Volumes cannot be mounted on registered runners yet");
+    expect(r.body.message).toBe("Volumes cannot be mounted in this region: none of its runners has a shared volume root (SANDBAR_VOLUME_ROOT)");
   });
 
   it("spreads new sandboxes over the runners by free capacity", async () => {
@@ -189,5 +191,35 @@ describe.skipIf(!root)("scheduling across runner processes", () => {
     await eventually("runner-b to be ready", async () => (await runnerState(rb!.id)).state === "ready", 20_000);
     expect((await call("GET", `/sandbox/${onB}`)).body.state).toBe("started");
     await eventually("its sandbox to answer again", async () => (await exec(onB, "cat ~/marker"))?.result === "kept\n", 20_000);
+  }, 180_000);
+
+  it("a runner back from kill -9 holding a sandbox the database does not know: kept for the grace period, then removed by the health loop; what the database knows stays", async () => {
+    await deleteAll();
+    const [, rb] = runners;
+    const a = await create();
+    const b = await create();
+    const onB = [a, b].find((x) => x.body.runnerId === rb!.key)!.body.id as string;
+    const stray = randomUUID();
+    const before = await RemoteRuntime.open({ url: rb!.process.url, credential: rb!.process.credential });
+    await before.create({ id: stray, cpu: 1, memoryGiB: 1, diskGiB: 1, env: {}, user: "sandbar" });
+    await before.close();
+    await rb!.process.kill();
+    await eventually("runner-b to be unresponsive", async () => (await runnerState(rb!.id)).state === "unresponsive", 20_000);
+    await rb!.process.restart();
+    await eventually("runner-b to be ready", async () => (await runnerState(rb!.id)).state === "ready", 20_000);
+    const back = Date.now();
+    const remote = await RemoteRuntime.open({ url: rb!.process.url, credential: rb!.process.credential });
+    try {
+      expect(await remote.inspect(stray)).toMatchObject({ state: "started" }); // within its grace period
+      await eventually("the stray sandbox removed", async () => (await remote.inspect(stray)) === undefined, 20_000);
+      const waited = Date.now() - back;
+      // Not before the grace period (less the time the test took to see the runner ready).
+      expect(waited).toBeGreaterThanOrEqual(STRAY_GRACE_MS - 1000);
+      expect(await remote.inspect(onB)).toMatchObject({ state: "started" });
+      await eventually("the known sandbox answers", async () => (await exec(onB, "echo still"))?.result === "still\n", 20_000);
+    } finally {
+      await remote.destroy(stray);
+      await remote.close();
+    }
   }, 180_000);
 });

@@ -27,6 +27,8 @@ export function loadRemoteRunnerSettings(env: NodeJS.ProcessEnv): RemoteRunnerSe
 export interface RunnerCheckSettings {
   intervalMs: number;
   unresponsiveMs: number;
+  /** How long a sandbox on a ready runner may stay unknown to the database before the health loop removes it (default 5 minutes). */
+  strayGraceMs?: number;
 }
 
 export function loadRunnerCheckSettings(env: NodeJS.ProcessEnv): RunnerCheckSettings {
@@ -37,5 +39,5 @@ export function loadRunnerCheckSettings(env: NodeJS.ProcessEnv): RunnerCheckSett
     if (!Number.isInteger(n) || n < 100) throw new Error(`${name} must be a whole number of milliseconds >= 100, got "${raw}"`);
     return n;
   };
-  return { intervalMs: ms("SANDBAR_RUNNER_CHECK_MS", 10_000), unresponsiveMs: ms("SANDBAR_RUNNER_UNRESPONSIVE_MS", 60_000) };
+  return { intervalMs: ms("SANDBAR_RUNNER_CHECK_MS", 10_000), unresponsiveMs: ms("SANDBAR_RUNNER_UNRESPONSIVE_MS", 60_000), strayGraceMs: ms("SANDBAR_RUNNER_STRAY_GRACE_MS", 300_000) };
 }

@@ -4,7 +4,7 @@ import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sa
 import path from "node:path";
 import { checkHost, formatChecks } from "@sandbar/runner/linux";
 import type { Settings } from "../settings.ts";
-import { agentInit, LocalRuntime, type LocalProvider } from "./local-runtime.ts";
+import { agentInit, LocalRuntime, type LocalProvider, SHARED_VOLUME_GID } from "./local-runtime.ts";
 import type { RunnerDirectory, SandboxManager } from "./manager.ts";
 import { reconcile } from "./reconcile.ts";
 import { type SandboxRuntime, unavailableRuntime } from "./runtime.ts";
@@ -19,6 +19,7 @@ import type { CredentialsFor } from "../snapshots/pulls.ts";
 import type { BuildContexts } from "../object-storage/index.ts";
 import { SandboxBuilds } from "../builds/sandbox-builds.ts";
 import { RemoteRuntime } from "../runners/remote-runtime.ts";
+import { snapshotImageSource } from "../snapshots/image-source.ts";
 
 /** The pool holds sandboxes of what a create without resources gets. */
 const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
@@ -43,14 +44,16 @@ export interface Sandboxes {
 }
 
 /** This host's runtime: the one a single-host server holds in-process and a `sandbar runner` process serves. */
-export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage, log: (line: string) => void): Promise<LocalRuntime<LocalProvider>> {
+export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage | undefined, log: (line: string) => void): Promise<LocalRuntime<LocalProvider>> {
   return LocalRuntime.open({
     dataDir: path.join(settings.dataDir, "runner"),
     snapshotCacheDir: settings.snapshotCacheDir,
     sandboxSubnet: settings.sandboxSubnet,
     docker: settings.sandboxProvider.kind === "docker" ? { socketPath: settings.sandboxProvider.dockerSocket, runtime: settings.sandboxProvider.dockerRuntime } : undefined,
     init: await agentInit(settings.agentBundle),
-    volumeRoot: (id) => volumes.hostPath(id),
+    ...(volumes ? { volumeRoot: (id: string) => volumes.hostPath(id) } : {}),
+    // Runtimes sharing a volume root (SANDBAR_VOLUME_ROOT) share its group, whatever their uid slots.
+    ...(settings.volumeRoot ? { volumeGid: SHARED_VOLUME_GID } : {}),
     images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },
     log,
   });
@@ -59,7 +62,7 @@ export async function openLocalRuntime(settings: Settings, volumes: VolumeStorag
 /** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup); `contexts`: declarative builds' contexts; `runners`: the registered runners. */
 export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor, contexts?: BuildContexts, runners?: RunnerDirectory): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
-  const volumes = new HostDiskVolumes(path.join(settings.dataDir, "volumes"));
+  const volumes = new HostDiskVolumes(settings.volumeRoot ?? path.join(settings.dataDir, "volumes"));
   if (!settings.remoteRunner) for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
   try {
     runtime = settings.remoteRunner ? await RemoteRuntime.open(settings.remoteRunner) : await openLocalRuntime(settings, volumes, log);
@@ -70,9 +73,10 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   }
   const agentClients = new AgentClients();
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
-  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, log });
+  const dropFromRunners = runners?.dropImage ? (digest: string) => runners.dropImage!(digest, log) : undefined;
+  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, dropFromRunners, log });
   const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners });
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror) });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // The registered runners that answer: the same, over each one's sandboxes.

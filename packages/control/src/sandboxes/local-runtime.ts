@@ -49,6 +49,8 @@ export interface LocalRuntimeOptions {
   pidsLimit?: number;
   /** Host directory of a volume (volumes/storage.ts); sandboxes with volumes need it. */
   volumeRoot?: (volumeId: string) => string;
+  /** Group of volume directories; default the uid slot's last id (a volume root shared between hosts needs SHARED_VOLUME_GID). */
+  volumeGid?: number;
   /** The image store under `<dataDir>/images`: Docker Hub mirror, insecure registries, caps. */
   images?: Omit<ImageStoreOptions, "dataDir" | "log">;
   /** IPv4 range the /30s of sandboxes with egress come from (SANDBAR_SANDBOX_SUBNET). */
@@ -64,6 +66,8 @@ export type LocalProvider = LinuxProvider | DockerProvider;
 const UID_SLOT = 65_536;
 const UID_FIRST = 1_700_000_000;
 const UID_SLOTS = 6000; // stays below 2^31
+/** The volume group of every runtime mounting a shared volume root: one id below every uid slot, so never a sandbox's uid. */
+export const SHARED_VOLUME_GID = UID_FIRST - 1;
 
 /** `P`: the provider's type, for callers (tests, benches) that know which one they opened. */
 export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements SandboxRuntime {
@@ -104,7 +108,7 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
     const runnerId = await loadRunnerId(path.join(dataDir, "runner-id"));
     const slot = createHash("sha256").update(dataDir).digest().readUInt32BE(0) % UID_SLOTS;
     const uidBase = o.uidBase ?? UID_FIRST + slot * UID_SLOT;
-    const common = { dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log, network: { subnet: o.sandboxSubnet } };
+    const common = { dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log, network: { subnet: o.sandboxSubnet }, ...(o.volumeGid !== undefined ? { volumeGid: o.volumeGid } : {}) };
     const provider = o.docker ? await DockerProvider.open({ ...common, ...o.docker }) : await LinuxProvider.open(common);
     const runtime = new LocalRuntime<LocalProvider>(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
     // Built (once per host, a minute or two) while the server starts serving, not on the first create.
@@ -205,7 +209,7 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
   }
 
   async list(): Promise<RuntimeSandbox[]> {
-    return (await this.provider.list()).map((i) => ({ id: i.id, state: i.state, error: i.error }));
+    return (await this.provider.list()).map((i) => ({ id: i.id, state: i.state, error: i.error, rootfs: i.spec.rootfs }));
   }
 
   async inspect(id: string): Promise<RuntimeSandbox | undefined> {

@@ -12,6 +12,7 @@ import { isEphemeral, isErrored } from "./states.ts";
 import { type SandboxPatch, SandboxStore } from "./store.ts";
 import type { WarmPool } from "./warm-pool.ts";
 import { EndpointCache } from "./endpoint-cache.ts";
+import type { RegistryCredentials } from "@sandbar/runner/images";
 
 // The sandbox lifecycle (reference §4.3): every transition with the reference's preconditions,
 // status codes and messages. One operation at a time per sandbox; an operation records where it
@@ -32,7 +33,11 @@ export interface SandboxManagerOptions {
   pool?: WarmPool;
   /** The registered runners (runners/directory.ts): regions that have some place their sandboxes there. */
   runners?: RunnerDirectory;
+  /** Where a runner pulls a snapshot's image from: its pinned name and the organization's credentials for it. */
+  imageSource?: ImageSource;
 }
+
+export type ImageSource = (organizationId: string, digest: string) => Promise<{ name: string; credentials?: RegistryCredentials }>;
 
 /** Where sandboxes go besides this server's own runtime. */
 export interface RunnerDirectory {
@@ -41,7 +46,11 @@ export interface RunnerDirectory {
   /** Whether the region's sandboxes go to registered runners (it has some) rather than this server's runtime. */
   servesRegion(regionId: string): Promise<boolean>;
   /** Picks a runner of the region inside the caller's transaction; undefined when the region has none registered. */
-  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string | undefined>;
+  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null; volumes?: readonly unknown[] | null }): Promise<string | undefined>;
+  /** Records that a runner now holds an image (placement prefers it for sandboxes of that image). */
+  holds?(runnerId: string, digest: string): Promise<void>;
+  /** Removes an image no sandbox uses any more from every runner holding it. */
+  dropImage?(digest: string, log?: (line: string) => void): Promise<void>;
   /** Ids (as sandboxes record them) of the runners that stopped answering: their sandboxes read as `unknown`. */
   unresponsive(): Promise<ReadonlySet<string>>;
   /** Ids (as sandboxes record them) of the runners that answer now. */
@@ -108,6 +117,7 @@ export function isAuthToken(authToken: string, given: string): boolean {
 export class SandboxManager {
   readonly runtime: SandboxRuntime;
   readonly runners?: RunnerDirectory;
+  readonly #imageSource?: ImageSource;
   readonly store: SandboxStore;
   readonly files: LayerFiles;
   readonly locks = new OperationLocks();
@@ -130,6 +140,7 @@ export class SandboxManager {
     this.#log = o.log ?? (() => undefined);
     this.pool = o.pool;
     this.runners = o.runners;
+    this.#imageSource = o.imageSource;
   }
 
   // ---- lookups -------------------------------------------------------------------------------
@@ -196,9 +207,6 @@ export class SandboxManager {
     this.#assertOpen();
     // Pool sandboxes are loopback only, of the default snapshot, without volumes: any other create is made for its request.
     const placed = (await this.runners?.servesRegion(input.regionId)) ?? false;
-    // Pulled images and volume data live on this server's host only.
-    if (placed && input.imageRef !== undefined) throw bad("Snapshots from images cannot run on registered runners yet: use the default snapshot in this region");
-    if (placed && input.volumes.length > 0) throw bad("Volumes cannot be mounted on registered runners yet");
     const warm = !placed && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
     if (!warm && !placed) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
@@ -312,10 +320,28 @@ export class SandboxManager {
     return { ...row, state: "started" };
   }
 
+  /**
+   * A remote runner lacking the sandbox's image pulls it first, from the snapshot's registry with
+   * the organization's credentials. A create reads `pulling_snapshot` meanwhile (reconcile redoes
+   * the create when a crash leaves it there); a restore stays `restoring`.
+   */
+  async #holdImage(row: SandboxRecord, rt: SandboxRuntime): Promise<void> {
+    if (!row.imageRef || !rt.pullImage || !rt.holdsImage || (await rt.holdsImage(row.imageRef))) return;
+    if (!this.#imageSource) throw errors.failedPrecondition("This server cannot tell runners where snapshot images come from");
+    const { name, credentials } = await this.#imageSource(row.organizationId, row.imageRef);
+    const creating = (await this.#current(row.id)).state === "unknown";
+    if (creating) await this.store.update(row.id, { state: "pulling_snapshot" });
+    await rt.pullImage(row.imageRef, name, credentials);
+    if (row.runnerId) await this.runners?.holds?.(row.runnerId, row.imageRef);
+    if (creating) await this.store.update(row.id, { state: "unknown" });
+  }
+
   /** Makes and starts the sandbox on the host; a failure leaves it in `error` with the reason. */
   async driveCreate(row: SandboxRecord): Promise<Outcome> {
     try {
-      await (await this.runtimeOf(row)).create(specOf(row));
+      const rt = await this.runtimeOf(row);
+      await this.#holdImage(row, rt);
+      await rt.create(specOf(row));
       await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
       return {};
     } catch (err) {
@@ -391,6 +417,7 @@ export class SandboxManager {
       if (!(await this.files.exists(pack))) throw new Error(`the pack of its files (${pack}) is missing`);
       const rt = await this.runtimeOf(row);
       await rt.destroy(row.id); // whatever an interrupted restore left
+      await this.#holdImage(row, rt);
       await rt.restore(specOf(row), this.files.read(pack));
       await rt.start(row.id);
       await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });

@@ -102,8 +102,8 @@ async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | un
   }
   if (row.desiredState === "started") {
     if (row.state === "started" && onHost === "started") return "adopted";
-    if (row.state === "unknown") {
-      // The create never answered: whatever it left on the host (perhaps half made) goes first.
+    if (row.state === "unknown" || row.state === "pulling_snapshot") {
+      // The create (or its runner's pull of the image) never answered: whatever it left on the host (perhaps half made) goes first.
       await (await m.runtimeOf(row)).destroy(row.id);
       return done(await m.driveCreate(row));
     }

@@ -2,7 +2,7 @@ import { connect } from "node:net";
 import type { Duplex, Readable } from "node:stream";
 import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
 import { errors } from "@sandbar/protocol";
-import type { ImageStore } from "@sandbar/runner/images";
+import type { ImageStore, RegistryCredentials } from "@sandbar/runner/images";
 
 // What the control plane needs from a host that runs sandboxes: LocalRuntime (this host, the
 // linux provider; also what a `sandbar runner` process serves) and RemoteRuntime (a runner
@@ -50,6 +50,8 @@ export interface RuntimeSandbox {
   /** "error": meant to run, but its first process is gone (see `error`). */
   state: RuntimeState;
   error?: string;
+  /** The root it boots from (lists of this host's runtime: which image a sandbox uses). */
+  rootfs?: string;
   /** While started: what its workload did to it (see SandboxHealth in the contract). */
   health?: RuntimeHealth;
 }
@@ -107,6 +109,12 @@ export interface SandboxRuntime {
   close(): Promise<void>;
   /** The host's image store (snapshots from OCI images); absent where images cannot be pulled. */
   images?(): Promise<ImageStore>;
+  /** A runner reached over the network: whether its own image store holds an image (by manifest digest). */
+  holdsImage?(digest: string): Promise<boolean>;
+  /** Such a runner pulls `name` (pinned to `digest`) into its store; the credentials serve this pull only. */
+  pullImage?(digest: string, name: string, credentials?: RegistryCredentials): Promise<void>;
+  /** Such a runner drops an image from its store (refused while one of its sandboxes uses it). */
+  removeImage?(digest: string): Promise<void>;
 }
 
 /**

@@ -16,7 +16,7 @@ import type { Settings } from "../settings.ts";
 import { enumCodec, sandboxStates, toHealth, toSandbox, type DtoContext } from "./dto.ts";
 import type { SandboxRecord } from "../db/entities.ts";
 import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteria, pagePage, type PageSort, sortValueOf, whereOf } from "./list-query.ts";
-import { type RunnerDirectory, SandboxManager } from "./manager.ts";
+import { type ImageSource, type RunnerDirectory, SandboxManager } from "./manager.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import type { WarmPool } from "./warm-pool.ts";
 import { normalizeAutoArchive } from "./states.ts";
@@ -42,6 +42,8 @@ export interface SandboxServiceDeps {
   pool?: WarmPool;
   /** Registered runners: regions that have some place their sandboxes there. */
   runners?: RunnerDirectory;
+  /** Where runners pull snapshot images from. */
+  imageSource?: ImageSource;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
   /** Builds of sandboxes created with buildInfo. */
   builds?: SandboxBuilds;
@@ -57,6 +59,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     log: deps.log,
     pool: deps.pool,
     runners: deps.runners,
+    imageSource: deps.imageSource,
   });
   const { publicUrl } = deps.settings;
   const dtoContext: DtoContext = { toolboxProxyUrl: `${publicUrl}/api/toolbox-proxy` };

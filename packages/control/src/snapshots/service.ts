@@ -30,6 +30,8 @@ export interface SnapshotDeps {
   publicUrl?: string;
   /** Build contexts in object storage: declarative builds need them. */
   contexts?: BuildContexts;
+  /** Removes an image from the registered runners that hold it (runners/directory.ts). */
+  dropFromRunners?: (digest: string) => Promise<void>;
   log?: (line: string) => void;
 }
 
@@ -131,6 +133,7 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
           // The row goes regardless: a leftover image costs disk, not correctness.
           deps.log?.(`snapshot ${row.id}: removing image ${row.ref} failed: ${err instanceof Error ? err.message : String(err)}`);
         }
+        await deps.dropFromRunners?.(row.ref);
       }
       await store.remove(row.id);
       return {};

@@ -14,6 +14,7 @@ import { Migration0014SandboxNetwork } from "./0014-sandbox-network.ts";
 import { Migration0016Builds } from "./0016-builds.ts";
 import { Migration0017RegistryPushCredentials } from "./0017-registry-push-credentials.ts";
 import { Migration0018Runners } from "./0018-runners.ts";
+import { Migration0019RunnerImages } from "./0019-runner-images.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -33,4 +34,5 @@ export const migrations = [
   { name: "0016-builds", class: Migration0016Builds },
   { name: "0017-registry-push-credentials", class: Migration0017RegistryPushCredentials },
   { name: "0018-runners", class: Migration0018Runners },
+  { name: "0019-runner-images", class: Migration0019RunnerImages },
 ];

@@ -926,6 +926,14 @@ export declare type RunnerInfo = Message<"sandbar.runner.v1.RunnerInfo"> & {
    * @generated from field: repeated sandbar.runner.v1.ServiceHealth services = 9;
    */
   services: ServiceHealth[];
+
+  /**
+   * Whether it mounts volumes from a volume root shared with control and the region's other
+   * runners (SANDBAR_VOLUME_ROOT); sandboxes with volumes are placed only on such runners.
+   *
+   * @generated from field: bool shared_volumes = 11;
+   */
+  sharedVolumes: boolean;
 };
 
 /**
