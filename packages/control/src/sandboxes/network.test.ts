@@ -115,7 +115,13 @@ describe("network policy through the API", () => {
     await f.exec(b.id, "setsid /opt/sandbar/bin/node -e 'require(\"http\").createServer((q,s)=>s.end(\"b\")).listen(8081)' >/dev/null 2>&1 < /dev/null &");
     const bAddr = await sandboxAddress(b.id);
     expect(bAddr).toMatch(/^10\.213\./);
-    expect(await reach(b.id, "127.0.0.1", 8081)).toBe("b");
+    // The server starts in the background: wait until it listens (node's start is slow on a busy machine).
+    let own = "";
+    for (let i = 0; i < 50 && own !== "b"; i++) {
+      own = await reach(b.id, "127.0.0.1", 8081);
+      if (own !== "b") await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(own).toBe("b");
     expect(await reach(a.id, bAddr, 8081)).toMatch(/^fail/);
     expect(await reach(b.id, await sandboxAddress(a.id), 8081)).toMatch(/^fail/);
   });
