@@ -213,18 +213,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       if (!row.buildInfo) throw errors.notFound(`Sandbox with ID or name ${req.sandboxId} has no build info`);
       const live = deps.builds?.log(row.id);
       if (!live) return; // built before this process started: its log is gone
-      let sent = 0;
-      for (;;) {
-        if (sent < live.lines.length) {
-          const lines = live.lines.slice(sent);
-          sent += lines.length;
-          yield { data: new TextEncoder().encode(lines.join("\n") + "\n") };
-          continue;
-        }
-        if (live.done || !req.follow) return;
-        await live.changed(ctx.signal);
-        if (ctx.signal.aborted) return;
-      }
+      yield* live.follow(req.follow ?? false, ctx.signal);
     },
 
     async getBuildLogsUrl(req, ctx) {

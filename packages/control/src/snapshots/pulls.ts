@@ -51,6 +51,22 @@ export class BuildLog {
     });
   }
 
+  /** The log from its start as chunks of lines; with `follow`, until it ends (or `signal` aborts). */
+  async *follow(follow: boolean, signal: AbortSignal): AsyncGenerator<{ data: Uint8Array }> {
+    let sent = 0;
+    for (;;) {
+      if (sent < this.lines.length) {
+        const lines = this.lines.slice(sent);
+        sent += lines.length;
+        yield { data: new TextEncoder().encode(lines.join("\n") + "\n") };
+        continue;
+      }
+      if (this.done || !follow) return;
+      await this.changed(signal);
+      if (signal.aborted) return;
+    }
+  }
+
   #wake(): void {
     for (const w of [...this.#waiters]) w();
   }

@@ -176,18 +176,7 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
         if (row.buildLog) yield { data: new TextEncoder().encode(row.buildLog) };
         return;
       }
-      let sent = 0;
-      for (;;) {
-        if (sent < live.lines.length) {
-          const lines = live.lines.slice(sent);
-          sent += lines.length;
-          yield { data: new TextEncoder().encode(lines.join("\n") + "\n") };
-          continue;
-        }
-        if (live.done || !req.follow) return;
-        await live.changed(ctx.signal);
-        if (ctx.signal.aborted) return;
-      }
+      yield* live.follow(req.follow ?? false, ctx.signal);
     },
   };
 

@@ -17,7 +17,7 @@ import { isMountpoint, mountsUnder, unmount } from "../linux/mounts.ts";
 import type { NetworkLease, NetworkOptions } from "../linux/network.ts";
 import { SandboxNetworks } from "../linux/network.ts";
 import type { SandboxRecord } from "../linux/record.ts";
-import { listRecordIds, readRecord, writeRecord } from "../linux/record.ts";
+import { listRecordIds, readAllRecords, readRecord, writeRecord } from "../linux/record.ts";
 import { UidAllocator } from "../linux/uids.ts";
 import { bindVolume, prepareVolumeRoot } from "../linux/volume-binds.ts";
 import { usageOfPid } from "./cgroup-stats.ts";
@@ -449,14 +449,7 @@ export class DockerProvider implements SandboxProvider {
 
   async list(): Promise<SandboxInfo[]> {
     const out: SandboxInfo[] = [];
-    for (const id of await listRecordIds(this.layout)) {
-      try {
-        const rec = await readRecord(this.layout, id);
-        if (rec) out.push(await this.#info(rec));
-      } catch (err) {
-        this.#log(`sandbox ${id}: unreadable record skipped: ${String(err)}`);
-      }
-    }
+    for (const rec of await readAllRecords(this.layout, this.#log)) out.push(await this.#info(rec));
     return out;
   }
 

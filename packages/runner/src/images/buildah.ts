@@ -45,14 +45,8 @@ export function fromImages(dockerfile: string): string[] {
 
 /** The registries the FROM lines of `dockerfile` pull from (the mirror for Docker Hub names). */
 export function fromRegistries(dockerfile: string, mirror?: string): string[] {
-  const stages = new Set<string>();
   const out = new Set<string>();
-  for (const raw of dockerfile.split("\n")) {
-    const m = /^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$/i.exec(raw);
-    if (!m) continue;
-    const image = m[1]!;
-    if (m[2]) stages.add(m[2].toLowerCase());
-    if (stages.has(image.toLowerCase()) || image === "scratch" || image.includes("$")) continue;
+  for (const image of fromImages(dockerfile)) {
     let registry: string;
     try {
       registry = parseImageRef(image.includes(":") || image.includes("@") ? image : `${image}:x`).registry;

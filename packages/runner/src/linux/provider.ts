@@ -24,7 +24,7 @@ import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
 import { growDiskImage, isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
-import { listRecordIds, readRecord, writeRecord } from "./record.ts";
+import { listRecordIds, readAllRecords, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
 import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { endSandboxProcesses } from "./terminate.ts";
@@ -459,14 +459,7 @@ export class LinuxProvider implements SandboxProvider {
 
   async list(): Promise<SandboxInfo[]> {
     const out: SandboxInfo[] = [];
-    for (const id of await listRecordIds(this.layout)) {
-      try {
-        const rec = await readRecord(this.layout, id);
-        if (rec) out.push(await this.#info(rec));
-      } catch (err) {
-        this.#log(`sandbox ${id}: unreadable record skipped: ${String(err)}`);
-      }
-    }
+    for (const rec of await readAllRecords(this.layout, this.#log)) out.push(await this.#info(rec));
     return out;
   }
 

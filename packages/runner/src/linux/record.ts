@@ -47,3 +47,17 @@ export async function listRecordIds(layout: Layout): Promise<string[]> {
     throw err;
   }
 }
+
+/** Every readable record of the layout; one that cannot be read is logged and skipped. */
+export async function readAllRecords(layout: Layout, log: (line: string) => void): Promise<SandboxRecord[]> {
+  const out: SandboxRecord[] = [];
+  for (const id of await listRecordIds(layout)) {
+    try {
+      const rec = await readRecord(layout, id);
+      if (rec) out.push(rec);
+    } catch (err) {
+      log(`sandbox ${id}: unreadable record skipped: ${String(err)}`);
+    }
+  }
+  return out;
+}
