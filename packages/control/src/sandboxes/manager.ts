@@ -6,6 +6,7 @@ import type { AgentEndpoint } from "../toolbox/agent-locator.ts";
 import type { Exec } from "../db/exec.ts";
 import { LayerFiles } from "./layer-files.ts";
 import { type NetworkFields, runtimeNetwork } from "./network-policy.ts";
+import type { SharedLocks } from "./cluster-locks.ts";
 import { OperationLocks } from "./operation-locks.ts";
 import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 import { isEphemeral, isErrored } from "./states.ts";
@@ -31,6 +32,8 @@ export interface SandboxManagerOptions {
   pool?: WarmPool;
   /** The registered runners (runners/directory.ts): regions that have some place their sandboxes there. */
   runners?: RunnerDirectory;
+  /** Locks shared by every control process of the database (cluster-locks.ts): one operation per sandbox among them all. */
+  sharedLocks?: SharedLocks;
 }
 
 /** Where sandboxes go besides this server's own runtime. */
@@ -109,7 +112,7 @@ export class SandboxManager {
   readonly runners?: RunnerDirectory;
   readonly store: SandboxStore;
   readonly files: LayerFiles;
-  readonly locks = new OperationLocks();
+  readonly locks: OperationLocks;
   readonly #backups = new Map<string, Promise<void>>();
   readonly #touched = new Map<string, number>();
   readonly #touchEveryMs: number;
@@ -127,6 +130,7 @@ export class SandboxManager {
     this.#log = o.log ?? (() => undefined);
     this.pool = o.pool;
     this.runners = o.runners;
+    this.locks = new OperationLocks(o.sharedLocks);
   }
 
   // ---- lookups -------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import { parseNetworkAllowList, refuseDomainAllowList, updateNetwork } from "./n
 import { resizeRequest } from "./resize-request.ts";
 import { checkBuildInfo } from "../builds/build-info.ts";
 import type { SandboxBuilds } from "../builds/sandbox-builds.ts";
+import type { SharedLocks } from "./cluster-locks.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -42,6 +43,8 @@ export interface SandboxServiceDeps {
   pool?: WarmPool;
   /** Registered runners: regions that have some place their sandboxes there. */
   runners?: RunnerDirectory;
+  /** Locks shared by the control processes of the database. */
+  sharedLocks?: SharedLocks;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
   /** Builds of sandboxes created with buildInfo. */
   builds?: SandboxBuilds;
@@ -57,6 +60,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     log: deps.log,
     pool: deps.pool,
     runners: deps.runners,
+    sharedLocks: deps.sharedLocks,
   });
   const { publicUrl } = deps.settings;
   const dtoContext: DtoContext = { toolboxProxyUrl: `${publicUrl}/api/toolbox-proxy` };
