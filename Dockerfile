@@ -1,7 +1,13 @@
-# The Sandbar control service. docker-compose.yml runs it beside PostgreSQL.
-FROM node:24-bookworm-slim
-RUN apt-get update && apt-get install -y --no-install-recommends git python3-pylsp bubblewrap ca-certificates \
- && rm -rf /var/lib/apt/lists/*
+# The Sandbar image: control (`serve`, the default command), a runner (`runner`) and the fleet's
+# load balancer (Debian's haproxy, deploy/haproxy.cfg). docker-compose.yml runs them all.
+# BASE: any Debian bookworm with node 24 on the PATH (scripts/image-smoke.sh builds one offline).
+ARG BASE=node:24-bookworm-slim
+FROM ${BASE}
+# What a sandbox host needs (the one list, scripts/host-packages.sh), and haproxy.
+COPY scripts/host-packages.sh /tmp/host-packages.sh
+RUN . /tmp/host-packages.sh && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $SANDBOX_PACKAGES haproxy ca-certificates \
+ && rm -rf /var/lib/apt/lists/* /tmp/host-packages.sh
 WORKDIR /app
 COPY package.json package-lock.json ./
 COPY packages ./packages
@@ -9,5 +15,5 @@ COPY proto ./proto
 RUN npm ci --omit=dev --no-audit --no-fund
 COPY . .
 ENV SANDBAR_PORT=3000 SANDBAR_DATA_DIR=/var/lib/sandbar
-EXPOSE 3000
+EXPOSE 3000 3100
 CMD ["node", "packages/cli/src/main.ts", "serve"]
