@@ -6,7 +6,7 @@ import { resume } from "./reconcile.ts";
 // Operations a control process started and never finished because it died (kill -9 between the
 // row's insert and the sandbox's start, say): every control process looks, every tick, for
 // sandboxes in the middle of an operation (state and desired state differ) on a runtime it
-// reaches (its own, or a registered runner that answers), and finishes each one whose operation
+// reaches (its own, or a registered runner that answers; or none: an archived sandbox), and finishes each one whose operation
 // no live process holds (the shared locks of cluster-locks.ts: a dead process's are released by
 // PostgreSQL). Finishing is what a restart's reconciliation does (reconcile.ts): a create is made
 // again from scratch on its runner (what the dead one left there is removed first), a delete or
@@ -55,7 +55,7 @@ export class InterruptedOperations {
   async pass(): Promise<string[]> {
     const m = this.#m;
     const runnerIds = [m.runtime.runnerId, ...((await m.runners?.ready()) ?? [])];
-    const rows = (await m.store.list({ where: `"runner_id" in (${runnerIds.map(() => "?").join(", ")}) and "state" not in ('error', 'build_failed', 'destroyed')`, params: runnerIds, orderBy: `"created_at"` })).filter(isInterrupted);
+    const rows = (await m.store.list({ where: `("runner_id" in (${runnerIds.map(() => "?").join(", ")}) or "runner_id" is null) and "state" not in ('error', 'build_failed', 'destroyed')`, params: runnerIds, orderBy: `"created_at"` })).filter(isInterrupted);
     const done: string[] = [];
     for (const row of rows) {
       const op = m.locks.tryRun(row.id, async () => {

@@ -1,0 +1,61 @@
+#!/bin/bash
+# Builds the Sandbar image on a local Docker engine with no public registry, then checks what it
+# holds. Not part of `npm test` (a few minutes: Debian packages and npm ci inside the build).
+# The base image is made offline: the default snapshot's Debian bookworm root (the shared cache,
+# read only) imported with `docker import`, plus this checkout's node 24 (.tools). RUN steps use
+# the host's network (Debian's archive and npm's registry, as `npm start` would).
+# Usage (as root): scripts/image-smoke.sh   — starts its own dockerd, stops it at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+CACHE=${SANDBAR_TEST_CACHE_DIR:-/var/tmp/sandbar-runner-test-cache}
+ROOTFS=$(ls -d "$CACHE"/snapshots/debian-bookworm-*/rootfs | head -1)
+NODE_DIR=$(dirname "$(dirname "$(readlink -f "$(command -v node)")")")
+WORK=$(mktemp -d /var/tmp/sandbar-image-smoke-XXXXXX)
+export WORK
+cleanup() {
+  node -e "import('./packages/runner/src/docker/testing/dockerd.ts').then((m) => m.stopDockerd(process.env.WORK))" || true
+}
+trap cleanup EXIT
+SOCK=$(node -e "import('./packages/runner/src/docker/testing/dockerd.ts').then(async (m) => console.log((await m.startDockerd(process.env.WORK)).socketPath))")
+export DOCKER_HOST=unix://$SOCK
+t0=$(date +%s)
+echo "== base image: $ROOTFS + node $(node --version)"
+tar -C "$ROOTFS" -c . | docker import - sandbar-smoke-debian:bookworm >/dev/null
+mkdir -p "$WORK/base"
+cp -a "$NODE_DIR" "$WORK/base/node"
+# npm: the host's (the .tools node comes without one).
+NPM_DIR=$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")
+mkdir -p "$WORK/base/node/lib/node_modules" && cp -a "$NPM_DIR" "$WORK/base/node/lib/node_modules/npm"
+ln -sf ../lib/node_modules/npm/bin/npm-cli.js "$WORK/base/node/bin/npm"
+# This host's extra CAs (a TLS-inspecting egress proxy, if any): RUN steps reach npm's registry
+# through the same egress as the host, and apt's ca-certificates keeps them when it rebuilds the bundle.
+mkdir -p "$WORK/base/ca" && cp /usr/local/share/ca-certificates/*.crt "$WORK/base/ca/" 2>/dev/null || true
+cp /etc/ssl/certs/ca-certificates.crt "$WORK/base/ca-bundle.crt"
+cat > "$WORK/base/Dockerfile" <<'DOCKERFILE'
+FROM sandbar-smoke-debian:bookworm
+COPY node /usr/local/node
+COPY ca/ /usr/local/share/ca-certificates/
+COPY ca-bundle.crt /etc/ssl/certs/ca-certificates.crt
+ENV PATH=/usr/local/node/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+DOCKERFILE
+docker build -q --network host -t sandbar-smoke-base "$WORK/base" >/dev/null
+echo "== docker build (BASE=sandbar-smoke-base)"
+docker build --network host --build-arg BASE=sandbar-smoke-base -t sandbar:local . 2>&1 | tail -5
+t1=$(date +%s)
+echo "== built in $((t1 - t0)) s: $(docker image inspect sandbar:local --format '{{.Size}}' | awk '{printf "%.0f MB", $1/1e6}')"
+run() { docker run --rm --network host "$@"; }
+echo "== the CLI"; run sandbar:local node packages/cli/src/main.ts --version
+echo "== haproxy and the fleet's config"
+run -e LISTEN=127.0.0.1:3999 -e CONTROL_1=127.0.0.1:1 -e CONTROL_2=127.0.0.1:2 --entrypoint haproxy sandbar:local -c -f /app/deploy/haproxy.cfg
+echo "== host packages in the image"
+run --entrypoint sh sandbar:local -c '. /app/scripts/host-packages.sh; for p in $SANDBOX_PACKAGES haproxy; do dpkg -s $p >/dev/null 2>&1 || { echo "missing $p"; exit 1; }; done; echo all present'
+echo "== control in the image (embedded PostgreSQL), answering REST"
+KEY=sbr_$(openssl rand -hex 32)
+PORT=$(node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")
+CID=$(docker run -d --network host -e SANDBAR_PORT="$PORT" -e SANDBAR_HOST=127.0.0.1 -e SANDBAR_BOOTSTRAP_API_KEY="$KEY" -e SANDBAR_WARM_POOL=0 -e SANDBAR_INTERNAL_REGISTRY=off sandbar:local)
+for i in $(seq 1 90); do curl -sf -H "Authorization: Bearer $KEY" "http://127.0.0.1:$PORT/api/api-keys/current" >/dev/null && break; sleep 1; done
+curl -sf -H "Authorization: Bearer $KEY" "http://127.0.0.1:$PORT/api/api-keys/current" | head -c 200; echo
+docker logs "$CID" 2>&1 | tail -5
+docker rm -f "$CID" >/dev/null
+echo "== image smoke passed in $(($(date +%s) - t0)) s"
