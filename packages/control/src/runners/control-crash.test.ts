@@ -144,6 +144,41 @@ describe.skipIf(!root)("kill -9 of a control replica mid-create", () => {
     }
   }, 180_000);
 
+  it("an operation another live process holds is left alone (and refused with 409) until its lock goes; then it is finished", async () => {
+    const made = await call("POST", "/sandbox", { target: "fleet", cpu: 1, memory: 1, disk: 3, autoStopInterval: 0 });
+    expect(made.status, JSON.stringify(made.body)).toBe(200);
+    const id = made.body.id as string;
+    // Another control process, alive, in the middle of stopping it: its row says so and it holds the lock.
+    const other = new ClusterLocks(t.server.databaseUrl);
+    const db = new pg.Client({ connectionString: t.server.databaseUrl });
+    await db.connect();
+    try {
+      expect(await other.acquire(id)).toBe(true);
+      await db.query(`update sandbox set desired_state = 'stopped' where id = $1`, [id]);
+      const { recovery } = t.server.sandboxes;
+      expect(await recovery.pass()).toEqual([]);
+      expect((await call("GET", `/sandbox/${id}`)).body.state).toBe("stopping");
+      const busy = await call("POST", `/sandbox/${id}/start`);
+      expect(busy.status).toBe(409);
+      expect(busy.body.message).toBe("Sandbox state change in progress");
+      const remote = await RemoteRuntime.open({ url: runner.url, credential: runner.credential });
+      try {
+        expect((await remote.inspect(id))?.state).toBe("started"); // untouched
+        // The holder dies (its connection ends without a release): the next pass (this server's
+        // own, every tick) finishes the stop.
+        await other.close();
+        await eventually("the stop to be finished", async () => (await call("GET", `/sandbox/${id}`)).body.state === "stopped", 10_000);
+        expect((await remote.inspect(id))?.state).toBe("stopped");
+      } finally {
+        await remote.close();
+      }
+      expect((await call("DELETE", `/sandbox/${id}`)).status).toBeLessThan(300);
+    } finally {
+      await other.close();
+      await db.end();
+    }
+  }, 120_000);
+
   it("a live replica's operation is never taken: its lock holds until its connection goes, then is free at once", async () => {
     const a = new ClusterLocks(t.server.databaseUrl);
     const b = new ClusterLocks(t.server.databaseUrl);
