@@ -28,6 +28,11 @@ cp -a "$NODE_DIR" "$WORK/base/node"
 NPM_DIR=$(dirname "$(dirname "$(readlink -f "$(command -v npm)")")")
 mkdir -p "$WORK/base/node/lib/node_modules" && cp -a "$NPM_DIR" "$WORK/base/node/lib/node_modules/npm"
 ln -sf ../lib/node_modules/npm/bin/npm-cli.js "$WORK/base/node/bin/npm"
+# Headers for native modules (node-pty uses N-API, so any recent node's headers do): the host's,
+# since nodejs.org may not be reachable.
+if [ ! -e "$WORK/base/node/include/node/node_api.h" ]; then
+  mkdir -p "$WORK/base/node/include" && cp -a /usr/include/node "$WORK/base/node/include/node"
+fi
 # This host's extra CAs (a TLS-inspecting egress proxy, if any): RUN steps reach npm's registry
 # through the same egress as the host, and apt's ca-certificates keeps them when it rebuilds the bundle.
 mkdir -p "$WORK/base/ca" && cp /usr/local/share/ca-certificates/*.crt "$WORK/base/ca/" 2>/dev/null || true
@@ -41,11 +46,12 @@ ENV PATH=/usr/local/node/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 DOCKERFILE
 docker build -q --network host -t sandbar-smoke-base "$WORK/base" >/dev/null
 echo "== docker build (BASE=sandbar-smoke-base)"
-docker build --network host --build-arg BASE=sandbar-smoke-base -t sandbar:local . 2>&1 | tail -5
+BUILD_LOG=${BUILD_LOG:-/tmp/sandbar-image-build.log}
+docker build --network host --build-arg BASE=sandbar-smoke-base --build-arg NODEDIR=/usr/local/node -t sandbar:local . >"$BUILD_LOG" 2>&1 || { tail -40 "$BUILD_LOG"; exit 1; }
 t1=$(date +%s)
 echo "== built in $((t1 - t0)) s: $(docker image inspect sandbar:local --format '{{.Size}}' | awk '{printf "%.0f MB", $1/1e6}')"
 run() { docker run --rm --network host "$@"; }
-echo "== the CLI"; run sandbar:local node packages/cli/src/main.ts --version
+echo "== the CLI"; run sandbar:local node packages/cli/src/main.ts --help | head -3
 echo "== haproxy and the fleet's config"
 run -e LISTEN=127.0.0.1:3999 -e CONTROL_1=127.0.0.1:1 -e CONTROL_2=127.0.0.1:2 --entrypoint haproxy sandbar:local -c -f /app/deploy/haproxy.cfg
 echo "== host packages in the image"
