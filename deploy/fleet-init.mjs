@@ -13,7 +13,17 @@ const name = process.env.FLEET_REGION ?? "fleet";
 if (!key) throw new Error("SANDBAR_BOOTSTRAP_API_KEY is required");
 
 async function call(method, p, body) {
-  const res = await fetch(`${api}/api${p}`, { method, headers: { authorization: `Bearer ${key}`, ...(body ? { "content-type": "application/json" } : {}) }, body: body && JSON.stringify(body) });
+  // A replica still starting behind the balancer closes the connection: asked again.
+  let res;
+  for (let i = 0; ; i++) {
+    try {
+      res = await fetch(`${api}/api${p}`, { method, headers: { authorization: `Bearer ${key}`, ...(body ? { "content-type": "application/json" } : {}) }, body: body && JSON.stringify(body) });
+      break;
+    } catch (err) {
+      if (i === 120) throw err;
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+  }
   const json = await res.json().catch(() => ({}));
   if (res.status >= 300) throw new Error(`${method} ${p}: ${res.status} ${json.message ?? ""}`);
   return json;

@@ -64,4 +64,58 @@ for i in $(seq 1 90); do curl -sf -H "Authorization: Bearer $KEY" "http://127.0.
 curl -sf -H "Authorization: Bearer $KEY" "http://127.0.0.1:$PORT/api/api-keys/current" | head -c 200; echo
 docker logs "$CID" 2>&1 | tail -5
 docker rm -f "$CID" >/dev/null
-echo "== image smoke passed in $(($(date +%s) - t0)) s"
+echo "== image checks passed in $(($(date +%s) - t0)) s"
+
+# The fleet of docker-compose.yml, unchanged but for PostgreSQL's image (postgres:17 cannot be
+# pulled here): one made from Debian's postgresql-15 with the same POSTGRES_* contract.
+echo "== the compose fleet"
+mkdir -p "$WORK/pg"
+cat > "$WORK/pg/entrypoint.sh" <<'SH'
+#!/bin/sh
+set -e
+D=/var/lib/postgresql/data
+mkdir -p "$D" /var/run/postgresql && chown postgres:postgres "$D" /var/run/postgresql && chmod 700 "$D"
+if [ ! -s "$D/PG_VERSION" ]; then
+  printf '%s\n' "$POSTGRES_PASSWORD" > /tmp/pw && chown postgres /tmp/pw
+  setpriv --reuid=postgres --regid=postgres --init-groups initdb -D "$D" -U "$POSTGRES_USER" --pwfile=/tmp/pw --auth-host=scram-sha-256 --auth-local=trust >/dev/null
+  rm /tmp/pw
+  echo "host all all 0.0.0.0/0 scram-sha-256" >> "$D/pg_hba.conf"
+  echo "create database \"$POSTGRES_DB\" owner \"$POSTGRES_USER\"" | setpriv --reuid=postgres --regid=postgres --init-groups postgres --single -D "$D" postgres >/dev/null
+fi
+exec setpriv --reuid=postgres --regid=postgres --init-groups postgres -D "$D" -c listen_addresses='*'
+SH
+chmod +x "$WORK/pg/entrypoint.sh"
+cat > "$WORK/pg/Dockerfile" <<'DOCKERFILE'
+FROM sandbar-smoke-base
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql-15 && rm -rf /var/lib/apt/lists/*
+ENV PATH=/usr/lib/postgresql/15/bin:/usr/local/node/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+COPY entrypoint.sh /entrypoint.sh
+ENTRYPOINT ["/entrypoint.sh"]
+DOCKERFILE
+docker build -q --network host -t sandbar-smoke-postgres "$WORK/pg" >/dev/null
+export SANDBAR_POSTGRES_IMAGE=sandbar-smoke-postgres SANDBAR_BOOTSTRAP_API_KEY="$KEY" COMPOSE_PROJECT_NAME=sandbarsmoke
+FILES=(-f docker-compose.yml)
+# Where privileged containers cannot start (this host may itself be a restricted container: runc
+# then fails with "unable to apply caps"), the runners run unprivileged: they still register and
+# answer health checks, and report that they cannot run sandboxes.
+if ! docker run --rm --privileged --entrypoint true sandbar:local 2>/dev/null; then
+  echo "(privileged containers cannot start on this host: the runners run unprivileged)"
+  printf 'services:\n  runner-1:\n    privileged: false\n  runner-2:\n    privileged: false\n' > "$WORK/unprivileged.yml"
+  FILES+=(-f "$WORK/unprivileged.yml")
+fi
+compose() { docker-compose "${FILES[@]}" "$@"; }
+fleet_down() { compose down -v --remove-orphans >/dev/null 2>&1 || true; }
+trap 'fleet_down; cleanup' EXIT
+compose up -d --no-build 2>&1 | grep -v "^Creating\|^Pulling" || true
+# Through the load balancer, from inside the fleet's network (no port of this host is used).
+api() { compose exec -T control-1 node -e "fetch('http://lb:3000/api' + process.argv[1], { headers: { authorization: 'Bearer ' + process.env.SANDBAR_BOOTSTRAP_API_KEY } }).then(async (r) => { console.log(r.status, await r.text()); })" "$1"; }
+for i in $(seq 1 120); do api /runners 2>/dev/null | grep -q '"runner-2"' && api /runners | grep -q '"runner-1"' && break; sleep 2; done
+compose ps
+echo "-- GET /api/runners through the load balancer:"
+api /runners | node -e "let s='';process.stdin.on('data',c=>s+=c).on('end',()=>{const [code,...rest]=s.split(' ');const rows=JSON.parse(rest.join(' '));console.log(code, rows.map(r=>({name:r.name,state:r.state,apiUrl:r.apiUrl??r.domain,cpu:r.cpu,memory:r.memory})));})"
+echo "-- haproxy's log (connections per replica):"
+compose logs --no-color lb | grep -o 'control/control-[12]' | sort | uniq -c
+echo "-- the runners' logs:"
+compose logs --no-color runner-1 runner-2 | tail -20
+api /runners | grep -q '"runner-1"' && api /runners | grep -q '"runner-2"' || { echo "the runners did not register"; compose logs --no-color | tail -60; exit 1; }
+echo "== image and fleet smoke passed in $(($(date +%s) - t0)) s"
