@@ -110,12 +110,18 @@ compose up -d --no-build 2>&1 | grep -v "^Creating\|^Pulling" || true
 # Through the load balancer, from inside the fleet's network (no port of this host is used).
 api() { compose exec -T control-1 node -e "fetch('http://lb:3000/api' + process.argv[1], { headers: { authorization: 'Bearer ' + process.env.SANDBAR_BOOTSTRAP_API_KEY } }).then(async (r) => { console.log(r.status, await r.text()); })" "$1"; }
 for i in $(seq 1 120); do api /runners 2>/dev/null | grep -q '"runner-2"' && api /runners | grep -q '"runner-1"' && break; sleep 2; done
+# Then control's health checks reach each runner at its advertised address (ready, or unresponsive with its reason).
+for i in $(seq 1 60); do api /runners 2>/dev/null | grep -q '"initializing"' || break; sleep 2; done
 compose ps
 echo "-- GET /api/runners through the load balancer:"
-api /runners | node -e "let s='';process.stdin.on('data',c=>s+=c).on('end',()=>{const [code,...rest]=s.split(' ');const rows=JSON.parse(rest.join(' '));console.log(code, rows.map(r=>({name:r.name,state:r.state,apiUrl:r.apiUrl??r.domain,cpu:r.cpu,memory:r.memory})));})"
+api /runners | node -e "let s='';process.stdin.on('data',c=>s+=c).on('end',()=>{const [code,...rest]=s.split(' ');const rows=JSON.parse(rest.join(' '));console.log(code, rows.map(r=>({name:r.name,state:r.state,apiUrl:r.apiUrl??r.domain,cpu:r.cpu,memory:r.memory,reason:r.unresponsiveReason??r.reason})));})"
 echo "-- haproxy's log (connections per replica):"
 compose logs --no-color lb | grep -o 'control/control-[12]' | sort | uniq -c
 echo "-- the runners' logs:"
 compose logs --no-color runner-1 runner-2 | tail -20
 api /runners | grep -q '"runner-1"' && api /runners | grep -q '"runner-2"' || { echo "the runners did not register"; compose logs --no-color | tail -60; exit 1; }
+# A sandbox in the runners' region: reported as it ends, not required (a runner needs what this
+# host may not give a container: privileges, and egress for the default snapshot's debootstrap).
+echo "-- POST /api/sandbox {target: fleet} through the load balancer:"
+compose exec -T control-2 node -e "fetch('http://lb:3000/api/sandbox', { method: 'POST', headers: { authorization: 'Bearer ' + process.env.SANDBAR_BOOTSTRAP_API_KEY, 'content-type': 'application/json' }, body: JSON.stringify({ target: 'fleet' }) }).then(async (r) => { const b = await r.json(); console.log(r.status, b.state ?? '', b.runnerId ?? '', b.message ?? b.errorReason ?? ''); })" || true
 echo "== image and fleet smoke passed in $(($(date +%s) - t0)) s"
