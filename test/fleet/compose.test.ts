@@ -45,6 +45,7 @@ describe.skipIf(!has("docker-compose"))("docker-compose.yml", () => {
       expect(c.volumes.map((v: string) => v.replace(/:rw$/, "")).sort()).toEqual(["archives:/var/lib/sandbar/archives", "backups:/var/lib/sandbar/backups", "volume-data:/var/lib/sandbar/volumes"]);
     }
     expect(services.lb.ports).toEqual([{ published: 3000, target: 3000 }]);
+    expect(services.postgres.image).toBe("postgres:17");
     expect(services.lb.entrypoint).toEqual(["haproxy", "-W", "-db", "-f", "/app/deploy/haproxy.cfg"]);
     expect(services.lb.environment).toMatchObject({ CONTROL_1: "control-1:3000", CONTROL_2: "control-2:3000" });
     const subnets = new Set<string>();
