@@ -17,6 +17,7 @@ import {
   SandboxStatusSchema,
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import type { SandboxRuntime } from "../sandboxes/runtime.ts";
+import { SandboxQueue } from "./sandbox-queue.ts";
 import { networkFromProto, resourcesFromProto, specFromProto, statusToProto } from "./convert.ts";
 
 // RunnerService over a SandboxRuntime: what a `sandbar runner` process serves around the same
@@ -44,24 +45,25 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
     if (!raw) throw errors.invalidArgument("id is required");
     return raw;
   };
+  const queue = new SandboxQueue();
   return {
     async createSandbox(req) {
       // The runtime creates and starts in one step; a create that must stay stopped is not one of its operations.
       if (req.skipStart) throw errors.invalidArgument("skip_start: this runner creates sandboxes started; stop it after the create");
       const spec = specFromProto(req.spec);
-      await runtime.create(spec);
+      await queue.run(spec.id, () => runtime.create(spec));
       return status(spec.id);
     },
     async startSandbox(req) {
-      await runtime.start(id(req.id));
+      await queue.run(id(req.id), () => runtime.start(req.id));
       return status(req.id);
     },
     async stopSandbox(req) {
-      await runtime.stop(id(req.id), { force: req.force });
+      await queue.run(id(req.id), () => runtime.stop(req.id, { force: req.force }));
       return status(req.id);
     },
     async destroySandbox(req) {
-      await runtime.destroy(id(req.id));
+      await queue.run(id(req.id), () => runtime.destroy(req.id));
       return create(SandboxStatusSchema, { id: req.id, state: SandboxState.DESTROYED });
     },
     inspectSandbox: (req) => status(id(req.id)),
@@ -78,7 +80,7 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
       return status(req.id);
     },
     async resizeSandbox(req) {
-      await runtime.resize(id(req.id), resourcesFromProto(req.resources));
+      await queue.run(id(req.id), () => runtime.resize(req.id, resourcesFromProto(req.resources)));
       return status(req.id);
     },
     async getAgentAccess(req) {
@@ -109,8 +111,10 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
         throw errors.invalidArgument("archive.compression: this runner restores uncompressed tar only");
       }
       const spec = specFromProto(header.spec);
-      await runtime.restore(spec, Readable.from(checkedData(it), { objectMode: false }));
-      if (header.start) await runtime.start(spec.id);
+      await queue.run(spec.id, async () => {
+        await runtime.restore(spec, Readable.from(checkedData(it), { objectMode: false }));
+        if (header.start) await runtime.start(spec.id);
+      });
       return status(spec.id);
     },
     async getRunnerInfo() {

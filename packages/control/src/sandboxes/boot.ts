@@ -7,6 +7,8 @@ import type { Settings } from "../settings.ts";
 import { agentInit, LocalRuntime, type LocalProvider, SHARED_VOLUME_GID } from "./local-runtime.ts";
 import type { RunnerDirectory, SandboxManager } from "./manager.ts";
 import { reconcile } from "./reconcile.ts";
+import { ClusterLocks } from "./cluster-locks.ts";
+import { InterruptedOperations } from "./recovery.ts";
 import { type SandboxRuntime, unavailableRuntime } from "./runtime.ts";
 import { sandboxServices } from "./service.ts";
 import { AgentClients } from "../toolbox/agent-clients.ts";
@@ -39,6 +41,8 @@ export interface Sandboxes {
   volumes: VolumeStorage;
   /** Snapshots from images, pulled on this host's runtime. */
   snapshots: Snapshots;
+  /** Finishes the operations of control processes that died. */
+  recovery: InterruptedOperations;
   /** Stops the timers, lets running operations finish; sandboxes keep running. */
   stop(): Promise<void>;
 }
@@ -76,7 +80,9 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const dropFromRunners = runners?.dropImage ? (digest: string) => runners.dropImage!(digest, log) : undefined;
   const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, dropFromRunners, log });
   const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror) });
+  // One operation per sandbox among every control process of the database (needs its URL).
+  const sharedLocks = settings.databaseUrl ? new ClusterLocks(settings.databaseUrl, log) : undefined;
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, sharedLocks, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror) });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // The registered runners that answer: the same, over each one's sandboxes.
@@ -93,6 +99,9 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   await snapshots.pulls.resume().catch((err: unknown) => log(`snapshot pulls not resumed: ${err instanceof Error ? err.message : String(err)}`));
   const timers = new SandboxTimers(manager, { minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
   timers.start();
+  // What a control process that died left half done, finished by whichever process looks first.
+  const recovery = new InterruptedOperations(manager, { tickMs: settings.timerTickMs, log });
+  recovery.start();
   return {
     impl,
     manager,
@@ -101,12 +110,15 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     agentClients,
     volumes,
     snapshots,
+    recovery,
     async stop() {
+      await recovery.stop();
       await timers.stop();
       builds?.close();
       await snapshots.pulls.close();
       await pool?.close();
       await manager.close();
+      await sharedLocks?.close();
       await runtime.close();
     },
   };

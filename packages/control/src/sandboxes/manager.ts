@@ -6,6 +6,7 @@ import type { AgentEndpoint } from "../toolbox/agent-locator.ts";
 import type { Exec } from "../db/exec.ts";
 import { LayerFiles } from "./layer-files.ts";
 import { type NetworkFields, runtimeNetwork } from "./network-policy.ts";
+import type { SharedLocks } from "./cluster-locks.ts";
 import { OperationLocks } from "./operation-locks.ts";
 import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 import { isEphemeral, isErrored } from "./states.ts";
@@ -35,6 +36,8 @@ export interface SandboxManagerOptions {
   runners?: RunnerDirectory;
   /** Where a runner pulls a snapshot's image from: its pinned name and the organization's credentials for it. */
   imageSource?: ImageSource;
+  /** Locks shared by every control process of the database (cluster-locks.ts): one operation per sandbox among them all. */
+  sharedLocks?: SharedLocks;
 }
 
 export type ImageSource = (organizationId: string, digest: string) => Promise<{ name: string; credentials?: RegistryCredentials }>;
@@ -120,7 +123,7 @@ export class SandboxManager {
   readonly #imageSource?: ImageSource;
   readonly store: SandboxStore;
   readonly files: LayerFiles;
-  readonly locks = new OperationLocks();
+  readonly locks: OperationLocks;
   readonly #backups = new Map<string, Promise<void>>();
   readonly #touched = new Map<string, number>();
   readonly #endpoints = new EndpointCache();
@@ -141,6 +144,7 @@ export class SandboxManager {
     this.pool = o.pool;
     this.runners = o.runners;
     this.#imageSource = o.imageSource;
+    this.locks = new OperationLocks(o.sharedLocks);
   }
 
   // ---- lookups -------------------------------------------------------------------------------

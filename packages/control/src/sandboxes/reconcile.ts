@@ -1,5 +1,6 @@
 import type { SandboxRecord } from "../db/entities.ts";
 import type { SandboxManager } from "./manager.ts";
+import { HeldElsewhere } from "./operation-locks.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 
 // At start, after a clean stop or a crash (kill -9): the database says what each sandbox should
@@ -46,6 +47,7 @@ export async function reconcile(m: SandboxManager, log: (line: string) => void =
       const result = await op;
       report[result].push(row.id);
     } catch (err) {
+      if (err instanceof HeldElsewhere) return; // another control process is working on it
       log(`reconcile: sandbox ${row.id}: ${String(err)}`);
       report.failed.push(row.id);
     }
@@ -81,7 +83,7 @@ export async function reconcile(m: SandboxManager, log: (line: string) => void =
 type Result = "adopted" | "resumed" | "failed";
 
 /** Brings one sandbox to where the database says it is going. Runs under the sandbox's lock. */
-async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | undefined): Promise<Result> {
+export async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | undefined): Promise<Result> {
   const done = (o: { failed?: string }): Result => (o.failed === undefined ? "resumed" : "failed");
   if (row.state === "error" || row.state === "build_failed") return "adopted"; // left for the user to see (and start again when its first process died, or delete)
   if ((row.state === "pending_build" || row.state === "building_snapshot") && row.desiredState === "started") {

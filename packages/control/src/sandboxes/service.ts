@@ -28,6 +28,7 @@ import { parseNetworkAllowList, refuseDomainAllowList, updateNetwork } from "./n
 import { resizeRequest } from "./resize-request.ts";
 import { checkBuildInfo } from "../builds/build-info.ts";
 import type { SandboxBuilds } from "../builds/sandbox-builds.ts";
+import type { SharedLocks } from "./cluster-locks.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -44,6 +45,8 @@ export interface SandboxServiceDeps {
   runners?: RunnerDirectory;
   /** Where runners pull snapshot images from. */
   imageSource?: ImageSource;
+  /** Locks shared by the control processes of the database. */
+  sharedLocks?: SharedLocks;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
   /** Builds of sandboxes created with buildInfo. */
   builds?: SandboxBuilds;
@@ -60,6 +63,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     pool: deps.pool,
     runners: deps.runners,
     imageSource: deps.imageSource,
+    sharedLocks: deps.sharedLocks,
   });
   const { publicUrl } = deps.settings;
   const dtoContext: DtoContext = { toolboxProxyUrl: `${publicUrl}/api/toolbox-proxy` };

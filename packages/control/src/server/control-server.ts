@@ -118,7 +118,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const registryCredentials: CredentialsFor = (organizationId, host) => (internalRegistry?.owns(host) ? internalRegistry.pullCredentials(organizationId) : savedCredentials(organizationId, host));
   const objectStorage = await startObjectStorageService(settings.objectStorage, settings.dataDir, settings.publicUrl, orm);
   const runners = new RegisteredRunners(orm, box);
-  const sandboxes = await startSandboxes(settings, orm, log, registryCredentials, objectStorage.contexts, runners);
+  const sandboxes = await startSandboxes({ ...settings, databaseUrl }, orm, log, registryCredentials, objectStorage.contexts, runners);
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
   // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
   const recorder = new AuditRecorder(orm, log);

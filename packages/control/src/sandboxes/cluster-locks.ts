@@ -1,0 +1,83 @@
+import { createHash } from "node:crypto";
+import pg from "pg";
+
+// Which control process is working on a sandbox, across every process of one database: a
+// session-level PostgreSQL advisory lock per sandbox, held on one connection of this process for
+// as long as an operation runs. A process that dies (kill -9, a lost host) loses its connection
+// and PostgreSQL releases its locks at once: a sandbox whose operation was cut short is then free
+// for any other process to finish (recovery.ts), while one still being worked on is never taken.
+// No lease to renew and no column to clean up.
+
+/** Shared locks as OperationLocks uses them. */
+export interface SharedLocks {
+  /** Takes the sandbox's lock for this process; false when another process holds it. */
+  acquire(id: string): Promise<boolean>;
+  release(id: string): Promise<void>;
+}
+
+/** The advisory lock key of a sandbox: 64 bits of a hash of its id (its own key space by the prefix). */
+export function lockKey(id: string): string {
+  const hex = createHash("sha256").update(`sandbox:${id}`).digest("hex").slice(0, 16);
+  return BigInt.asIntN(64, BigInt(`0x${hex}`)).toString();
+}
+
+export class ClusterLocks implements SharedLocks {
+  readonly #databaseUrl: string;
+  readonly #log: (line: string) => void;
+  #client: Promise<pg.Client> | undefined;
+  /** Locks this process holds, for the connection they were taken on (a new connection holds none). */
+  readonly #held = new Map<string, pg.Client>();
+  #closed = false;
+
+  constructor(databaseUrl: string, log: (line: string) => void = () => undefined) {
+    this.#databaseUrl = databaseUrl;
+    this.#log = log;
+  }
+
+  async acquire(id: string): Promise<boolean> {
+    if (this.#closed) return false;
+    const client = await this.#connection();
+    const { rows } = await client.query<{ ok: boolean }>("select pg_try_advisory_lock($1::bigint) as ok", [lockKey(id)]);
+    if (rows[0]?.ok) this.#held.set(id, client);
+    return rows[0]?.ok === true;
+  }
+
+  async release(id: string): Promise<void> {
+    const client = this.#held.get(id);
+    this.#held.delete(id);
+    // Taken on a connection that has since dropped: PostgreSQL released it then.
+    if (!client || client !== (await this.#client?.catch(() => undefined))) return;
+    await client.query("select pg_advisory_unlock($1::bigint)", [lockKey(id)]);
+  }
+
+  /** Ends the connection: every lock still held is released with it. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    const client = await this.#client?.catch(() => undefined);
+    this.#client = undefined;
+    this.#held.clear();
+    await client?.end().catch(() => undefined);
+  }
+
+  #connection(): Promise<pg.Client> {
+    this.#client ??= (async () => {
+      const client = new pg.Client({ connectionString: this.#databaseUrl, application_name: "sandbar-operation-locks" });
+      client.on("error", (err) => {
+        // Its locks went with it: operations running now carry on; new ones take a new connection.
+        this.#log(`operation locks: connection lost (${err.message}); reconnecting`);
+        this.#client = undefined;
+      });
+      client.on("end", () => {
+        if (this.#client && !this.#closed) this.#client = undefined;
+      });
+      try {
+        await client.connect();
+      } catch (err) {
+        this.#client = undefined;
+        throw err;
+      }
+      return client;
+    })();
+    return this.#client;
+  }
+}
