@@ -11,7 +11,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { writeFile } from "node:fs/promises";
 import { Worker } from "node:worker_threads";
 import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
-import { freePort } from "../../packages/control/src/server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { loadAvg, log, machine, ms, requireRoot, startBenchServer, stats, type Stat } from "../sandboxes/support.ts";
 import type { LoadJob, LoadResult } from "./load.ts";
 

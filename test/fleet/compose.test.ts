@@ -7,7 +7,7 @@ import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_
 import { parse } from "yaml";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
-import { freePort } from "../../packages/control/src/server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { eventually } from "../../packages/control/src/sandboxes/testing/fixtures.ts";
 
 // The docker-compose fleet, validated for real where this machine allows: no public registry is

@@ -5,7 +5,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { freePort } from "../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { api, startTestServer, TEST_SNAPSHOT_CACHE, type TestServer } from "../testing/server.ts";
 
 // kill -9 of a real control process (`sandbar serve`) while a recorded call runs: its entry was

@@ -3,7 +3,7 @@ import { randomBytes } from "node:crypto";
 import { chmod, chown, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { freePort } from "../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { loadEmbeddedPostgres } from "./postgres-binaries.ts";
 
 export interface RunningPostgres {

@@ -6,7 +6,7 @@ import { fileURLToPath } from "node:url";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { api, startTestServer, TEST_SNAPSHOT_CACHE, type TestServer } from "../testing/server.ts";
-import { freePort } from "../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { ClusterLocks } from "../sandboxes/cluster-locks.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";

@@ -5,7 +5,7 @@ import { Code, ConnectError } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildAgentBundle } from "../../../agent/src/testing/bundle.ts";
 import { startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
-import { freePort } from "../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";

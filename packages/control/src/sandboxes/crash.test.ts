@@ -1,11 +1,11 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
 import { access, mkdtemp, rm } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, expect, it } from "vitest";
+import { freePort } from "@sandbar/runner/free-port";
 import { api, TEST_SNAPSHOT_CACHE } from "../testing/server.ts";
 import { LocalRuntime } from "./local-runtime.ts";
 import { sh } from "./testing/agent-client.ts";
@@ -25,17 +25,6 @@ let env: NodeJS.ProcessEnv;
 let url: string;
 const key = "sbr_" + randomBytes(32).toString("hex");
 const servers: ChildProcess[] = [];
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => resolve(port));
-    });
-  });
-}
 
 async function serve(): Promise<{ child: ChildProcess; output: () => string }> {
   const child = spawn(process.execPath, [CLI, "serve"], { cwd: REPO, env, stdio: ["ignore", "pipe", "pipe"] });

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startControlServer, type ControlOptions, type ControlServer } from "../server/control-server.ts";
 import { loadSettings, type Settings } from "../settings.ts";
-import { freePort } from "../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 
 /**
  * Where test servers build and cache the default snapshot: shared with the runner's tests, so

@@ -8,7 +8,7 @@ import pg from "pg";
 import { Webhook } from "standardwebhooks";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
-import { freePort } from "../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { api, TEST_SNAPSHOT_CACHE } from "../testing/server.ts";
 import { Receiver } from "./testing/receiver.ts";
 

@@ -4,7 +4,7 @@ import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { addImage, initLayout, layerFromFiles } from "../../../../runner/src/images/testing/registry.ts";
-import { freePort } from "../../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { issuerSettings, TestIssuer } from "../../testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../../testing/server.ts";
 import { type RegistryProcess, startRegistryProcess } from "./registry-process.ts";

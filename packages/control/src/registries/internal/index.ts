@@ -5,7 +5,7 @@ import { create } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { type RegistryPushAccess, RegistryPushAccessSchema } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
 import { execIn } from "../../db/exec.ts";
-import { freePort } from "../../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import type { RegistryCredentials } from "../credentials.ts";
 import { RegistryCredentialStore } from "./credentials.ts";
 import { REGISTRY_SERVICE, type RegistryProcess, signingKey, startRegistryProcess, TOKEN_ISSUER } from "./registry-process.ts";

@@ -3,7 +3,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { freePort } from "../../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 
 // The embedded registry never outlives its server, even one killed with SIGKILL (crash tests and
 // real crashes run no exit handler): a real docker-registry started by a real node process.

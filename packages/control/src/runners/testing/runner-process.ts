@@ -4,7 +4,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { freePort } from "../../server/free-port.ts";
+import { freePort } from "@sandbar/runner/free-port";
 import { TEST_SNAPSHOT_CACHE } from "../../testing/server.ts";
 
 // A real `sandbar runner` process on loopback, with its own data dir and port, for tests.

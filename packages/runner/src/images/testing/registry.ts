@@ -7,6 +7,7 @@ import os from "node:os";
 import path from "node:path";
 import { gzipSync } from "node:zlib";
 import { create as tarCreate, Header } from "tar";
+import { freePort } from "../../free-port.ts";
 
 // A real OCI registry on loopback for tests and benchmarks: Debian's docker-registry (CNCF
 // distribution 2.8) with htpasswd basic auth and storage in a temp dir, seeded by images built
@@ -21,17 +22,6 @@ export interface TestRegistry {
   /** Pushes image `name` of an OCI layout to <host>/<repo>; returns the pushed manifest digest. */
   push(layout: string, name: string, repo: string): Promise<string>;
   stop(): Promise<void>;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.once("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const port = (srv.address() as net.AddressInfo).port;
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 function run(cmd: string, args: string[], stdin?: string): Promise<string> {
