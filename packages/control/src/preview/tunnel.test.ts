@@ -8,6 +8,7 @@ import { startAgent, type Agent } from "@sandbar/agent";
 import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { dialTunnel, TunnelError } from "./tunnel-dial.ts";
+import { freePort } from "@sandbar/runner/free-port";
 
 // The agent's byte tunnel, end to end on this host: a real agent (in this process) on a unix
 // socket, real TCP servers on loopback standing for what runs in a sandbox. (In a sandbox the
@@ -74,7 +75,9 @@ describe("the agent's tunnel", () => {
     servers.push(server);
     const listening = await new Promise<boolean>((resolve) => {
       server.once("error", () => resolve(false));
-      server.listen(0, "::1", () => resolve(true));
+      // A port free on 127.0.0.1 and outside the kernel's ephemeral range: a kernel-picked port on
+      // ::1 can be taken on 127.0.0.1 by another suite's server, which the tunnel then reaches first.
+      void freePort().then((port) => server.listen(port, "::1", () => resolve(true)));
     });
     if (!listening) return ctx.skip(); // no IPv6 loopback on this host
     const s = await dialTunnel(dial(), (server.address() as AddressInfo).port);
