@@ -166,15 +166,17 @@ export function providerContract(get: () => ProviderFixture, created: Set<string
   unlessGvisor("enforces the pids and memory limits", async () => {
     const { provider } = f();
     const id = await make("limits", { pidsLimit: 64, memoryGiB: 0.125 });
-    const forks = await sh(provider, id, "(for i in $(seq 1 100); do sleep 30 & done) 2>/tmp/err; pkill sleep; grep -ci 'fork\\|resource' /tmp/err");
+    // A storm at the limit and an OOM loop can take long on a busy machine: more than a call's usual 30 s.
+    const slow = 120_000;
+    const forks = await sh(provider, id, "(for i in $(seq 1 100); do sleep 30 & done) 2>/tmp/err; pkill sleep; grep -ci 'fork\\|resource' /tmp/err", slow);
     expect(Number(forks.stdout.trim())).toBeGreaterThan(0);
     if (!options.gvisor) expect((await provider.inspect(id)).usage!.pidsLimitHits).toBeGreaterThan(0);
-    const mem = await sh(provider, id, "python3 -c 'a = []\nwhile True: a.append(bytearray(1 << 20))' 2>/dev/null; echo exit=$?");
+    const mem = await sh(provider, id, "python3 -c 'a = []\nwhile True: a.append(bytearray(1 << 20))' 2>/dev/null; echo exit=$?", slow);
     expect(mem.stdout).toBe("exit=137\n");
     const info = await provider.inspect(id);
     expect(info.state).toBe("started");
     if (!options.gvisor) expect(info.usage!.oomKills).toBeGreaterThan(0);
-  });
+  }, 300_000);
 
   unlessGvisor("resize raises cpu and memory of a running sandbox at once, keeps them across a restart, and refuses bad values", async () => {
     const { provider } = f();

@@ -77,13 +77,13 @@ export function request<T>(socket: string, req: unknown, timeoutMs = 30_000): Pr
   });
 }
 
-export async function exec(provider: Pick<SandboxProvider, "connect">, id: string, argv: string[], stdin?: string): Promise<ExecResult> {
-  return request<ExecResult>(await provider.connect(id), { argv, stdin });
+export async function exec(provider: Pick<SandboxProvider, "connect">, id: string, argv: string[], stdin?: string, timeoutMs?: number): Promise<ExecResult> {
+  return request<ExecResult>(await provider.connect(id), { argv, stdin }, timeoutMs);
 }
 
 /** `sh -c script` inside the sandbox. */
-export function sh(provider: Pick<SandboxProvider, "connect">, id: string, script: string): Promise<ExecResult> {
-  return exec(provider, id, ["/bin/sh", "-c", script]);
+export function sh(provider: Pick<SandboxProvider, "connect">, id: string, script: string, timeoutMs?: number): Promise<ExecResult> {
+  return exec(provider, id, ["/bin/sh", "-c", script], undefined, timeoutMs);
 }
 
 export interface Fixture {
