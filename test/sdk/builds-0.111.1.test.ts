@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startRegistry, type TestRegistry } from "../../packages/runner/src/images/testing/registry.ts";
 import { pushTestImage } from "../../packages/control/src/snapshots/testing/image.ts";
-import { load, startRealServer, type RealServer } from "./support.ts";
+import { load, saveRegistry, startRealServer, type RealServer } from "./support.ts";
 
 // SDK 0.111.1's declarative builds (it reads build logs at /snapshots/{id}/build-logs and
 // /sandbox/{id}/build-logs directly, and gives its S3 client no region): `Image` with a local
@@ -26,12 +26,7 @@ beforeAll(async () => {
   reg = await startRegistry();
   base = await pushTestImage(reg, scratch, "sdk/base:1.1");
   s = await startRealServer();
-  const saved = await fetch(`${s.apiUrl}/docker-registry`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${s.adminKey}`, "content-type": "application/json" },
-    body: JSON.stringify({ name: "test registry", url: `http://${reg.host}`, username: reg.username, password: reg.password }),
-  });
-  expect(saved.status, await saved.clone().text()).toBe(201);
+  await saveRegistry(s, reg);
   daytona = new sdk.Daytona({ apiKey: s.adminKey, apiUrl: s.apiUrl, target: "local" });
 }, 600_000);
 

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startRegistry, type TestRegistry } from "../../packages/runner/src/images/testing/registry.ts";
 import { pushTestImage } from "../../packages/control/src/snapshots/testing/image.ts";
-import { load, startRealServer, type RealServer } from "./support.ts";
+import { load, saveRegistry, startRealServer, type RealServer } from "./support.ts";
 
 // SDK 0.218.0's snapshot flow against a real server and a real registry on loopback:
 // `daytona.snapshot.create({name, image}, {onLogs})` (POST /snapshots, then GET /snapshots/{name}
@@ -25,13 +25,7 @@ beforeAll(async () => {
   reg = await startRegistry();
   image = await pushTestImage(reg, scratch, "sdk/app:2.0");
   s = await startRealServer();
-  // The registry's password reaches the pull the way a user gives it: saved through the registries API.
-  const saved = await fetch(`${s.apiUrl}/docker-registry`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${s.adminKey}`, "content-type": "application/json" },
-    body: JSON.stringify({ name: "test registry", url: `http://${reg.host}`, username: reg.username, password: reg.password }),
-  });
-  expect(saved.status, await saved.clone().text()).toBe(201);
+  await saveRegistry(s, reg);
   daytona = new sdk.Daytona({ apiKey: s.adminKey, apiUrl: s.apiUrl, target: "local", useDeprecatedPolling: true });
 }, 600_000);
 

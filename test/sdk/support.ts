@@ -10,7 +10,8 @@ import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import { buildAgentBundle, startTestServer, type TestServer } from "@sandbar/control/testing";
-import { it } from "vitest";
+import { expect, it } from "vitest";
+import type { TestRegistry } from "../../packages/runner/src/images/testing/registry.ts";
 import type { ControlOptions } from "../../packages/control/src/server/control-server.ts";
 
 const PROTO_ROOT = fileURLToPath(new URL("../../proto", import.meta.url));
@@ -97,3 +98,13 @@ export function todo(reason: string, name: string, body: () => Promise<void>): v
 
 /** CommonJS packages (the SDKs) from this ES module. */
 export const load = <T>(specifier: string): T => createRequire(import.meta.url)(specifier) as T;
+
+/** Saves the test registry's credentials through the registries API, as a user gives them, so snapshot pulls and builds use them. */
+export async function saveRegistry(s: RealServer, reg: TestRegistry): Promise<void> {
+  const saved = await fetch(`${s.apiUrl}/docker-registry`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${s.adminKey}`, "content-type": "application/json" },
+    body: JSON.stringify({ name: "test registry", url: `http://${reg.host}`, username: reg.username, password: reg.password }),
+  });
+  expect(saved.status, await saved.clone().text()).toBe(201);
+}
