@@ -9,8 +9,7 @@ import { fsError } from "../util/fs-errors.ts";
 import { resolvePath } from "../util/paths.ts";
 import { invalidEnvName, shellQuote } from "../util/shell.ts";
 import { signalTree } from "../util/kill.ts";
-import type { ShellLauncher } from "./launcher.ts";
-import type { ChildProcess } from "node:child_process";
+import type { LaunchedShell, ShellLauncher } from "./launcher.ts";
 
 /** Most output an execution answers with; the rest is counted, not kept. */
 export const RESULT_LIMIT = 32 * 1024 * 1024;
@@ -70,7 +69,7 @@ export async function execute(ctx: AgentContext, launcher: ShellLauncher, input:
   }
 }
 
-function run(child: ChildProcess, input: ExecuteInput, signal?: AbortSignal): Promise<ExecuteOutput> {
+function run(child: LaunchedShell, input: ExecuteInput, signal?: AbortSignal): Promise<ExecuteOutput> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let kept = 0;

@@ -1,10 +1,11 @@
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
 import * as path from "node:path";
-import type { Writable } from "node:stream";
+import type { Readable, Writable } from "node:stream";
 import type { AgentContext } from "../context.ts";
 import { shellQuote } from "../util/shell.ts";
-import { asUserProcess, userJoinPrelude } from "./user-spawn.ts";
+import { ShellSpawner, type SpawnedShell } from "./shell-spawner.ts";
+import { asUserProcess, userCgroupFiles, userJoinPrelude, userOomPrelude } from "./user-spawn.ts";
 
 /** Longest script handed to a warm shell; bash reads it byte by byte. */
 const WARM_SCRIPT_LIMIT = 16 * 1024;
@@ -17,35 +18,80 @@ const WARM_SCRIPT_LIMIT = 16 * 1024;
  */
 const WARM_BOOT = 'IFS= read -r -d "" __sandbar_script <&3 || exit 0; exec 3<&-; eval "$__sandbar_script"';
 
+/** Warm shells kept ready while executions run: one being taken, the next arriving. */
+const POOL = 2;
+/** The spawner ends after this long without an execution, giving its memory back. */
+const SPAWNER_IDLE_MS = 60_000;
+/** A spawner that died is not restarted sooner than this (something keeps killing it). */
+const SPAWNER_RETRY_MS = 5_000;
+
+/** What an execution runs in: a ChildProcess, or a shell the spawner started (the same events). */
+export interface LaunchedShell {
+  readonly pid?: number | undefined;
+  readonly stdout: Readable | null;
+  readonly stderr: Readable | null;
+  once(event: "exit", listener: (code: number | null, signal: NodeJS.Signals | null) => void): unknown;
+  once(event: "error", listener: (err: Error) => void): unknown;
+}
+
+/** A warm shell waiting for its script on `input`. */
+interface Spare {
+  shell: LaunchedShell;
+  input: Writable;
+  /** The environment generation it was started with. */
+  generation: number;
+  alive(): boolean;
+  /** Lets it keep the agent running once it runs a script. */
+  hold(): void;
+  discard(): void;
+}
+
 /**
  * Starts the shells that executions run in: each in its own process group,
- * stdin /dev/null, stdout and stderr piped. Keeps one warm bash spare once
- * executions have started (never before: an idle sandbox pays nothing).
+ * stdin /dev/null, stdout and stderr piped. Once executions have started (never
+ * before: an idle sandbox pays nothing) warm shells are kept ready, started by
+ * the spawner process so that the agent never forks between two executions;
+ * until the spawner runs (and after it ended idle) the agent keeps one spare
+ * of its own.
  */
 export class ShellLauncher {
-  private spare: ChildProcess | undefined;
-  /** The environment generation the spare was started with. */
-  private spareGeneration = 0;
+  private readonly spares: Spare[] = [];
+  /** Shells asked of the spawner that have not arrived. */
+  private pending = 0;
+  private spawner: ShellSpawner | undefined;
+  private spawnerStarted = 0;
+  private readonly idle: NodeJS.Timeout;
   private readonly ctx: AgentContext;
   private readonly warmable: boolean;
 
   constructor(ctx: AgentContext) {
     this.ctx = ctx;
     this.warmable = path.basename(ctx.shell) === "bash";
-    ctx.shutdown.addEventListener("abort", () => this.spare?.kill("SIGKILL"), { once: true });
+    this.idle = setTimeout(() => this.stopSpawner(), SPAWNER_IDLE_MS);
+    this.idle.unref();
+    ctx.shutdown.addEventListener(
+      "abort",
+      () => {
+        clearTimeout(this.idle);
+        this.spawner?.stop();
+        for (const s of this.spares.splice(0)) s.discard();
+      },
+      { once: true },
+    );
   }
 
   /** A shell running script in cwd, with envs added to the agent's environment. */
-  launch(script: string, cwd: string, envs: Record<string, string>): ChildProcess {
+  launch(script: string, cwd: string, envs: Record<string, string>): LaunchedShell {
     if (!this.warmable || script.length > WARM_SCRIPT_LIMIT || this.ctx.shutdown.aborted) return this.cold(script, cwd, envs);
+    this.idle.refresh();
     const warm = this.take();
     if (!warm) return this.cold(script, cwd, envs);
     let prelude = "";
     if (cwd !== this.ctx.workDir) prelude += `cd -- ${shellQuote(cwd)} || exit 1\n`;
     for (const [k, v] of Object.entries(envs)) prelude += `export ${k}=${shellQuote(v)}\n`;
-    const fd3 = warm.stdio[3] as Writable;
-    fd3.end(`${prelude}${script}\0`);
-    return warm;
+    warm.hold();
+    warm.input.end(`${prelude}${script}\0`);
+    return warm.shell;
   }
 
   private cold(script: string, cwd: string, envs: Record<string, string>): ChildProcess {
@@ -54,38 +100,103 @@ export class ShellLauncher {
     return spawn(file, args, { cwd, env, detached: true, stdio: ["ignore", "pipe", "pipe"] });
   }
 
-  private take(): ChildProcess | undefined {
-    const s = this.spare;
-    this.spare = undefined;
-    if (!s || s.exitCode !== null || s.signalCode !== null) return undefined;
-    if (this.spareGeneration !== this.ctx.envGeneration) {
-      s.kill("SIGKILL"); // started before the environment changed
-      return undefined;
+  private take(): Spare | undefined {
+    let s: Spare | undefined;
+    while ((s = this.spares.shift())) {
+      if (s.alive() && s.generation === this.ctx.envGeneration) break;
+      s.discard(); // ended meanwhile, or started before the environment changed
     }
-    s.ref();
+    this.askSpawner();
     return s;
   }
 
   /**
-   * Makes the next spare soon. Callers ask once their execution has answered:
-   * spawning blocks the event loop for the length of a fork, which must not
-   * delay an answer.
+   * Makes sure spares are coming. Callers ask once their execution has answered: a fork in the
+   * agent (its own spare, while no spawner runs) blocks the event loop, which must not delay an answer.
    */
   refillSoon(): void {
-    if (this.warmable && !this.spare) setTimeout(() => this.refill(), 0);
+    if (!this.warmable || this.ctx.shutdown.aborted) return;
+    if (this.askSpawner()) return;
+    if (this.spares.length === 0) setTimeout(() => this.refillHere(), 0);
   }
 
-  private refill(): void {
-    if (this.spare || this.ctx.shutdown.aborted) return;
+  /** Asks the spawner (started if need be) for the shells missing from the pool; false if it cannot. */
+  private askSpawner(): boolean {
+    if (!this.warmable || this.ctx.shutdown.aborted) return false;
+    if (!this.spawner?.alive) {
+      if (Date.now() - this.spawnerStarted < SPAWNER_RETRY_MS) return false;
+      this.spawnerStarted = Date.now();
+      this.pending = 0;
+      let failing = false;
+      this.spawner = new ShellSpawner(
+        userCgroupFiles(),
+        (shell) => this.arrived(shell),
+        (reason) => {
+          this.pending = Math.max(0, this.pending - 1);
+          // Once per spawner: a user's fork storm makes every request fail while it lasts.
+          if (!failing) this.ctx.log(`the shell spawner could not start a shell (executions start their own meanwhile): ${reason}`);
+          failing = true;
+        },
+      );
+    }
+    // Until the spawner says it joined the user cgroup, its shells join it themselves.
+    const prelude = this.spawner.joined ? userOomPrelude() : userJoinPrelude();
+    for (; this.spares.length + this.pending < POOL; this.pending++) {
+      if (!this.spawner.request({ file: this.ctx.shell, args: ["-c", prelude + WARM_BOOT], cwd: this.ctx.workDir, env: this.ctx.env })) return false;
+    }
+    return true;
+  }
+
+  private arrived(shell: SpawnedShell): void {
+    this.pending = Math.max(0, this.pending - 1);
+    const input = shell.input!;
+    input.on("error", () => undefined);
+    this.spares.push({
+      shell,
+      input,
+      generation: this.ctx.envGeneration,
+      alive: () => !shell.exited,
+      hold: () => {
+        shell.stdout?.ref();
+        shell.stderr?.ref();
+      },
+      discard: () => kill(shell.pid),
+    });
+  }
+
+  private stopSpawner(): void {
+    if (!this.spawner?.alive) return;
+    this.spawner.stop();
+    this.spares.length = 0; // its shells ended with it
+    this.refillSoon();
+  }
+
+  /** One spare started by the agent itself. */
+  private refillHere(): void {
+    if (this.spares.length > 0 || this.ctx.shutdown.aborted) return;
     // The shell joins the user cgroup itself (no /bin/sh wrapper to exec first).
     const s = spawn(this.ctx.shell, ["-c", userJoinPrelude() + WARM_BOOT], { cwd: this.ctx.workDir, env: this.ctx.env, detached: true, stdio: ["ignore", "pipe", "pipe", "pipe"] });
-    s.once("error", () => {
-      if (this.spare === s) this.spare = undefined;
-    });
-    (s.stdio[3] as Writable).on("error", () => undefined);
+    s.once("error", () => undefined);
+    const input = s.stdio[3] as Writable;
+    input.on("error", () => undefined);
     // A spare must not keep the agent alive or hold its output.
     s.unref();
-    this.spare = s;
-    this.spareGeneration = this.ctx.envGeneration;
+    this.spares.push({
+      shell: s,
+      input,
+      generation: this.ctx.envGeneration,
+      alive: () => s.exitCode === null && s.signalCode === null && s.pid !== undefined,
+      hold: () => s.ref(),
+      discard: () => kill(s.pid),
+    });
+  }
+}
+
+function kill(pid: number | undefined): void {
+  if (pid === undefined) return;
+  try {
+    process.kill(-pid, "SIGKILL");
+  } catch {
+    // Already gone.
   }
 }

@@ -99,6 +99,37 @@ describe("execute", () => {
     }
   });
 
+  it("runs executions in shells the spawner started, and keeps executing when user code kills the spawner", async () => {
+    const parentOfShell = async () => {
+      const res = await proc.execute({ command: 'echo $PPID; tr "\\0" " " < /proc/$PPID/cmdline | head -c 100' });
+      const [ppid, cmdline] = res.result.split("\n", 2);
+      return { spawner: cmdline!.includes(" -e "), ppid: Number(ppid) };
+    };
+    // A few executions for the spawner to start and fill its pool.
+    let parent = await parentOfShell();
+    for (let i = 0; i < 20 && !parent.spawner; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      parent = await parentOfShell();
+    }
+    expect(parent.spawner).toBe(true);
+
+    // Killed from inside an execution: that execution ends killed, the next ones run.
+    const killed = await proc.execute({ command: `kill -9 ${parent.ppid}; sleep 5` });
+    expect(killed.exitCode).toBe(137);
+    for (let i = 0; i < 5; i++) expect(await proc.execute({ command: "echo $((40 + 2))" })).toMatchObject({ exitCode: 0, result: "42\n" });
+    expect(alive(parent.ppid)).toBe(false);
+
+    // It comes back (not sooner than 5 s after its last start).
+    const until = Date.now() + 15_000;
+    let back = await parentOfShell();
+    while (!(back.spawner && back.ppid !== parent.ppid) && Date.now() < until) {
+      await new Promise((r) => setTimeout(r, 250));
+      back = await parentOfShell();
+    }
+    expect(back.spawner).toBe(true);
+    expect(back.ppid).not.toBe(parent.ppid);
+  }, 30_000);
+
   it("refuses bad input with clear errors", async () => {
     expect(await codeOf(proc.execute({ command: "  " }))).toBe(Code.InvalidArgument);
     expect(await codeOf(proc.execute({ command: "true", cwd: "/no/such/dir" }))).toBe(Code.NotFound);

@@ -57,6 +57,12 @@ export function userJoinPrelude(): string {
   return `${joins}{ echo ${USER_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; } 2>/dev/null; `;
 }
 
+/** The part of userJoinPrelude for a shell born in the user cgroup: its OOM score only. */
+export function userOomPrelude(): string {
+  if (procsFiles.length === 0) return "";
+  return `{ echo ${USER_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; } 2>/dev/null; `;
+}
+
 function findable(file: string, pathVar = ""): boolean {
   const candidates = file.includes("/") ? [file] : pathVar.split(":").filter(Boolean).map((d) => path.join(d, file));
   return candidates.some((c) => {
