@@ -95,6 +95,7 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
     stateDir,
     env,
     envGeneration: 0,
+    envChanges: new EventTarget(),
     shell: options.shell ?? (await detectShell(env)),
     version: AGENT_VERSION,
     shutdown: shutdown.signal,

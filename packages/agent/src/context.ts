@@ -10,6 +10,8 @@ export interface AgentContext {
   readonly env: NodeJS.ProcessEnv;
   /** Counts changes to `env` (EnvironmentService), so processes started ahead of time can tell they are stale. */
   envGeneration: number;
+  /** Dispatches "change" after `env` changed, so what was started ahead of time can be replaced. */
+  readonly envChanges: EventTarget;
   /** The user's shell, for sessions, execute and PTYs. */
   readonly shell: string;
   readonly version: string;

@@ -12,6 +12,7 @@ export function createEnvironmentService(ctx: AgentContext): ServiceImpl<typeof 
       // ctx.env is what every spawn reads: later processes, sessions and terminals get these.
       Object.assign(ctx.env, req.env);
       ctx.envGeneration++;
+      ctx.envChanges.dispatchEvent(new Event("change"));
       return {};
     },
   };

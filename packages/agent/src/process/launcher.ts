@@ -56,8 +56,8 @@ interface Spare {
  */
 export class ShellLauncher {
   private readonly spares: Spare[] = [];
-  /** Shells asked of the spawner that have not arrived. */
-  private pending = 0;
+  /** The environment generation of each shell asked of the spawner that has not arrived, in order. */
+  private readonly pending: number[] = [];
   private spawner: ShellSpawner | undefined;
   private spawnerStarted = 0;
   private readonly idle: NodeJS.Timeout;
@@ -69,6 +69,8 @@ export class ShellLauncher {
     this.warmable = path.basename(ctx.shell) === "bash";
     this.idle = setTimeout(() => this.stopSpawner(), SPAWNER_IDLE_MS);
     this.idle.unref();
+    // A sandbox claimed from the warm pool gets its environment just before its first execution.
+    ctx.envChanges.addEventListener("change", () => this.replaceStale());
     ctx.shutdown.addEventListener(
       "abort",
       () => {
@@ -106,7 +108,8 @@ export class ShellLauncher {
       if (s.alive() && s.generation === this.ctx.envGeneration) break;
       s.discard(); // ended meanwhile, or started before the environment changed
     }
-    this.askSpawner();
+    // Not started here: that waits for the answer (refillSoon).
+    if (this.spawner?.alive) this.askSpawner();
     return s;
   }
 
@@ -126,13 +129,13 @@ export class ShellLauncher {
     if (!this.spawner?.alive) {
       if (Date.now() - this.spawnerStarted < SPAWNER_RETRY_MS) return false;
       this.spawnerStarted = Date.now();
-      this.pending = 0;
+      this.pending.length = 0;
       let failing = false;
       this.spawner = new ShellSpawner(
         userCgroupFiles(),
         (shell) => this.arrived(shell),
         (reason) => {
-          this.pending = Math.max(0, this.pending - 1);
+          this.pending.shift();
           // Once per spawner: a user's fork storm makes every request fail while it lasts.
           if (!failing) this.ctx.log(`the shell spawner could not start a shell (executions start their own meanwhile): ${reason}`);
           failing = true;
@@ -141,20 +144,27 @@ export class ShellLauncher {
     }
     // Until the spawner says it joined the user cgroup, its shells join it themselves.
     const prelude = this.spawner.joined ? userOomPrelude() : userJoinPrelude();
-    for (; this.spares.length + this.pending < POOL; this.pending++) {
+    while (this.spares.length + this.pending.length < POOL) {
       if (!this.spawner.request({ file: this.ctx.shell, args: ["-c", prelude + WARM_BOOT], cwd: this.ctx.workDir, env: this.ctx.env })) return false;
+      this.pending.push(this.ctx.envGeneration);
     }
     return true;
   }
 
   private arrived(shell: SpawnedShell): void {
-    this.pending = Math.max(0, this.pending - 1);
+    const generation = this.pending.shift() ?? -1;
+    if (generation !== this.ctx.envGeneration) {
+      // Asked for before the environment changed.
+      kill(shell.pid);
+      this.askSpawner();
+      return;
+    }
     const input = shell.input!;
     input.on("error", () => undefined);
     this.spares.push({
       shell,
       input,
-      generation: this.ctx.envGeneration,
+      generation,
       alive: () => !shell.exited,
       hold: () => {
         shell.stdout?.ref();
@@ -162,6 +172,17 @@ export class ShellLauncher {
       },
       discard: () => kill(shell.pid),
     });
+  }
+
+  /** Ends the spares started with an environment that has changed since, and starts fresh ones. */
+  private replaceStale(): void {
+    const stale = this.spares.filter((s) => s.generation !== this.ctx.envGeneration);
+    if (stale.length === 0) return;
+    for (const s of stale) {
+      this.spares.splice(this.spares.indexOf(s), 1);
+      s.discard();
+    }
+    this.refillSoon();
   }
 
   private stopSpawner(): void {

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { CodeLanguage, ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+import { EnvironmentService } from "@sandbar/protocol/gen/sandbar/agent/v1/environment_pb.js";
 import { mkdir } from "node:fs/promises";
 import { readFileSync } from "node:fs";
 import * as path from "node:path";
@@ -129,6 +130,15 @@ describe("execute", () => {
     expect(back.spawner).toBe(true);
     expect(back.ppid).not.toBe(parent.ppid);
   }, 30_000);
+
+  it("never runs an execution in a shell started before the environment changed", async () => {
+    const env = agent.client(EnvironmentService);
+    for (let round = 0; round < 3; round++) {
+      for (let i = 0; i < 5; i++) await proc.execute({ command: "true" }); // spares ready
+      await env.setEnvironment({ env: { ROUND: String(round) } });
+      for (let i = 0; i < 4; i++) expect((await proc.execute({ command: 'echo "$ROUND"' })).result).toBe(`${round}\n`);
+    }
+  });
 
   it("refuses bad input with clear errors", async () => {
     expect(await codeOf(proc.execute({ command: "  " }))).toBe(Code.InvalidArgument);
