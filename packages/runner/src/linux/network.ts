@@ -1,4 +1,4 @@
-import { readFile, rm, writeFile } from "node:fs/promises";
+import { access, readFile, rm, writeFile } from "node:fs/promises";
 import { errors } from "@sandbar/protocol";
 import { run, which } from "./command.ts";
 import type { NetworkMode } from "../provider.ts";
@@ -291,6 +291,8 @@ delete chain ${t} ${chain}
   }
 
   async #removeNetns(netns: string): Promise<void> {
+    // Most sandboxes never had one: no `ip` process for them (it is a few ms of every start and stop).
+    if (!(await exists(`/run/netns/${netns}`))) return;
     await ip("netns", "del", netns).catch(() => undefined);
     await rm(`/run/netns/${netns}`, { force: true });
   }
@@ -299,4 +301,11 @@ delete chain ${t} ${chain}
   markUsed(lease: NetworkLease): void {
     this.#used.add(lease.slot);
   }
+}
+
+function exists(p: string): Promise<boolean> {
+  return access(p).then(
+    () => true,
+    () => false,
+  );
 }
