@@ -816,7 +816,7 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
   cpu?: number | undefined;
 
   /**
-   * 0 or 1.
+   * 0 or 1; a GPU sandbox goes only to a runner with a free GPU.
    *
    * @generated from field: optional int32 gpu = 12;
    */
@@ -833,7 +833,8 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
   disk?: number | undefined;
 
   /**
-   * Ordered preference; the reference also accepts a single value.
+   * Ordered preference; the reference also accepts a single value. Placement
+   * pins the sandbox to the first type a runner has free.
    *
    * @generated from field: repeated sandbar.control.v1.GpuType gpu_type = 15;
    */
@@ -872,13 +873,17 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
   linkedSandbox?: string | undefined;
 
   /**
-   * Earlier names (/workspace): `image` for snapshot, `class` for the class.
+   * Earlier names (/workspace): `image` for snapshot.
    *
    * @generated from field: optional string image = 22;
    */
   image?: string | undefined;
 
   /**
+   * The sandbox class: container (default), linux-vm, android or windows; only
+   * a runner of that class takes it. The earlier sizes small, medium and large
+   * are accepted and ignored.
+   *
    * @generated from field: optional string workspace_class = 23 [json_name = "class"];
    */
   workspaceClass?: string | undefined;
@@ -1666,6 +1671,33 @@ export enum GpuType {
    * @generated from enum value: GPU_TYPE_RTX_PRO_6000 = 2;
    */
   RTX_PRO_6000 = 2,
+
+  /**
+   * The further models the 0.218 client knows.
+   *
+   * @generated from enum value: GPU_TYPE_H200 = 3;
+   */
+  H200 = 3,
+
+  /**
+   * @generated from enum value: GPU_TYPE_B300 = 4;
+   */
+  B300 = 4,
+
+  /**
+   * @generated from enum value: GPU_TYPE_RTX_4090 = 5;
+   */
+  RTX_4090 = 5,
+
+  /**
+   * @generated from enum value: GPU_TYPE_RTX_5090 = 6;
+   */
+  RTX_5090 = 6,
+
+  /**
+   * @generated from enum value: GPU_TYPE_MI355X = 7;
+   */
+  MI355X = 7,
 }
 
 /**
