@@ -28,7 +28,7 @@ export function gpuTypeOf(model: string): string {
   const words = model.toUpperCase().replace(/[\s_]+/g, "-");
   // Longest first: RTX-PRO-6000 before a shorter name it contains.
   const known = [...gpuTypes.names].sort((a, b) => b.length - a.length);
-  return known.find((t) => new RegExp(`(^|-)${t.replace(/[-]/g, "-")}(-|$)`).test(words)) ?? "";
+  return known.find((t) => new RegExp(`(^|-)${t}(-|$)`).test(words)) ?? "";
 }
 
 /** The settings' GPUs, else the host's. */

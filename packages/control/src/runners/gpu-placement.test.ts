@@ -167,10 +167,22 @@ describe("class and GPU placement", () => {
     const badType = await create({ gpu: 1, gpuType: ["H999"] });
     expect(badType.status).toBe(400);
     expect(badType.body.message).toContain("gpuType must be one of the following values: H100, RTX-PRO-6000");
-    // The in-process runtime of the server's own region is a container runner without GPUs.
-    const local = await call("POST", "/sandbox", { gpu: 1, autoDeleteInterval: 0 });
-    expect(local.status).toBe(400);
-    expect(local.body.message).toBe("No available runners");
+    // The server's own region: its GPU quota first (0, the reference's default), as the reference orders them.
+    const overQuota = await call("POST", "/sandbox", { gpu: 1, autoDeleteInterval: 0 });
+    expect([overQuota.status, overQuota.body.message]).toEqual([403, "Total GPU limit exceeded. Maximum allowed: 0."]);
+    // Quotas are per class: the organization has none for linux-vm there (the reference's answer).
+    const vm = await call("POST", "/sandbox", { class: "linux-vm" });
+    expect([vm.status, vm.body.message]).toEqual([403, "Region local is not available to the organization for class linux-vm"]);
+    // Within quota, its in-process runtime is a container runner without GPUs.
+    const db = t.server.orm.em.getConnection();
+    await db.execute(`update region_quota set total_gpu_quota = 1 where organization_id = ? and region_id = 'local'`, [orgId]);
+    try {
+      const local = await call("POST", "/sandbox", { gpu: 1, autoDeleteInterval: 0 });
+      expect([local.status, local.body.message]).toEqual([400, "No available runners"]);
+    } finally {
+      await db.execute(`update region_quota set total_gpu_quota = 0 where organization_id = ? and region_id = 'local'`, [orgId]);
+    }
+    expect(((await db.execute(`select count(*)::int as n from sandbox where region_id = 'local'`)) as Array<{ n: number }>)[0]!.n).toBe(0);
     // Nothing was left behind by the refusals.
     expect(((await t.server.orm.em.getConnection().execute(`select count(*)::int as n from sandbox where region_id = ?`, [region])) as Array<{ n: number }>)[0]!.n).toBe(0);
   });

@@ -237,9 +237,10 @@ export class SandboxManager {
     this.#assertOpen();
     // Pool sandboxes are loopback only, of the default snapshot, without volumes: any other create is made for its request.
     const placed = (await this.runners?.servesRegion(input.regionId)) ?? false;
-    const warm = !placed && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
-    if (!placed && !fitsInProcess(input)) throw noAvailableRunners(input.gpuTypes);
-    if (!warm && !placed) await this.runtime.assertReady();
+    // This server's own runtime is a container runner without GPUs (the pool's sandboxes too).
+    const inProcess = fitsInProcess(input);
+    const warm = !placed && inProcess && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
+    if (!warm && !placed && inProcess) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
     const now = new Date();
     const row: SandboxRecord = {
@@ -280,7 +281,9 @@ export class SandboxManager {
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
       // A region with registered runners: one is picked in the insert's transaction (placement.ts).
-      await this.store.insert(row, placed ? (exec) => this.#place(exec, row, input.gpuTypes) : undefined);
+      // What this server's runtime cannot take is refused where placement would be: after the quota (the reference's order).
+      const place = placed ? (exec: Exec) => this.#place(exec, row, input.gpuTypes) : inProcess ? undefined : () => Promise.reject(noAvailableRunners(input.gpuTypes));
+      await this.store.insert(row, place);
       return this.driveCreate(row);
     })!;
     return this.#answer(id, op, "Sandbox failed to start");
