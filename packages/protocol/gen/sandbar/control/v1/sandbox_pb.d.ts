@@ -118,6 +118,8 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
   disk: number;
 
   /**
+   * The model of its runner's GPUs, pinned by placement; absent without GPU.
+   *
    * @generated from field: optional sandbar.control.v1.GpuType gpu_type = 17;
    */
   gpuType?: GpuType | undefined;
@@ -201,6 +203,8 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
   lastActivityAt?: Timestamp | undefined;
 
   /**
+   * Only a runner of this class holds it (android: a container runner).
+   *
    * @generated from field: sandbar.control.v1.SandboxClass sandbox_class = 32;
    */
   sandboxClass: SandboxClass;
