@@ -480,7 +480,8 @@ describe("control contract: enum wire values", () => {
     SandboxDesiredState: ["destroyed", "started", "stopped", "resized", "archived", "paused"],
     BackupState: ["None", "Pending", "InProgress", "Completed", "Error"],
     SandboxClass: ["linux-vm", "container", "android", "windows"],
-    GpuType: ["H100", "RTX-PRO-6000"],
+    // The research digest's two, then what the 0.218 api-client's GpuType adds.
+    GpuType: ["H100", "RTX-PRO-6000", "H200", "B300", "RTX-4090", "RTX-5090", "MI355X"],
     SnapshotState: ["building", "pending", "pulling", "active", "inactive", "error", "build_failed", "removing"],
     VolumeState: ["creating", "ready", "pending_create", "pending_delete", "deleting", "deleted", "error"],
     RunnerState: ["initializing", "ready", "disabled", "decommissioned", "unresponsive"],

@@ -228,6 +228,10 @@ export const SandboxRecord = defineEntity({
     /** Cores. */
     cpu: p.integer(),
     gpu: p.integer().default(0),
+    /** The GPU type placement pinned it to (migration 0021); null without GPU. */
+    gpuType: p.string().nullable(),
+    /** container, linux-vm, android or windows (migration 0021): only a runner of its class takes it. */
+    sandboxClass: p.string().default("container"),
     /** GiB. */
     memory: p.integer(),
     /** GiB. */

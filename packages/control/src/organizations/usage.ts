@@ -34,8 +34,8 @@ export async function regionUsage(exec: Exec, organizationId: string, regionId?:
             coalesce(sum(s.gpu) filter (where s.running), 0)::int as gpu,
             coalesce(sum(s.disk), 0)::int as disk
        from region_quota q
-       left join (select region_id, cpu, memory, gpu, disk, (state = 'started' or desired_state = 'started') as running
-                    from sandbox where organization_id = ? and state not in ${GONE}) s on s.region_id = q.region_id
+       left join (select region_id, sandbox_class, cpu, memory, gpu, disk, (state = 'started' or desired_state = 'started') as running
+                    from sandbox where organization_id = ? and state not in ${GONE}) s on s.region_id = q.region_id and s.sandbox_class = q.sandbox_class
       where q.organization_id = ? ${regionId ? "and q.region_id = ?" : ""}
       group by q.organization_id, q.region_id, q.sandbox_class
       order by q.region_id, q.sandbox_class`,
@@ -63,6 +63,8 @@ export interface Demand {
   memory: number;
   disk: number;
   gpu: number;
+  /** The class whose quota it counts against (default container). */
+  sandboxClass?: string;
 }
 
 const PER_SANDBOX = "Need higher resource limits per sandbox? Ask the operator of this server to raise the organization's quota.";
@@ -87,9 +89,10 @@ export async function admit(exec: Exec, organizationId: string, regionId: string
   )) as Array<{ max_cpu_per_sandbox: number; max_memory_per_sandbox: number; max_disk_per_sandbox: number; region_type: string; enforce_quotas: boolean }>;
   const org = rows[0];
   if (!org) throw errors.notFound("Region not found");
-  const [usage] = await regionUsage(exec, organizationId, regionId);
+  const sandboxClass = d.sandboxClass ?? "container";
+  const usage = (await regionUsage(exec, organizationId, regionId)).find((u) => u.sandboxClass === sandboxClass);
   if (!usage && org.enforce_quotas) {
-    if (org.region_type === "shared") throw errors.permissionDenied(`Region ${regionId} is not available to the organization for class container`);
+    if (org.region_type === "shared") throw errors.permissionDenied(`Region ${regionId} is not available to the organization for class ${sandboxClass}`);
     throw errors.notFound("Region not found");
   }
   const max = {

@@ -22,7 +22,7 @@ export interface RunnerServerOptions {
   port: number;
   /** PEM certificate chain and key: TLS instead of h2c. */
   tls?: { cert: string; key: string };
-  capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number };
+  capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number; gpu?: number; gpuType?: string };
   /** Whether it mounts volumes from a shared volume root. */
   sharedVolumes?: boolean;
   log?: (line: string) => void;

@@ -30,7 +30,7 @@ export interface RunnerServiceOptions {
   dataDir: string;
   version: string;
   /** What the runner offers sandboxes; unset figures are the host's. */
-  capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number };
+  capacity?: { cpu?: number; memoryGiB?: number; diskGiB?: number; gpu?: number; gpuType?: string };
   /** Whether it mounts volumes from a root shared with control and the region's other runners. */
   sharedVolumes?: boolean;
 }
@@ -134,8 +134,9 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
           cpuMillicores: (capacity.cpu ?? cpus().length) * 1000,
           memoryMib: capacity.memoryGiB !== undefined ? capacity.memoryGiB * 1024 : Math.floor(totalmem() / 2 ** 20),
           diskMib: capacity.diskGiB !== undefined ? capacity.diskGiB * 1024 : Math.floor(diskTotal / 2 ** 20),
-          gpu: 0,
+          gpu: capacity.gpu ?? 0,
         },
+        gpuType: capacity.gpu ? (capacity.gpuType ?? "") : "",
         usage: {
           cpuPercent: Math.min(100, (loadavg()[0]! / cpus().length) * 100),
           memoryPercent: ((totalmem() - freemem()) / totalmem()) * 100,

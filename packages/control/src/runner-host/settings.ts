@@ -1,5 +1,6 @@
 import { readFileSync } from "node:fs";
 import { hostname } from "node:os";
+import { type Gpus, loadGpus } from "./gpus.ts";
 
 /** A `sandbar runner` process's own settings (SANDBAR_RUNNER_*), beside the common ones (data dir, agent, subnet). */
 export interface RunnerHostSettings {
@@ -13,6 +14,8 @@ export interface RunnerHostSettings {
   tls?: { cert: string; key: string };
   /** What the runner offers sandboxes (SANDBAR_RUNNER_CPU, SANDBAR_RUNNER_MEMORY_GIB, SANDBAR_RUNNER_DISK_GIB); default the host's. */
   capacity: { cpu?: number; memoryGiB?: number; diskGiB?: number };
+  /** Its GPUs (SANDBAR_RUNNER_GPU, SANDBAR_RUNNER_GPU_TYPE; default the host's NVIDIA devices): it then takes only GPU sandboxes. */
+  gpus: Gpus;
 }
 
 export function loadRunnerHostSettings(env: NodeJS.ProcessEnv = process.env): RunnerHostSettings {
@@ -36,6 +39,7 @@ export function loadRunnerHostSettings(env: NodeJS.ProcessEnv = process.env): Ru
   };
   return {
     capacity: { cpu: size("SANDBAR_RUNNER_CPU"), memoryGiB: size("SANDBAR_RUNNER_MEMORY_GIB"), diskGiB: size("SANDBAR_RUNNER_DISK_GIB") },
+    gpus: loadGpus(env),
     host: env.SANDBAR_RUNNER_HOST || "0.0.0.0",
     port,
     ...(credential ? { credential } : {}),

@@ -34,7 +34,7 @@ export async function startRunner(settings: Settings, host: RunnerHostSettings, 
     host: host.host,
     port: host.port,
     tls: host.tls,
-    capacity: host.capacity,
+    capacity: { ...host.capacity, gpu: host.gpus.count, gpuType: host.gpus.type },
     sharedVolumes: !!volumes,
     log,
   });

@@ -2,14 +2,16 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import type { SecretBox } from "../auth/secret-box.ts";
 import { type Exec, execIn } from "../db/exec.ts";
-import type { RunnerDirectory } from "../sandboxes/manager.ts";
+import type { Placement, PlacementNeed, RunnerDirectory } from "../sandboxes/manager.ts";
+import { noAvailableRunners, runnerClassFor } from "../sandboxes/sandbox-class.ts";
 import type { SandboxRuntime } from "../sandboxes/runtime.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 
 // The registered runners as the sandbox manager sees them: a RemoteRuntime per runner (by the
 // id its sandboxes record), and placement. A create in a region with registered runners takes,
-// among the runners that are ready, schedulable, not draining and have room for it (with
-// volumes: that mount them from the shared volume root), one already holding its image
+// among the runners that are ready, schedulable, not draining, of its class and have room for it
+// (GPUs counted like CPUs; runners with GPUs take only GPU sandboxes; with volumes: runners that
+// mount them from the shared volume root), of its first preferred GPU model, one already holding its image
 // (held_images) first, then the one with the most free CPU; free = what the runner reported
 // minus the sandboxes that hold it (every sandbox on it but archived and destroyed ones). The region's runner rows are locked for the
 // insert's transaction, so two control processes placing at once see each other's sandboxes.
@@ -54,26 +56,32 @@ export class RegisteredRunners implements RunnerDirectory {
     return ((await this.#exec()(`select 1 from runner where region_id = ? limit 1`, [regionId])) as unknown[]).length > 0;
   }
 
-  async place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null; volumes?: readonly unknown[] | null }): Promise<string | undefined> {
+  async place(exec: Exec, regionId: string, need: PlacementNeed): Promise<Placement | undefined> {
     const volumes = (need.volumes?.length ?? 0) > 0;
+    const types = need.gpu > 0 ? [...(need.gpuTypes ?? [])] : [];
+    const typesJson = JSON.stringify(types); // a list parameter would be spread into `?, ?`
     const all = (await exec(`select id from runner where region_id = ? order by id for update`, [regionId])) as unknown[];
     if (!all.length) return undefined;
+    // GPUs count like cpu and memory; a runner with GPUs takes only GPU sandboxes (the reference's rule),
+    // of its class, and of a model the create accepts (its first preference that has room).
     const rows = (await exec(
-      `select r.runner_key from runner r
+      `select r.runner_key, r.gpu_type from runner r
          left join sandbox s on s.runner_id = r.runner_key and s.state not in ('archived', 'destroyed')
         where r.region_id = ? and r.state = 'ready' and not r.unschedulable and not r.draining and r.runner_key is not null and (r.shared_volumes or not ?)
+          and r.sandbox_class = ? and (coalesce(r.gpu, 0) > 0) = (?::int > 0) and (jsonb_array_length(?::jsonb) = 0 or r.gpu_type = any(array(select jsonb_array_elements_text(?::jsonb))))
         group by r.id
        having r.cpu - coalesce(sum(s.cpu), 0) >= ? and r.memory_gib - coalesce(sum(s.memory), 0) >= ? and r.disk_gib - coalesce(sum(s.disk), 0) >= ?
-        order by r.held_images @> array[?]::text[] desc, r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
+          and coalesce(r.gpu, 0) - coalesce(sum(s.gpu), 0) >= ?
+        order by array_position(array(select jsonb_array_elements_text(?::jsonb)), r.gpu_type::text), r.held_images @> array[?]::text[] desc, r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
         limit 1`,
-      [regionId, volumes, need.cpu, need.memory, need.disk, need.imageRef ?? ""],
-    )) as Array<{ runner_key: string }>;
+      [regionId, volumes, runnerClassFor(need.sandboxClass), need.gpu, typesJson, typesJson, need.cpu, need.memory, need.disk, need.gpu, typesJson, need.imageRef ?? ""],
+    )) as Array<{ runner_key: string; gpu_type: string | null }>;
     if (!rows[0] && volumes && !((await exec(`select 1 from runner where region_id = ? and shared_volumes limit 1`, [regionId])) as unknown[]).length) {
       throw errors.invalidArgument("Volumes cannot be mounted in this region: none of its runners has a shared volume root (SANDBAR_VOLUME_ROOT)");
     }
     // The reference's answer when no runner of the region can take it.
-    if (!rows[0]) throw errors.invalidArgument("No available runners");
-    return rows[0].runner_key;
+    if (!rows[0]) throw noAvailableRunners(types);
+    return { runnerId: rows[0].runner_key, gpuType: need.gpu > 0 ? rows[0].gpu_type : null };
   }
 
   async holds(runnerId: string, digest: string): Promise<void> {

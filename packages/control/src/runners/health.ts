@@ -68,7 +68,7 @@ export class RunnerHealth {
       await exec(
         `update runner set state = ?, state_reason = ?, last_checked = now(), updated_at = now(), runner_key = ?, app_version = ?,
            cpu = ?, memory_gib = ?, disk_gib = ?, cpu_usage = ?, memory_usage = ?, disk_usage = ?, started_sandboxes = ?, snapshot_count = ?,
-           shared_volumes = ?, held_images = case when ?::jsonb is null then held_images else array(select jsonb_array_elements_text(?::jsonb)) end
+           gpu = ?, gpu_type = ?, shared_volumes = ?, held_images = case when ?::jsonb is null then held_images else array(select jsonb_array_elements_text(?::jsonb)) end
          where id = ? and state <> 'decommissioned'`,
         [
           sick ? "unresponsive" : "ready",
@@ -83,6 +83,9 @@ export class RunnerHealth {
           info.usage?.diskPercent ?? 0,
           info.startedSandboxCount,
           held?.length ?? info.snapshotCount,
+          // Its GPUs as it found them (or was told): placement counts these.
+          info.capacity?.gpu ?? 0,
+          info.capacity?.gpu ? info.gpuType || null : null,
           info.sharedVolumes,
           held ? JSON.stringify(held) : null,
           held ? JSON.stringify(held) : null,

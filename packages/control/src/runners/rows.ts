@@ -12,6 +12,7 @@ export interface RunnerRow {
   disk_gib: number;
   gpu: number | null;
   gpu_type: string | null;
+  sandbox_class: string;
   cpu_usage: number;
   memory_usage: number;
   disk_usage: number;
@@ -31,12 +32,13 @@ export interface RunnerRow {
   allocated_cpu?: number;
   allocated_memory?: number;
   allocated_disk?: number;
+  allocated_gpu?: number;
 }
 
 export const RUNNER_COLUMNS =
-  "id, organization_id, region_id, name, api_url, credential_sealed, tags, cpu, memory_gib, disk_gib, gpu, gpu_type, cpu_usage, memory_usage, disk_usage, started_sandboxes, snapshot_count, runner_key, app_version, state, state_reason, unschedulable, draining, last_checked, created_at, updated_at";
+  "id, organization_id, region_id, name, api_url, credential_sealed, tags, cpu, memory_gib, disk_gib, gpu, gpu_type, sandbox_class, cpu_usage, memory_usage, disk_usage, started_sandboxes, snapshot_count, runner_key, app_version, state, state_reason, unschedulable, draining, last_checked, created_at, updated_at";
 
 /** The runner's allocation, for a `select … from runner`: the same sums placement (directory.ts) compares with its capacity. */
-export const ALLOCATED = ["cpu", "memory", "disk"]
+export const ALLOCATED = ["cpu", "memory", "disk", "gpu"]
   .map((c) => `(select coalesce(sum(s.${c}), 0) from sandbox s where s.runner_id = runner.runner_key and s.state not in ('archived', 'destroyed'))::float8 as allocated_${c}`)
   .join(", ");

@@ -9,6 +9,7 @@ import { SandboxClass } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_p
 import type { SecretBox } from "../auth/secret-box.ts";
 import { organizationOf } from "../auth/principal.ts";
 import { execIn } from "../db/exec.ts";
+import { DEFAULT_CLASS, gpuTypes, sandboxClasses } from "../sandboxes/sandbox-class.ts";
 import { Checks } from "../services/validate.ts";
 import { ALLOCATED, type RunnerRow, RUNNER_COLUMNS } from "./rows.ts";
 
@@ -76,7 +77,11 @@ export function runnerService(orm: MikroORM, box: SecretBox): Partial<ServiceImp
       for (const [field, v] of [["cpu", req.cpu], ["memory", req.memory], ["disk", req.disk], ["gpu", req.gpu]] as const) {
         if (v !== undefined) checks.that(Number.isInteger(v) && v >= 0 && v <= 1_000_000, `${field} must be a whole number from 0 to 1000000`);
       }
+      if (req.gpuType !== undefined) checks.that(gpuTypes.names.includes(req.gpuType), `gpuType must be one of the following values: ${gpuTypes.names.join(", ")}`);
+      // Android sandboxes go to container runners (the reference's rule): no runner is of class android.
+      checks.that(req.sandboxClass !== SandboxClass.ANDROID, "sandboxClass must be one of the following values: container, linux-vm, windows");
       checks.done();
+      const sandboxClass = req.sandboxClass ? (sandboxClasses.name(req.sandboxClass) ?? DEFAULT_CLASS) : DEFAULT_CLASS;
       const credential = CREDENTIAL_PREFIX + randomBytes(32).toString("hex");
       const id = randomUUID();
       await em().transactional(async (tx) => {
@@ -86,9 +91,9 @@ export function runnerService(orm: MikroORM, box: SecretBox): Partial<ServiceImp
         if (taken.length) throw errors.alreadyExists(`Runner with name ${name} already exists in this region`);
         try {
           await exec(
-            `insert into runner (id, organization_id, region_id, name, api_url, credential_sealed, tags, cpu, memory_gib, disk_gib, gpu, gpu_type)
-             values (?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?)`,
-            [id, organizationId, regionId, name, req.apiUrl?.replace(/\/+$/, "") ?? null, box.seal(credential), JSON.stringify(req.tags), req.cpu ?? 0, req.memory ?? 0, req.disk ?? 0, req.gpu ?? null, req.gpuType ?? null],
+            `insert into runner (id, organization_id, region_id, name, api_url, credential_sealed, tags, cpu, memory_gib, disk_gib, gpu, gpu_type, sandbox_class)
+             values (?, ?, ?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?, ?)`,
+            [id, organizationId, regionId, name, req.apiUrl?.replace(/\/+$/, "") ?? null, box.seal(credential), JSON.stringify(req.tags), req.cpu ?? 0, req.memory ?? 0, req.disk ?? 0, req.gpu ?? null, req.gpu ? (req.gpuType ?? null) : null, sandboxClass],
           );
         } catch (err) {
           if ((err as { code?: string }).code === "23505" || /unique/i.test(String(err))) throw errors.alreadyExists(`Runner with name ${name} already exists in this region`);
@@ -162,7 +167,7 @@ export function toRunner(r: RunnerRow): Runner {
     disk: r.disk_gib,
     ...(r.gpu !== null ? { gpu: r.gpu } : {}),
     ...(r.gpu_type ? { gpuType: r.gpu_type } : {}),
-    sandboxClass: SandboxClass.CONTAINER,
+    sandboxClass: sandboxClasses.number(r.sandbox_class) || SandboxClass.CONTAINER,
     currentCpuUsagePercentage: r.cpu_usage,
     currentMemoryUsagePercentage: r.memory_usage,
     currentDiskUsagePercentage: r.disk_usage,

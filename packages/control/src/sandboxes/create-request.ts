@@ -3,6 +3,7 @@ import type { CreateSandboxRequest } from "@sandbar/protocol/gen/sandbar/control
 import { Checks } from "../services/validate.ts";
 import type { NewSandbox } from "./manager.ts";
 import { createNetwork, type DefaultNetwork, refuseDomainAllowList } from "./network-policy.ts";
+import { gpuTypes, requestedClass } from "./sandbox-class.ts";
 import { normalizeAutoArchive } from "./states.ts";
 
 // POST /sandbox checked as the reference checks it: field problems together in one 400, then
@@ -58,6 +59,8 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
     checks.that(v === undefined || v >= 0, `${field} must not be less than 0`);
   }
   checks.that(req.gpu === undefined || req.gpu <= 1, "gpu must not be greater than 1");
+  const sandboxClass = requestedClass(req.workspaceClass);
+  checks.that(sandboxClass !== undefined, `class must be one of the following values: ${["container", "linux-vm", "android", "windows"].join(", ")}`);
   checks.done();
 
   if (req.buildInfo && snapshot) throw errors.invalidArgument("Cannot specify a snapshot when using a build info entry");
@@ -65,8 +68,14 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
   // As the reference: a named snapshot brings its own resources. A create naming no snapshot may
   // still size the default one (this server's extension: it has no other way to ask for them).
   if (!req.buildInfo && snapshot && (req.cpu || req.gpu || req.memory || req.disk)) throw errors.invalidArgument("Cannot specify Sandbox resources when using a snapshot");
-  if (req.gpuType.length > 0) throw errors.invalidArgument("Cannot specify GPU type when creating sandbox from snapshot. GPU type is inherited from snapshot.");
+  // Like the resources, a GPU type may be asked for only by a create that names no snapshot.
+  if (!req.buildInfo && snapshot && req.gpuType.length > 0) {
+    throw errors.invalidArgument("Cannot specify GPU type when creating sandbox from snapshot. GPU type is inherited from snapshot.");
+  }
+  if (req.gpuType.length > 0 && !req.gpu) throw errors.invalidArgument("gpuType is only allowed with gpu: 1 (it chooses the model of the sandbox's GPU)");
   if (snapshot && snapshot !== DEFAULT_SNAPSHOT && !imageSnapshots) throw errors.invalidArgument(`Snapshot ${snapshot} not found. Only the default snapshot (${DEFAULT_SNAPSHOT}) exists on this server`);
+  if (req.gpu && (req.autoDeleteInterval ?? -1) !== 0) throw errors.invalidArgument("GPU sandboxes must be ephemeral - set autoDeleteInterval to 0");
+  if (sandboxClass === "android" && !req.linkedSandbox) throw errors.invalidArgument("Android sandboxes must be linked to another sandbox");
   if (req.linkedSandbox) throw errors.unimplemented("Linked sandboxes are not supported yet");
   const network = createNetwork(req.networkBlockAll, req.networkAllowList, defaultNetwork);
   refuseDomainAllowList(req.domainAllowList);
@@ -74,7 +83,6 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
   const cpu = req.cpu || RESOURCES.cpu.default;
   const memory = req.memory || RESOURCES.memory.default;
   const disk = req.disk || RESOURCES.disk.default;
-  if (req.gpu) throw errors.invalidArgument(`GPU request ${req.gpu} exceeds maximum allowed per sandbox (0).`);
 
   const autoStop = req.autoStopInterval ?? 15;
   if (autoStop < 0) throw errors.invalidArgument("Auto-stop interval must be non-negative");
@@ -93,6 +101,10 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
     cpu,
     memory,
     disk,
+    gpu: req.gpu ?? 0,
+    // The preference order, each model once.
+    gpuTypes: [...new Set(req.gpuType.map((t) => gpuTypes.name(t)).filter((t): t is string => t !== undefined))],
+    sandboxClass: sandboxClass!,
     autoStopInterval: autoStop,
     autoArchiveInterval: normalizeAutoArchive(autoArchive),
     autoDeleteInterval: req.autoDeleteInterval ?? -1,

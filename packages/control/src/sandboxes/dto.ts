@@ -4,6 +4,7 @@ import { enumValueJson } from "@sandbar/protocol";
 import {
   BackupStateSchema,
   type Sandbox,
+  GpuTypeSchema,
   SandboxClassSchema,
   SandboxDesiredStateSchema,
   type SandboxHealth,
@@ -33,6 +34,7 @@ export const sandboxStates = enumCodec(SandboxStateSchema);
 const desiredStates = enumCodec(SandboxDesiredStateSchema);
 const backupStates = enumCodec(BackupStateSchema);
 const classes = enumCodec(SandboxClassSchema);
+const gpuTypeNumbers = enumCodec(GpuTypeSchema);
 
 export interface DtoContext {
   /** `<publicUrl>/api/toolbox-proxy`: clients call `<it>/<sandboxId>/<agent path>`. */
@@ -67,6 +69,7 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     target: r.regionId,
     cpu: r.cpu,
     gpu: r.gpu,
+    ...(r.gpuType ? { gpuType: gpuTypeNumbers.number(r.gpuType) } : {}),
     memory: r.memory,
     disk: r.disk,
     state: sandboxStates.number(reportedState(r.state, r.desiredState)),
@@ -81,7 +84,7 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     createdAt: timestampFromDate(r.createdAt),
     updatedAt: timestampFromDate(r.updatedAt),
     lastActivityAt: r.lastActivityAt ? timestampFromDate(r.lastActivityAt) : undefined,
-    sandboxClass: classes.number(SANDBOX_CLASS),
+    sandboxClass: classes.number(r.sandboxClass ?? SANDBOX_CLASS),
     runnerId: r.runnerId ?? undefined,
     toolboxProxyUrl: c.toolboxProxyUrl,
     buildInfo: r.buildInfo

@@ -39,7 +39,7 @@ export interface ListCriteria {
   lastEventBefore?: Date;
 }
 
-/** What every sandbox here is (one class). */
+/** A sandbox's class when none is asked for. */
 export const SANDBOX_CLASS = "container";
 
 const LIMIT_MAX = 200;
@@ -75,7 +75,7 @@ export function whereOf(c: ListCriteria, checks: Checks, allStates: string[]): {
   }
   if (c.snapshots.length) add(`"snapshot" in (${c.snapshots.map(() => "?").join(", ")})`, ...c.snapshots);
   if (c.regions.length) add(`"region_id" in (${c.regions.map(() => "?").join(", ")})`, ...c.regions);
-  if (c.classes.length && !c.classes.includes(SANDBOX_CLASS)) where.push("false");
+  if (c.classes.length) add(`"sandbox_class" in (${c.classes.map(() => "?").join(", ")})`, ...c.classes);
   const range = (name: string, column: string, value: number | undefined, op: ">=" | "<=") => {
     if (value === undefined) return;
     checks.that(value >= 1, `${name} must not be less than 1`);

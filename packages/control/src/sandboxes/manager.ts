@@ -9,6 +9,7 @@ import { type NetworkFields, runtimeNetwork } from "./network-policy.ts";
 import type { SharedLocks } from "./cluster-locks.ts";
 import { OperationLocks } from "./operation-locks.ts";
 import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
+import { fitsInProcess, noAvailableRunners } from "./sandbox-class.ts";
 import { isEphemeral, isErrored } from "./states.ts";
 import { type SandboxPatch, SandboxStore } from "./store.ts";
 import type { WarmPool } from "./warm-pool.ts";
@@ -49,7 +50,7 @@ export interface RunnerDirectory {
   /** Whether the region's sandboxes go to registered runners (it has some) rather than this server's runtime. */
   servesRegion(regionId: string): Promise<boolean>;
   /** Picks a runner of the region inside the caller's transaction; undefined when the region has none registered. */
-  place(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null; volumes?: readonly unknown[] | null }): Promise<string | undefined>;
+  place(exec: Exec, regionId: string, need: PlacementNeed): Promise<Placement | undefined>;
   /** Records that a runner now holds an image (placement prefers it for sandboxes of that image). */
   holds?(runnerId: string, digest: string): Promise<void>;
   /** Removes an image no sandbox uses any more from every runner holding it. */
@@ -58,6 +59,25 @@ export interface RunnerDirectory {
   unresponsive(): Promise<ReadonlySet<string>>;
   /** Ids (as sandboxes record them) of the runners that answer now. */
   ready(): Promise<string[]>;
+}
+
+/** What a sandbox needs of its runner. */
+export interface PlacementNeed {
+  cpu: number;
+  memory: number;
+  disk: number;
+  gpu: number;
+  sandboxClass: string;
+  /** GPU models in order of preference; empty or absent: any. */
+  gpuTypes?: readonly string[];
+  imageRef?: string | null;
+  volumes?: readonly unknown[] | null;
+}
+
+/** The runner placement chose, and the model of GPU the sandbox gets there (null without GPU). */
+export interface Placement {
+  runnerId: string;
+  gpuType: string | null;
 }
 
 /** A validated create request. */
@@ -75,6 +95,12 @@ export interface NewSandbox {
   cpu: number;
   memory: number;
   disk: number;
+  /** GPUs (0 or 1): only a runner with a GPU free takes it. */
+  gpu: number;
+  /** GPU models in order of preference; empty: any. */
+  gpuTypes: string[];
+  /** container, linux-vm, android or windows: only a runner of that class takes it. */
+  sandboxClass: string;
   autoStopInterval: number;
   autoArchiveInterval: number;
   autoDeleteInterval: number;
@@ -211,8 +237,10 @@ export class SandboxManager {
     this.#assertOpen();
     // Pool sandboxes are loopback only, of the default snapshot, without volumes: any other create is made for its request.
     const placed = (await this.runners?.servesRegion(input.regionId)) ?? false;
-    const warm = !placed && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
-    if (!warm && !placed) await this.runtime.assertReady();
+    // This server's own runtime is a container runner without GPUs (the pool's sandboxes too).
+    const inProcess = fitsInProcess(input);
+    const warm = !placed && inProcess && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && this.pool?.fits(input) ? this.pool.claim() : undefined;
+    if (!warm && !placed && inProcess) await this.runtime.assertReady();
     const id = warm ?? randomUUID();
     const now = new Date();
     const row: SandboxRecord = {
@@ -225,7 +253,9 @@ export class SandboxManager {
       labels: input.labels,
       public: input.public,
       cpu: input.cpu,
-      gpu: 0,
+      gpu: input.gpu,
+      gpuType: null,
+      sandboxClass: input.sandboxClass,
       memory: input.memory,
       disk: input.disk,
       state: "unknown",
@@ -251,7 +281,9 @@ export class SandboxManager {
     if (warm) return this.#takeOver(row);
     const op = this.locks.tryRun(id, async () => {
       // A region with registered runners: one is picked in the insert's transaction (placement.ts).
-      await this.store.insert(row, placed ? async (exec) => (await this.runners!.place(exec, row.regionId, row)) ?? this.runtime.runnerId : undefined);
+      // What this server's runtime cannot take is refused where placement would be: after the quota (the reference's order).
+      const place = placed ? (exec: Exec) => this.#place(exec, row, input.gpuTypes) : inProcess ? undefined : () => Promise.reject(noAvailableRunners(input.gpuTypes));
+      await this.store.insert(row, place);
       return this.driveCreate(row);
     })!;
     return this.#answer(id, op, "Sandbox failed to start");
@@ -266,12 +298,13 @@ export class SandboxManager {
    */
   async createFromBuild(input: NewSandbox, buildInfo: NonNullable<SandboxRecord["buildInfo"]>, build: (id: string) => Promise<string>): Promise<SandboxRecord> {
     this.#assertOpen();
+    if (!fitsInProcess(input)) throw noAvailableRunners(input.gpuTypes); // builds run on this server
     await this.runtime.assertReady();
     const id = randomUUID();
     const now = new Date();
     const row: SandboxRecord = {
       id, organizationId: input.organizationId, name: input.name ?? id, snapshot: null, osUser: input.user, env: input.env, labels: input.labels, public: input.public,
-      cpu: input.cpu, gpu: 0, memory: input.memory, disk: input.disk, state: "pending_build", desiredState: "started", errorReason: null, backupState: "None", backupCreatedAt: null,
+      cpu: input.cpu, gpu: input.gpu, gpuType: null, sandboxClass: input.sandboxClass, memory: input.memory, disk: input.disk, state: "pending_build", desiredState: "started", errorReason: null, backupState: "None", backupCreatedAt: null,
       autoStopInterval: input.autoStopInterval, autoArchiveInterval: input.autoArchiveInterval, autoDeleteInterval: input.autoDeleteInterval,
       createdAt: now, updatedAt: now, lastActivityAt: now, authToken: newAuthToken(), regionId: input.regionId, runnerId: this.runtime.runnerId,
       volumes: input.volumes, imageRef: null, networkBlockAll: input.networkBlockAll, networkAllowList: input.networkAllowList, buildInfo,
@@ -296,6 +329,14 @@ export class SandboxManager {
     op.catch(() => undefined); // after the insert, failures are recorded on the sandbox
     await Promise.race([inserted, op]); // a refused insert (quota) throws here
     return { ...row };
+  }
+
+  /** A registered runner for the sandbox, in the caller's transaction; the GPU model it gets there is recorded on the row. */
+  async #place(exec: Exec, row: SandboxRecord, gpuTypes: readonly string[]): Promise<string> {
+    const placement = await this.runners!.place(exec, row.regionId, { ...row, gpuTypes });
+    if (!placement) return this.runtime.runnerId;
+    row.gpuType = placement.gpuType;
+    return placement.runnerId;
   }
 
   /** A create served by a warm pool sandbox: its row (quota admitted), then its environment. */
@@ -383,7 +424,7 @@ export class SandboxManager {
         ...(archived ? { state: "restoring", runnerId: this.runtime.runnerId } : {}),
       };
       // A stopped sandbox holds its disk already; an archived one takes it again.
-      await this.store.updateAdmitted(cur, { ...cur, disk: archived ? cur.disk : 0 }, patch, { place: placed ? async (exec) => (await this.runners!.place(exec, cur.regionId, cur)) ?? this.runtime.runnerId : undefined });
+      await this.store.updateAdmitted(cur, { ...cur, disk: archived ? cur.disk : 0 }, patch, { place: placed ? (exec) => this.#place(exec, cur, cur.gpuType ? [cur.gpuType] : []) : undefined });
       return archived ? this.driveRestore({ ...cur, runnerId: patch.runnerId ?? null }, this.files.archive(cur.id), "archived") : this.driveStart(cur);
     });
     return this.#answer(row.id, op, "Sandbox failed to start");
@@ -611,7 +652,7 @@ export class SandboxManager {
     // The totals take what the resize adds (cpu and memory count only while the sandbox runs); the
     // per-sandbox limits its new size. The new size is written with `resizing`, so the room it
     // needs is held against concurrent creates and starts, and given back if the host fails.
-    const added = { cpu: running ? next.cpu - cur.cpu : 0, memory: running ? next.memory - cur.memory : 0, disk: next.disk - cur.disk, gpu: 0 };
+    const added = { cpu: running ? next.cpu - cur.cpu : 0, memory: running ? next.memory - cur.memory : 0, disk: next.disk - cur.disk, gpu: 0, sandboxClass: cur.sandboxClass };
     await this.store.updateAdmitted(cur, added, { state: "resizing", ...next }, { size: { ...next, gpu: cur.gpu } });
     return this.driveResize({ ...cur, ...next, state: "resizing" }, cur);
   }

@@ -13,6 +13,7 @@ import {
   SandboxIdentitySchema,
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { SandboxClass } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { sandboxClasses } from "../sandboxes/sandbox-class.ts";
 import type { Credentials, Invalidation } from "../auth/credentials.ts";
 import { authContextKey, callerOf } from "../auth/principal.ts";
 import type { SecretBox } from "../auth/secret-box.ts";
@@ -150,7 +151,7 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
         regionUsage: usage.map((u) =>
           create(RegionUsageOverviewSchema, {
             regionId: u.regionId,
-            sandboxClass: SandboxClass.CONTAINER,
+            sandboxClass: sandboxClasses.number(u.sandboxClass) || SandboxClass.CONTAINER,
             totalCpuQuota: u.totalCpuQuota,
             currentCpuUsage: u.cpu,
             totalMemoryQuota: u.totalMemoryQuota,
@@ -183,7 +184,7 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
 
     async listAvailableSandboxClasses(req) {
       const usage = await regionUsage(execIn(em()), req.organizationId);
-      return { items: usage.map((u) => ({ regionId: u.regionId, sandboxClass: SandboxClass.CONTAINER, gpuAvailable: u.totalGpuQuota > 0, allowedGpuTypes: [] })) };
+      return { items: usage.map((u) => ({ regionId: u.regionId, sandboxClass: sandboxClasses.number(u.sandboxClass) || SandboxClass.CONTAINER, gpuAvailable: u.totalGpuQuota > 0, allowedGpuTypes: [] })) };
     },
 
     async leaveOrganization(req, ctx) {

@@ -15,7 +15,7 @@ export function recordSandboxCreated(exec: Exec, row: SandboxRecord): Promise<st
     id: row.id,
     organizationId: row.organizationId,
     state: reportedState(row.state, row.desiredState),
-    sandboxClass: SANDBOX_CLASS,
+    sandboxClass: row.sandboxClass ?? SANDBOX_CLASS,
     createdAt: row.createdAt.toISOString(),
   }, row.createdAt);
 }

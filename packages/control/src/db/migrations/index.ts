@@ -15,6 +15,7 @@ import { Migration0016Builds } from "./0016-builds.ts";
 import { Migration0017RegistryPushCredentials } from "./0017-registry-push-credentials.ts";
 import { Migration0018Runners } from "./0018-runners.ts";
 import { Migration0019RunnerImages } from "./0019-runner-images.ts";
+import { Migration0021SandboxClassGpu } from "./0021-sandbox-class-gpu.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -35,4 +36,5 @@ export const migrations = [
   { name: "0017-registry-push-credentials", class: Migration0017RegistryPushCredentials },
   { name: "0018-runners", class: Migration0018Runners },
   { name: "0019-runner-images", class: Migration0019RunnerImages },
+  { name: "0021-sandbox-class-gpu", class: Migration0021SandboxClassGpu },
 ];

@@ -257,11 +257,16 @@ export declare type CreateRunnerRequest = Message<"sandbar.control.v1.CreateRunn
   disk?: number | undefined;
 
   /**
+   * GPUs it offers (until its first health report says); a runner with GPUs
+   * takes only GPU sandboxes, up to this many GPUs in use.
+   *
    * @generated from field: optional int32 gpu = 10;
    */
   gpu?: number | undefined;
 
   /**
+   * One of the GpuType spellings (H100, RTX-PRO-6000, ...).
+   *
    * @generated from field: optional string gpu_type = 11;
    */
   gpuType?: string | undefined;
@@ -280,6 +285,14 @@ export declare type CreateRunnerRequest = Message<"sandbar.control.v1.CreateRunn
    * @generated from field: optional string region = 14;
    */
   region?: string | undefined;
+
+  /**
+   * The class of sandboxes it takes (container when omitted); only sandboxes
+   * of that class are placed on it.
+   *
+   * @generated from field: optional sandbar.control.v1.SandboxClass sandbox_class = 15;
+   */
+  sandboxClass?: SandboxClass | undefined;
 };
 
 /**

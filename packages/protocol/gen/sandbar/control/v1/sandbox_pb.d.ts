@@ -118,6 +118,8 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
   disk: number;
 
   /**
+   * The model of its runner's GPUs, pinned by placement; absent without GPU.
+   *
    * @generated from field: optional sandbar.control.v1.GpuType gpu_type = 17;
    */
   gpuType?: GpuType | undefined;
@@ -201,6 +203,8 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
   lastActivityAt?: Timestamp | undefined;
 
   /**
+   * Only a runner of this class holds it (android: a container runner).
+   *
    * @generated from field: sandbar.control.v1.SandboxClass sandbox_class = 32;
    */
   sandboxClass: SandboxClass;
@@ -816,7 +820,7 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
   cpu?: number | undefined;
 
   /**
-   * 0 or 1.
+   * 0 or 1; a GPU sandbox goes only to a runner with a free GPU.
    *
    * @generated from field: optional int32 gpu = 12;
    */
@@ -833,7 +837,8 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
   disk?: number | undefined;
 
   /**
-   * Ordered preference; the reference also accepts a single value.
+   * Ordered preference; the reference also accepts a single value. Placement
+   * pins the sandbox to the first type a runner has free.
    *
    * @generated from field: repeated sandbar.control.v1.GpuType gpu_type = 15;
    */
@@ -872,13 +877,17 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
   linkedSandbox?: string | undefined;
 
   /**
-   * Earlier names (/workspace): `image` for snapshot, `class` for the class.
+   * Earlier names (/workspace): `image` for snapshot.
    *
    * @generated from field: optional string image = 22;
    */
   image?: string | undefined;
 
   /**
+   * The sandbox class: container (default), linux-vm, android or windows; only
+   * a runner of that class takes it. The earlier sizes small, medium and large
+   * are accepted and ignored.
+   *
    * @generated from field: optional string workspace_class = 23 [json_name = "class"];
    */
   workspaceClass?: string | undefined;
@@ -1666,6 +1675,33 @@ export enum GpuType {
    * @generated from enum value: GPU_TYPE_RTX_PRO_6000 = 2;
    */
   RTX_PRO_6000 = 2,
+
+  /**
+   * The further models the 0.218 client knows.
+   *
+   * @generated from enum value: GPU_TYPE_H200 = 3;
+   */
+  H200 = 3,
+
+  /**
+   * @generated from enum value: GPU_TYPE_B300 = 4;
+   */
+  B300 = 4,
+
+  /**
+   * @generated from enum value: GPU_TYPE_RTX_4090 = 5;
+   */
+  RTX_4090 = 5,
+
+  /**
+   * @generated from enum value: GPU_TYPE_RTX_5090 = 6;
+   */
+  RTX_5090 = 6,
+
+  /**
+   * @generated from enum value: GPU_TYPE_MI355X = 7;
+   */
+  MI355X = 7,
 }
 
 /**

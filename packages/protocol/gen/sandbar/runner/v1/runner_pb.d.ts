@@ -934,6 +934,13 @@ export declare type RunnerInfo = Message<"sandbar.runner.v1.RunnerInfo"> & {
    * @generated from field: bool shared_volumes = 11;
    */
   sharedVolumes: boolean;
+
+  /**
+   * The model of its GPUs (capacity.gpu of them), e.g. H100; empty without GPUs.
+   *
+   * @generated from field: string gpu_type = 12;
+   */
+  gpuType: string;
 };
 
 /**
