@@ -1,6 +1,7 @@
-import { createServer, connect, type Server, type Socket } from "node:net";
+import { BlockList, createServer, connect, type Server, type Socket } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { readProxyHeader, type HeaderOutcome } from "./proxy-accept.ts";
+import { peerAddress } from "./client-address.ts";
+import { proxyAdmission, readProxyHeader, type HeaderOutcome } from "./proxy-accept.ts";
 import { parseProxyHeader, V2_MAX, V2_SIGNATURE } from "./proxy-protocol.ts";
 import { proxyV1, proxyV2 } from "./testing/proxy-headers.ts";
 
@@ -172,5 +173,48 @@ describe("readProxyHeader on a real socket", () => {
     expect(Date.now() - started).toBeLessThan(2000);
     expect((await exchange([text("PROXY TCP4 1.2")], { end: true })).outcome).toMatchObject({ ok: false, received: 14, reason: "closed in the middle of the PROXY header" });
     expect((await exchange([], { end: true })).outcome).toMatchObject({ ok: false, received: 0, reason: "closed before sending anything" });
+  });
+});
+
+describe("proxyAdmission", () => {
+  let server: Server;
+  let port: number;
+  const lines: string[] = [];
+  const results: Array<{ admitted: boolean; peer: string }> = [];
+  beforeAll(async () => {
+    const from = new BlockList();
+    from.addAddress("127.0.0.1");
+    const admit = proxyAdmission({ from, timeoutMs: 300, log: (l) => lines.push(l) });
+    server = createServer((s) => void admit(s).then((admitted) => results.push({ admitted, peer: peerAddress(s) })));
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    port = (server.address() as { port: number }).port;
+  });
+  afterAll(() => new Promise<void>((r) => server.close(() => r())));
+
+  const attempt = async (from: string, bytes: Buffer | undefined) => {
+    const n = results.length;
+    const c = connect({ port, host: "127.0.0.1", localAddress: from });
+    c.on("error", () => {});
+    await new Promise((r) => c.once("connect", r));
+    if (bytes) c.write(bytes);
+    else c.end();
+    while (results.length === n) await new Promise((r) => setTimeout(r, 10));
+    c.destroy();
+    return results.at(-1)!;
+  };
+
+  it("a listed peer's header becomes the socket's peer address; an unlisted peer's bytes are not read", async () => {
+    expect(await attempt("127.0.0.1", proxyV2("203.0.113.5", 1))).toEqual({ admitted: true, peer: "203.0.113.5" });
+    expect(await attempt("127.0.0.1", proxyV2("203.0.113.5", 1, { local: true }))).toEqual({ admitted: true, peer: "127.0.0.1" });
+    expect(await attempt("127.0.0.2", proxyV2("203.0.113.5", 1))).toEqual({ admitted: true, peer: "127.0.0.2" });
+  });
+
+  it("a bad header, a silent peer and a half header are dropped and logged once per peer; a connect-only health check is not logged", async () => {
+    expect(lines).toEqual([]);
+    expect(await attempt("127.0.0.1", undefined)).toEqual({ admitted: false, peer: "127.0.0.1" });
+    expect(lines).toEqual([]);
+    expect((await attempt("127.0.0.1", Buffer.from("GET / HTTP/1.1\r\n\r\n"))).admitted).toBe(false);
+    expect((await attempt("127.0.0.1", proxyV2("203.0.113.5", 1).subarray(0, 20))).admitted).toBe(false);
+    expect(lines).toEqual(["PROXY protocol: dropped a connection from 127.0.0.1: the connection does not start with a PROXY protocol header (further ones from 127.0.0.1 are not logged)"]);
   });
 });
