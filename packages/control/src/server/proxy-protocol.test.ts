@@ -185,7 +185,12 @@ describe("proxyAdmission", () => {
     const from = new BlockList();
     from.addAddress("127.0.0.1");
     const admit = proxyAdmission({ from, timeoutMs: 300, log: (l) => lines.push(l) });
-    server = createServer((s) => void admit(s).then((admitted) => results.push({ admitted, peer: peerAddress(s) })));
+    server = createServer((s) =>
+      void admit(s).then((admitted) => {
+        results.push({ admitted, peer: peerAddress(s) });
+        s.destroy();
+      }),
+    );
     await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
     port = (server.address() as { port: number }).port;
   });
