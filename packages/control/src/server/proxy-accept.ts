@@ -18,7 +18,9 @@ export type HeaderOutcome = { ok: true; header: ProxyHeader } | { ok: false; rea
 /**
  * Reads the PROXY header off the front of `socket`, byte chunks as they come, and leaves the socket
  * paused with whatever followed the header put back (the HTTP, HTTP/2 or TLS bytes that are
- * the connection's real start). Holds nothing past the header's own bound.
+ * the connection's real start). Holds nothing past the header's own bound. (A TLS server fed this
+ * socket must get it as a JS stream: Node's TLSSocket takes a net.Socket's handle and would not see
+ * the bytes put back; the control listener serves no TLS.)
  */
 export function readProxyHeader(socket: Socket, timeoutMs = PROXY_HEADER_TIMEOUT_MS): Promise<HeaderOutcome> {
   return new Promise((resolve) => {
