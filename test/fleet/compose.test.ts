@@ -4,18 +4,23 @@ import { fileURLToPath } from "node:url";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
+import { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
+import { connect } from "node:net";
 import { parse } from "yaml";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
 import { freePort } from "@sandbar/runner/free-port";
 import { eventually } from "../../packages/control/src/sandboxes/testing/fixtures.ts";
+import { callFrom } from "../../packages/control/src/limits/test-client.ts";
+import type { Settings } from "../../packages/control/src/settings.ts";
 
 // The docker-compose fleet, validated for real where this machine allows: no public registry is
 // reachable, so its images cannot be pulled and the fleet itself is not started here. What runs:
 // Debian's docker-compose (1.29) checks and resolves docker-compose.yml (its answer is what is
 // asserted), and Debian's haproxy runs deploy/haproxy.cfg unchanged in front of two real control
 // servers on one PostgreSQL: REST over HTTP/1.1 and gRPC over h2c pass through it, on both
-// replicas, and the survivor serves alone when one replica stops.
+// replicas, each connection stating its client in a PROXY v2 header (rate limits and audit see
+// the client, not haproxy), and the survivor serves alone when one replica stops.
 
 const REPO = fileURLToPath(new URL("../../", import.meta.url));
 const has = (cmd: string) => spawnSync("sh", ["-c", `command -v ${cmd}`]).status === 0;
@@ -48,6 +53,9 @@ describe.skipIf(!has("docker-compose"))("docker-compose.yml", () => {
     expect(services.postgres.image).toBe("postgres:17");
     expect(services.lb.entrypoint).toEqual(["haproxy", "-W", "-db", "-f", "/app/deploy/haproxy.cfg"]);
     expect(services.lb.environment).toMatchObject({ CONTROL_1: "control-1:3000", CONTROL_2: "control-2:3000" });
+    // The replicas take PROXY headers from the balancer's fixed address only.
+    expect(services.lb.networks).toEqual({ default: { ipv4_address: "172.29.213.10" } });
+    for (const name of ["control-1", "control-2"]) expect(services[name].environment.SANDBAR_PROXY_PROTOCOL_FROM).toBe("172.29.213.10");
     const subnets = new Set<string>();
     for (const name of ["runner-1", "runner-2"]) {
       const r = services[name];
@@ -58,6 +66,8 @@ describe.skipIf(!has("docker-compose"))("docker-compose.yml", () => {
       expect(r.volumes.map((v: string) => v.replace(/:rw$/, ""))).toEqual(["fleet-config:/fleet:ro", `${name}:/var/lib/sandbar`]);
     }
     expect(subnets.size).toBe(2); // each runner its own egress subnet
+    const { networks } = resolved() as unknown as { networks: Record<string, any> };
+    expect(networks.default.ipam.config).toEqual([{ subnet: "172.29.213.0/24" }]);
     expect(Object.keys(volumes).sort()).toEqual(["archives", "backups", "fleet-config", "pgdata", "runner-1", "runner-2", "volume-data"]);
   });
 
@@ -81,9 +91,17 @@ describe.skipIf(!has("haproxy"))("deploy/haproxy.cfg in front of two control rep
   let lbUrl: string;
   let lbOut = "";
 
+  // haproxy reaches the replicas from 127.0.0.1: that address, and no other, may send PROXY
+  // headers. Failed authentications are counted per client in the shared database.
+  const FAILED_AUTH = 4;
+  const replica: Partial<Settings> = {
+    proxyProtocolFrom: ["127.0.0.1/32"],
+    rateLimits: { store: "postgres", windowSeconds: 60, limits: { anonymous: 600, authenticated: 50_000, "sandbox-create": 600, "sandbox-lifecycle": 50_000, "failed-auth": FAILED_AUTH } },
+  };
+
   beforeAll(async () => {
-    a = await startTestServer();
-    b = await startTestServer({ databaseUrl: a.server.databaseUrl, adminKey: a.adminKey });
+    a = await startTestServer({ settings: replica });
+    b = await startTestServer({ databaseUrl: a.server.databaseUrl, adminKey: a.adminKey, settings: replica });
     const port = await freePort();
     lbUrl = `http://127.0.0.1:${port}`;
     const env = { ...process.env, LISTEN: `127.0.0.1:${port}`, CONTROL_1: `127.0.0.1:${a.server.port}`, CONTROL_2: `127.0.0.1:${b.server.port}` };
@@ -126,6 +144,34 @@ describe.skipIf(!has("haproxy"))("deploy/haproxy.cfg in front of two control rep
       const current = await client.getCurrentApiKey({}, { headers: { authorization: `Bearer ${a.adminKey}` } });
       expect(current.name).toBeTruthy();
     }
+  });
+
+  it("each client's own address reaches the replicas (PROXY v2): one client's failed authentications do not limit another; audit records the client", async () => {
+    // Clients on loopback addresses of their own (127.0.0.0/8 is all local), all through haproxy.
+    const [noisy, quiet, grpcClient] = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+    const bad = "sbr_" + "0".repeat(64);
+    const statuses: number[] = [];
+    for (let i = 0; i < FAILED_AUTH; i++) statuses.push((await callFrom(noisy, lbUrl, "GET", "/sandbox", { token: bad })).status);
+    // Counted on both replicas together, under the client's address: the limit-th failure is refused.
+    expect(statuses).toEqual([...Array(FAILED_AUTH - 1).fill(401), 429]);
+    // The replica that did not answer the 429 learns of the block from the store within a second.
+    await new Promise((r) => setTimeout(r, 1100));
+    for (let i = 0; i < 2; i++) {
+      expect((await callFrom(noisy, lbUrl, "GET", "/sandbox", { token: a.adminKey })).status).toBe(429);
+      expect((await callFrom(quiet, lbUrl, "GET", "/sandbox", { token: a.adminKey })).status).toBe(200);
+    }
+    const made = await callFrom(quiet, lbUrl, "POST", "/api-keys", { token: a.adminKey, body: { name: "through-haproxy", permissions: ["write:sandboxes"] } });
+    expect(made.status).toBe(201);
+    // gRPC over h2c from another client, through haproxy.
+    const transport = createGrpcTransport({ baseUrl: lbUrl, nodeOptions: { createConnection: () => connect({ host: "127.0.0.1", port: Number(new URL(lbUrl).port), localAddress: grpcClient }) } });
+    await createClient(ApiKeyService, transport).createApiKey({ name: "grpc-through-haproxy", permissions: [Permission.WRITE_SANDBOXES] }, { headers: { authorization: `Bearer ${a.adminKey}` } });
+    const audited = async (name: string) => {
+      const list = await callFrom(quiet, lbUrl, "GET", `/admin/audit?targetId=${name}`, { token: a.adminKey });
+      expect(list.status).toBe(200);
+      return list.body.items.map((e: { ipAddress: string }) => e.ipAddress);
+    };
+    expect(await audited("through-haproxy")).toEqual([quiet]);
+    expect(await audited("grpc-through-haproxy")).toEqual([grpcClient]);
   });
 
   it("a replica that stops is taken out: the survivor serves every call", async () => {

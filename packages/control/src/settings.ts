@@ -2,7 +2,7 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 import { loadObjectStorageSettings, type ObjectStorageSettings } from "./object-storage/settings.ts";
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
-import { parseTrustedProxies } from "./server/client-address.ts";
+import { parseAddressList, parseTrustedProxies } from "./server/client-address.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
 import { type InternalRegistrySettings, loadInternalRegistrySettings } from "./registries/internal/settings.ts";
 import { loadRemoteRunnerSettings, loadRunnerCheckSettings, type RemoteRunnerSettings, type RunnerCheckSettings } from "./runners/settings.ts";
@@ -52,6 +52,8 @@ export interface Settings {
   agentBundle?: string;
   /** Proxies whose X-Forwarded-For names the client (addresses or CIDRs); none by default. */
   trustedProxies: string[];
+  /** Load balancers (addresses or CIDRs) whose connections start with a PROXY protocol header stating the client (SANDBAR_PROXY_PROTOCOL_FROM); none by default. */
+  proxyProtocolFrom: string[];
   /** Webhook delivery: destinations allowed, retries, timeouts (SANDBAR_WEBHOOK_*). */
   webhooks: WebhookSettings;
   /** Audit entries older than this many days are deleted (SANDBAR_AUDIT_RETENTION_DAYS); unset: kept forever. */
@@ -122,6 +124,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
     trustedProxies: parseTrustedProxies(env.SANDBAR_TRUSTED_PROXIES),
+    proxyProtocolFrom: parseAddressList("SANDBAR_PROXY_PROTOCOL_FROM", env.SANDBAR_PROXY_PROTOCOL_FROM),
     webhooks: loadWebhookSettings(env),
     auditRetentionDays: env.SANDBAR_AUDIT_RETENTION_DAYS ? positiveDays(env, "SANDBAR_AUDIT_RETENTION_DAYS") : undefined,
     auditToolbox: booleanFlag(env, "SANDBAR_AUDIT_TOOLBOX"),

@@ -6,6 +6,7 @@ import { cookieKeys, loadSigningKeys, publicJwks, readKeys, rotateSigningKey, ty
 import { errorPage, loginPage } from "./login-page.ts";
 import { LoginThrottle } from "./login-throttle.ts";
 import { verifyPassword } from "./passwords.ts";
+import { clientAddress } from "../server/client-address.ts";
 
 /** Where the built-in issuer is mounted on the server's one port. */
 export const ISSUER_PATH = "/oidc";
@@ -134,7 +135,7 @@ export async function startIssuer(opts: { pool: pg.Pool; publicUrl: string; clie
     if (!form) return send(res, 400, errorPage("The form could not be read."));
     const login = (form.get("login") ?? "").trim();
     const password = form.get("password") ?? "";
-    const address = req.socket.remoteAddress ?? "";
+    const address = clientAddress(req);
     if (throttle.blocked(login, address)) {
       return send(res, 429, loginPage({ action, clientName, login, error: "Too many failed sign-ins; wait a few minutes and try again." }));
     }

@@ -15,6 +15,7 @@ import WebSocket from "ws";
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "../sandboxes/testing/fixtures.ts";
 import { APP_PY } from "./testing/app.ts";
+import { proxyV1, proxyV2 } from "../server/testing/proxy-headers.ts";
 
 // The preview proxy end to end: real sandboxes running the real agent (bundled from source, with
 // its tunnel), a python web app and WebSocket echo inside, reached through the control port by
@@ -24,6 +25,7 @@ import { APP_PY } from "./testing/app.ts";
 const root = process.getuid?.() === 0;
 const APP_PORT = 8000;
 const DOMAIN = "preview.localhost";
+const BALANCER = "127.0.0.9";
 
 let bundle: string;
 let f: SandboxFixture;
@@ -37,9 +39,17 @@ interface Answer {
 }
 
 /** An HTTP/1.1 request to the control port with any Host header (node's client, no DNS). */
-function send(path: string, opts: { host?: string; method?: string; headers?: Record<string, string>; body?: Buffer | string } = {}): Promise<Answer> {
+function send(path: string, opts: { host?: string; method?: string; headers?: Record<string, string>; body?: Buffer | string; proxyHeader?: Buffer } = {}): Promise<Answer> {
   return new Promise((resolve, reject) => {
-    const req = request({ host: "127.0.0.1", port, path, method: opts.method ?? "GET", headers: { ...(opts.host ? { host: opts.host } : {}), ...opts.headers }, agent: false }, (res) => {
+    // With `proxyHeader`: over a connection from the balancer's address that starts with it.
+    const through = opts.proxyHeader;
+    const viaBalancer = () => {
+      const socket = connect({ host: "127.0.0.1", port, localAddress: BALANCER });
+      socket.write(through!);
+      return socket;
+    };
+    const connection = through ? { createConnection: viaBalancer } : { agent: false };
+    const req = request({ host: "127.0.0.1", port, path, method: opts.method ?? "GET", headers: { ...(opts.host ? { host: opts.host } : {}), ...opts.headers }, ...connection }, (res) => {
       const chunks: Buffer[] = [];
       res.on("data", (c: Buffer) => chunks.push(c));
       res.on("end", () => {
@@ -88,7 +98,8 @@ const settle = () => new Promise((r) => setTimeout(r, 1100));
 beforeAll(async () => {
   if (!root) return;
   bundle = await buildAgentBundle();
-  f = await sandboxFixture({ agentBundle: bundle, previewDomain: DOMAIN });
+  // 127.0.0.9 plays a TCP load balancer sending PROXY headers; every other loopback address is a plain client.
+  f = await sandboxFixture({ agentBundle: bundle, previewDomain: DOMAIN, proxyProtocolFrom: [BALANCER] });
   port = f.t.server.port;
 }, 600_000);
 
@@ -108,6 +119,16 @@ describe.skipIf(!root)("the preview proxy", () => {
     expect(r.status).toBe(200);
     expect(r.body).toEqual({ sandboxId: priv.id, url: `http://${APP_PORT}-${priv.id}.${DOMAIN}:${port}`, token: priv.token });
     expect(priv.token).toMatch(/^[a-z0-9]{32}$/);
+  });
+
+  it("forwards the client address a load balancer's PROXY header states as X-Forwarded-For (both forms)", async () => {
+    const headers = { "x-sandbar-preview-token": priv.token };
+    const byHost = await send("/info", { host: hostOf(priv.id), headers, proxyHeader: proxyV2("198.51.100.77", 4000) });
+    const byPath = await send(pathOf(priv.id), { headers, proxyHeader: proxyV1("2001:db8::77", 4001) });
+    expect(byHost.status, byHost.text).toBe(200);
+    expect(byPath.status, byPath.text).toBe(200);
+    expect(byHost.json.headers["x-forwarded-for"]).toBe("198.51.100.77");
+    expect(byPath.json.headers["x-forwarded-for"]).toBe("2001:db8::77");
   });
 
   it("keeps a private sandbox closed without a credential, in both forms, saying what to send", async () => {

@@ -59,7 +59,7 @@ import { regionService } from "../services/regions.ts";
 import { dockerRegistryService, registryCredentialsFor, startInternalRegistry } from "../registries/index.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
-import { clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
+import { addressList, clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
 import { listenOnePort } from "./listener.ts";
 import type { AgentLocator } from "../toolbox/agent-locator.ts";
 import { mountToolbox, TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
@@ -192,6 +192,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     settings.port,
     settings.host,
     (req, socket, head) => preview.upgradeHost(req, socket, head) || gateway.upgrade(req, socket, head),
+    settings.proxyProtocolFrom.length ? { from: addressList(settings.proxyProtocolFrom), log } : undefined,
   );
   const port = listener.port;
   let stopped: Promise<void> | undefined;

@@ -2,6 +2,7 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import type { Duplex } from "node:stream";
+import { proxyAdmission, type ProxyProtocolOptions } from "./proxy-accept.ts";
 
 type Handler = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => void;
 /** Takes an HTTP/1.1 upgrade request (WebSocket); false when it is not for this handler. */
@@ -16,8 +17,10 @@ export interface Listener {
 /**
  * One TCP port for HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge, as gRPC uses):
  * the first bytes of each connection say which; the connection is handed to that server.
+ * With `proxyProtocol`, connections from the listed load balancers first give their PROXY header.
  */
-export function listenOnePort(handler: Handler, port: number, host: string, onUpgrade?: UpgradeHandler): Promise<Listener> {
+export function listenOnePort(handler: Handler, port: number, host: string, onUpgrade?: UpgradeHandler, proxyProtocol?: ProxyProtocolOptions): Promise<Listener> {
+  const admit = proxyAdmission(proxyProtocol);
   // HTTP/1.1 sockets with a request in flight; idle ones are dropped at once on close.
   const busy = new Map<net.Socket, number>();
   let closing = false;
@@ -58,15 +61,20 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
     sockets.add(socket);
     socket.once("close", () => sockets.delete(socket));
     socket.on("error", () => socket.destroy());
-    socket.once("data", (first) => {
-      socket.pause();
-      socket.unshift(first);
-      if (first.subarray(0, 3).toString("latin1") === "PRI") h2.emit("connection", socket);
-      else {
-        h1Sockets.add(socket);
-        h1.emit("connection", socket);
-      }
-      process.nextTick(() => socket.resume());
+    void admit(socket).then((admitted) => {
+      if (!admitted || closing) return socket.destroy();
+      socket.once("data", (first) => {
+        socket.pause();
+        socket.unshift(first);
+        if (first.subarray(0, 3).toString("latin1") === "PRI") h2.emit("connection", socket);
+        else {
+          h1Sockets.add(socket);
+          h1.emit("connection", socket);
+        }
+        process.nextTick(() => socket.resume());
+      });
+      // A PROXY header's reader leaves the socket paused (what followed the header put back).
+      socket.resume();
     });
   });
   return new Promise((resolve, reject) => {
