@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawnSync } from "node:child_process";
 import { cp, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
@@ -11,6 +12,7 @@ import { buildAgent } from "../build.ts";
 import { snapshotBlobName, snapshotNodeArgs } from "../snapshot-blob.ts";
 import { startAgentProcess } from "./testing/agent-process.ts";
 import type { AgentProcess } from "./testing/agent-process.ts";
+import { descendants } from "./util/kill.ts";
 import { AGENT_VERSION } from "./version.ts";
 
 // The bundle the runner mounts into sandboxes, built fresh and run from a
@@ -60,6 +62,22 @@ describe("the startup snapshot", () => {
       await servesEveryArea(fromSnapshot);
     } finally {
       await fromSnapshot.stop();
+    }
+  });
+
+  it.runIf(spawnSync("unshare", ["--pid", "--fork", "--mount-proc", "true"]).status === 0)("as PID 1, becomes the reaping init and starts the agent again from the blob", async () => {
+    const dist = path.dirname(entry);
+    const asInit = await startAgentProcess({ command: ["unshare", "--pid", "--fork", "--mount-proc", process.execPath, ...snapshotNodeArgs(dist, dist), entry] });
+    try {
+      const { result } = await asInit.client(ProcessService).execute({ command: "tr '\\0' ' ' < /proc/1/cmdline" });
+      // execArgv carries the blob through the init's exec.
+      expect(result).toContain(`sandbar-init ${process.execPath} --snapshot-blob ${path.join(dist, snapshotBlobName())} ${entry} --socket`);
+      // The init forwards SIGTERM to the agent, which shuts down cleanly.
+      const exited = new Promise<number | null>((resolve) => asInit.child.once("exit", (code) => resolve(code)));
+      process.kill(descendants(asInit.child.pid!)[0]!, "SIGTERM");
+      expect(await exited).toBe(0);
+    } finally {
+      await asInit.stop();
     }
   });
 });

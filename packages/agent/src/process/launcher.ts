@@ -106,7 +106,9 @@ export class ShellLauncher {
       if (s.alive() && s.generation === this.ctx.envGeneration) break;
       s.discard(); // ended meanwhile, or started before the environment changed
     }
-    this.askSpawner();
+    // A running spawner is asked now (a message); one still to start waits for refillSoon, after
+    // the answer: starting it forks this process, 3-9 ms of a sandbox's first execution.
+    if (this.spawner?.alive) this.askSpawner();
     return s;
   }
 
