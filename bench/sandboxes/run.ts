@@ -394,7 +394,7 @@ async function agentAb(other: string): Promise<void> {
   log(`building the agent; two control servers (this agent, and ${other})`);
   const servers = { "this agent": await startBenchServer({ warmPool: 0 }), [`bundle ${other}`]: await startBenchServer({ warmPool: 0, agentBundle: path.resolve(other) }) };
   const names = Object.keys(servers);
-  const times = new Map<string, { tti: number[]; exec: number[] }>(names.map((n) => [n, { tti: [], exec: [] }]));
+  const times = new Map<string, { tti: number[]; create: number[]; exec: number[] }>(names.map((n) => [n, { tti: [], create: [], exec: [] }]));
   try {
     for (const s of Object.values(servers)) {
       const warmUp: string[] = [];
@@ -408,12 +408,13 @@ async function agentAb(other: string): Promise<void> {
         const created: string[] = [];
         const split = { create: [] as number[], exec: [] as number[] };
         times.get(name)!.tti.push(await tti(s, created, split));
+        times.get(name)!.create.push(split.create[0]!);
         times.get(name)!.exec.push(split.exec[0]!);
         await deleteAll(s, created);
       }
     }
     for (const [name, t] of times) {
-      for (const [what, xs] of [["REST create→exec", t.tti], ["  of which 1st exec", t.exec]] as const) {
+      for (const [what, xs] of [["REST create→exec", t.tti], ["  of which create", t.create], ["  of which 1st exec", t.exec]] as const) {
         const st = stats(xs);
         console.log(`${name}: ${what.padEnd(20)} n=${st.n} p50=${ms(st.p50)} ms p95=${ms(st.p95)} ms mean=${ms(st.mean)} ms`);
       }
