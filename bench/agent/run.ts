@@ -25,6 +25,7 @@ import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js"
 import { InfoService } from "@sandbar/protocol/gen/sandbar/agent/v1/info_pb.js";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { buildAgent } from "../../packages/agent/build.ts";
+import { snapshotBlobName } from "../../packages/agent/snapshot-blob.ts";
 import { socketTransport } from "../../packages/agent/src/testing/agent-process.ts";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
@@ -48,13 +49,13 @@ interface Running {
 }
 
 /** Starts the bundled agent and waits for its ready line. */
-async function startBundle(bundle: string, dir: string, n: number, extra: string[] = [], env: NodeJS.ProcessEnv = process.env): Promise<Running & { socket: string; secret: string }> {
+async function startBundle(bundle: string, dir: string, n: number, extra: string[] = [], env: NodeJS.ProcessEnv = process.env, nodeArgs: string[] = []): Promise<Running & { socket: string; secret: string }> {
   const socket = path.join(dir, `agent-${n}.sock`);
   const secret = "bench-secret";
   const secretFile = path.join(dir, "secret");
   await writeFile(secretFile, secret);
   const t0 = performance.now();
-  const child = spawn(process.execPath, [bundle, "--socket", socket, "--secret-file", secretFile, "--root", dir, "--state-dir", path.join(dir, `state-${n}`), ...extra], {
+  const child = spawn(process.execPath, [...nodeArgs, bundle, "--socket", socket, "--secret-file", secretFile, "--root", dir, "--state-dir", path.join(dir, `state-${n}`), ...extra], {
     stdio: ["ignore", "pipe", "inherit"],
     env,
   });
@@ -147,6 +148,51 @@ async function benchStartup(bundle: string, dir: string) {
     }
   }
   return { ready, firstCall, firstCallNoCache, selfReady, bare, agentIdle, nodeIdle, later, preloadIdle: preloadIdle! };
+}
+
+/**
+ * The bundle against its startup snapshot (build.ts, snapshot-blob.ts), with and without
+ * --use-openssl-ca, all with --preload as sandboxes run them (the last mode is what they run),
+ * interleaved: ready line, first GetVersion and first Execute("true") sent at once after the
+ * ready line (each from spawn, separate starts), and idle memory.
+ */
+const START_MODES = ["bundle", "snapshot", "bundle, --use-openssl-ca", "snapshot, --use-openssl-ca"] as const;
+type StartMode = (typeof START_MODES)[number];
+
+async function benchSnapshot(bundle: string, dir: string) {
+  const blob = ["--snapshot-blob", path.join(path.dirname(bundle), snapshotBlobName())];
+  const nodeArgs: Record<StartMode, string[]> = {
+    bundle: [],
+    snapshot: blob,
+    "bundle, --use-openssl-ca": ["--use-openssl-ca"],
+    "snapshot, --use-openssl-ca": ["--use-openssl-ca", ...blob],
+  };
+  const r = Object.fromEntries(START_MODES.map((m) => [m, { ready: [] as number[], selfReady: [] as number[], firstCall: [] as number[], firstExec: [] as number[] }])) as Record<StartMode, { ready: number[]; selfReady: number[]; firstCall: number[]; firstExec: number[] }>;
+  const idle: Partial<Record<StartMode, Awaited<ReturnType<typeof rss>>>> = {};
+  let n = 3000;
+  for (let i = 0; i < START_RUNS; i++) {
+    // Rotated each round, so no mode always follows the same one.
+    const order = START_MODES.map((_, k) => START_MODES[(k + i) % START_MODES.length]!);
+    for (const mode of order) {
+      let t0 = performance.now();
+      const a = await startBundle(bundle, dir, n++, ["--preload"], process.env, nodeArgs[mode]);
+      r[mode].ready.push(a.readyWallMs);
+      r[mode].selfReady.push(a.ready.readyMs);
+      await createClient(InfoService, socketTransport(a.socket, a.secret)).getVersion({});
+      r[mode].firstCall.push(performance.now() - t0);
+      if (i === 0) {
+        await new Promise((res) => setTimeout(res, 1000));
+        idle[mode] = await rss(a.child.pid!);
+      }
+      await stop(a.child);
+      t0 = performance.now();
+      const b = await startBundle(bundle, dir, n++, ["--preload"], process.env, nodeArgs[mode]);
+      await createClient(ProcessService, socketTransport(b.socket, b.secret)).execute({ command: "true" });
+      r[mode].firstExec.push(performance.now() - t0);
+      await stop(b.child);
+    }
+  }
+  return { runs: r, idle: idle as Record<StartMode, Awaited<ReturnType<typeof rss>>> };
 }
 
 async function benchExec(client: ReturnType<typeof createClient<typeof ProcessService>>, info: ReturnType<typeof createClient<typeof InfoService>>) {
@@ -254,6 +300,8 @@ async function main() {
   try {
     process.stdout.write("start-to-ready and idle memory...\n");
     const start = await benchStartup(bundle, dir);
+    process.stdout.write("bundle against snapshot...\n");
+    const snap = await benchSnapshot(bundle, dir);
 
     const agent = await startBundle(bundle, dir, 1000);
     const transport = socketTransport(agent.socket, agent.secret);
@@ -298,6 +346,17 @@ async function main() {
       start.agentIdle.total < 40 ? "met" : `missed (node alone: ${start.nodeIdle.total.toFixed(0)} MB)`,
     ]);
     rows.push(["idle resident memory with --preload", `${start.preloadIdle.total.toFixed(1)} MB (${start.preloadIdle.anon.toFixed(1)} private + ${start.preloadIdle.file.toFixed(1)} shared file)`, "", "", ""]);
+    const mem = (x: Awaited<ReturnType<typeof rss>>) => `${x.total.toFixed(1)} MB (${x.anon.toFixed(1)} private + ${x.file.toFixed(1)} shared file)`;
+    for (const mode of START_MODES) {
+      const x = snap.runs[mode];
+      rows.push([
+        `--preload, ${mode}: ready line / own ready time / first answered call / first Execute, p50`,
+        `${ms(pct(x.ready, 50))} / ${ms(pct(x.selfReady, 50))} / ${ms(pct(x.firstCall, 50))} / ${ms(pct(x.firstExec, 50))}`,
+        `idle ${mem(snap.idle[mode])}`,
+        "",
+        "",
+      ]);
+    }
     rows.push(["resident right after all of the above", `${afterTransfer.total.toFixed(1)} MB (${afterTransfer.anon.toFixed(1)} private)`, "", "", ""]);
     rows.push(["resident 15 s later (idle)", `${settled.total.toFixed(1)} MB (${settled.anon.toFixed(1)} private)`, "", "", ""]);
 

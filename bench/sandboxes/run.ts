@@ -4,6 +4,10 @@
 //
 //   node bench/sandboxes/run.ts [--quick]     (as root; writes bench/sandboxes/RESULTS.md)
 //   node bench/sandboxes/run.ts --docker-only (the Docker rows alone, printed; writes nothing)
+//   node bench/sandboxes/run.ts --agent-ab <bundle dir> [--quick]
+//                                             (cold create→exec, sequential, interleaved between the agent
+//                                             bundled fresh and another bundle, e.g. one built from an older
+//                                             commit; two servers; printed, writes nothing)
 //
 // --quick: 12 sequential / 12 parallel runs and a density cap of 40 (to check the bench works).
 import { execFile, spawn } from "node:child_process";
@@ -385,5 +389,45 @@ async function dockerOnly(): Promise<void> {
   }
 }
 
-if (process.argv.includes("--docker-only")) await dockerOnly();
+/** Cold create→exec on two servers that differ only in their agent bundle, interleaved. */
+async function agentAb(other: string): Promise<void> {
+  log(`building the agent; two control servers (this agent, and ${other})`);
+  const servers = { "this agent": await startBenchServer({ warmPool: 0 }), [`bundle ${other}`]: await startBenchServer({ warmPool: 0, agentBundle: path.resolve(other) }) };
+  const names = Object.keys(servers);
+  const times = new Map<string, { tti: number[]; create: number[]; exec: number[] }>(names.map((n) => [n, { tti: [], create: [], exec: [] }]));
+  try {
+    for (const s of Object.values(servers)) {
+      const warmUp: string[] = [];
+      for (let i = 0; i < 2; i++) await tti(s, warmUp);
+      await deleteAll(s, warmUp);
+    }
+    for (let i = 0; i < RUNS; i++) {
+      for (let k = 0; k < names.length; k++) {
+        const name = names[(i + k) % names.length]!;
+        const s = servers[name]!;
+        const created: string[] = [];
+        const split = { create: [] as number[], exec: [] as number[] };
+        times.get(name)!.tti.push(await tti(s, created, split));
+        times.get(name)!.create.push(split.create[0]!);
+        times.get(name)!.exec.push(split.exec[0]!);
+        await deleteAll(s, created);
+      }
+    }
+    for (const [name, t] of times) {
+      for (const [what, xs] of [["REST create→exec", t.tti], ["  of which create", t.create], ["  of which 1st exec", t.exec]] as const) {
+        const st = stats(xs);
+        console.log(`${name}: ${what.padEnd(20)} n=${st.n} p50=${ms(st.p50)} ms p95=${ms(st.p95)} ms mean=${ms(st.mean)} ms`);
+      }
+    }
+    log(`load average ${loadAvg()}`);
+  } finally {
+    for (const s of Object.values(servers)) await s.stop();
+  }
+}
+
+const ab = process.argv.indexOf("--agent-ab");
+if (ab >= 0) {
+  if (!process.argv[ab + 1]) throw new Error("--agent-ab needs a bundle directory");
+  await agentAb(process.argv[ab + 1]!);
+} else if (process.argv.includes("--docker-only")) await dockerOnly();
 else await main();

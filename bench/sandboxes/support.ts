@@ -47,8 +47,10 @@ export interface BenchServer {
   stop(): Promise<void>;
 }
 
-export async function startBenchServer(settings: { warmPool?: number } = {}): Promise<BenchServer> {
-  const bundle = await buildAgentBundle("sandbar-bench-agent-");
+/** A control server with the agent bundled fresh (or, given `agentBundle`, that bundle directory, left in place). */
+export async function startBenchServer(settings: { warmPool?: number; agentBundle?: string } = {}): Promise<BenchServer> {
+  const given = settings.agentBundle;
+  const bundle = given ?? (await buildAgentBundle("sandbar-bench-agent-"));
   const server = await startTestServer({ settings: { agentBundle: bundle, ...settings } });
   const rest = new Rest(server.url, server.adminKey);
   return {
@@ -60,7 +62,7 @@ export async function startBenchServer(settings: { warmPool?: number } = {}): Pr
     async stop() {
       rest.close();
       await server.stop();
-      await rm(bundle, { recursive: true, force: true });
+      if (!given) await rm(bundle, { recursive: true, force: true });
     },
   };
 }

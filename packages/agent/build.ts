@@ -7,15 +7,20 @@
  * cannot be bundled is copied into dist/node_modules: node-pty (a native
  * addon) and typescript-language-server with the typescript it runs (separate
  * processes). Mount the whole dist directory and run agent.mjs.
+ * Beside them, agent-<node version>-<arch>.blob: the agent as a V8 startup
+ * snapshot for the node that built it (snapshot-blob.ts, src/snapshot.ts),
+ * which that node runs instead of loading agent.mjs.
  * Usage: node packages/agent/build.ts [outDir]
  */
-import { cp, mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { cp, mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { createRequire } from "node:module";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { build } from "esbuild";
 import type { Plugin } from "esbuild";
 import { AGENT_MAIN, buildCompileCache, LOADER } from "./compile-cache.ts";
+import { buildSnapshotBlob } from "./snapshot-blob.ts";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const require = createRequire(import.meta.url);
@@ -47,15 +52,53 @@ const lazyZlib: Plugin = {
     b.onLoad({ filter: /.*/, namespace: "lazy-zlib" }, () => ({
       loader: "js",
       contents: [
-        'import { createRequire } from "node:module";',
-        "const load = createRequire(import.meta.url);",
         "let z;",
-        'const zlib = () => (z ??= load("node:zlib"));',
+        'const zlib = () => (z ??= process.getBuiltinModule("node:zlib"));',
         ...["gzip", "gunzip", "brotliCompress", "brotliDecompress"].map((f) => `export function ${f}(...a) { return zlib().${f}(...a); }`),
       ].join("\n"),
     }));
   },
 };
+
+/**
+ * In the snapshot, node-pty (a native addon, outside the bundle) is required on
+ * the first terminal from the bundle's node_modules where the sandbox sees it:
+ * a snapshot's own require loads only built-in modules.
+ */
+const nodePtyAtRunTime: Plugin = {
+  name: "node-pty-at-run-time",
+  setup(b) {
+    b.onResolve({ filter: /^node-pty$/ }, () => ({ path: "node-pty", namespace: "node-pty-at-run-time" }));
+    b.onLoad({ filter: /.*/, namespace: "node-pty-at-run-time" }, () => ({
+      loader: "js",
+      contents: [
+        'import { createRequire } from "node:module";',
+        'const pty = createRequire(import.meta.url)("node-pty");',
+        "export const spawn = pty.spawn;",
+      ].join("\n"),
+    }));
+  },
+};
+
+/** The snapshot's entry, bundled into one CommonJS script (what `--build-snapshot` takes). */
+async function bundleSnapshotEntry(outfile: string): Promise<void> {
+  await build({
+    entryPoints: [path.join(here, "src", "snapshot.ts")],
+    outfile,
+    plugins: [lazyZlib, nodePtyAtRunTime],
+    inject: [path.join(here, "src", "util", "lean-headers.ts"), path.join(here, "src", "util", "snapshot-url.ts")],
+    // import.meta.url is where the snapshot runs from (set when it starts), not where it was built.
+    define: { "import.meta.url": "agentEntryUrl" },
+    bundle: true,
+    platform: "node",
+    format: "cjs",
+    target: "node22",
+    minify: process.env.SANDBAR_AGENT_NO_MINIFY !== "1",
+    legalComments: "none",
+    external: ["typescript-language-server", "typescript"],
+    logLevel: "warning",
+  });
+}
 
 export async function buildAgent(outDir = path.join(here, "dist")): Promise<string> {
   await rm(outDir, { recursive: true, force: true });
@@ -86,6 +129,16 @@ export async function buildAgent(outDir = path.join(here, "dist")): Promise<stri
   await copyPackage(outDir, "typescript", ["lib", "LICENSE.txt"]);
   await writeFile(outfile, LOADER, { mode: 0o755 });
   if (process.env.SANDBAR_AGENT_NO_COMPILE_CACHE !== "1") await buildCompileCache(outDir);
+  if (process.env.SANDBAR_AGENT_NO_SNAPSHOT !== "1") {
+    const scratch = await mkdtemp(path.join(tmpdir(), "sandbar-agent-snapshot-"));
+    try {
+      const entry = path.join(scratch, "snapshot.cjs");
+      await bundleSnapshotEntry(entry);
+      await buildSnapshotBlob(entry, outDir);
+    } finally {
+      await rm(scratch, { recursive: true, force: true });
+    }
+  }
   return outfile;
 }
 

@@ -60,6 +60,8 @@ export class ShellLauncher {
   private readonly pending: number[] = [];
   private spawner: ShellSpawner | undefined;
   private spawnerStarted = 0;
+  /** Shells launched (warm or cold) that have not exited. */
+  private running = 0;
   private readonly idle: NodeJS.Timeout;
   private readonly ctx: AgentContext;
   private readonly warmable: boolean;
@@ -87,7 +89,13 @@ export class ShellLauncher {
     if (!this.warmable || script.length > WARM_SCRIPT_LIMIT || this.ctx.shutdown.aborted) return this.cold(script, cwd, envs);
     this.idle.refresh();
     const warm = this.take();
-    if (!warm) return this.cold(script, cwd, envs);
+    const shell = warm ? this.start(warm, script, cwd, envs) : this.cold(script, cwd, envs);
+    this.running++;
+    shell.once("exit", () => this.running--);
+    return shell;
+  }
+
+  private start(warm: Spare, script: string, cwd: string, envs: Record<string, string>): LaunchedShell {
     let prelude = "";
     if (cwd !== this.ctx.workDir) prelude += `cd -- ${shellQuote(cwd)} || exit 1\n`;
     for (const [k, v] of Object.entries(envs)) prelude += `export ${k}=${shellQuote(v)}\n`;
@@ -108,8 +116,10 @@ export class ShellLauncher {
       if (s.alive() && s.generation === this.ctx.envGeneration) break;
       s.discard(); // ended meanwhile, or started before the environment changed
     }
-    // Not started here: that waits for the answer (refillSoon).
-    if (this.spawner?.alive) this.askSpawner();
+    // A running spawner is asked now (a message). Starting one forks this process, 3-9 ms of a
+    // sandbox's first execution: a lone execution leaves that to refillSoon, after its answer;
+    // executions running side by side (a long first one) get it now, as they need spares.
+    if (this.spawner?.alive || this.running > 0) this.askSpawner();
     return s;
   }
 

@@ -100,6 +100,38 @@ describe("execute", () => {
     }
   });
 
+  it("starts the spawner after a lone first execution has answered, and at once for executions side by side", async () => {
+    // The agent's children as an execution sees them (its shell's parent is the agent then); the
+    // spawner is known by its program (node -e, with process.send in it; the pattern does not match itself).
+    const isSpawner = (pid: string) => `grep -qa 'process[.]sen[d]' /proc/${pid}/cmdline && echo spawner`;
+    const children = `for p in $(cat /proc/$PPID/task/*/children); do ${isSpawner("$p")} || cat /proc/$p/comm; done`;
+    const spawnerIn = (out: string) => out.split("\n").includes("spawner");
+    const lone = await startAgentProcess();
+    const sideBySide = await startAgentProcess();
+    try {
+      const first = lone.client(ProcessService);
+      const before = await first.execute({ command: children });
+      expect(before.result).toMatch(/sh\n/); // this execution's own shell
+      expect(spawnerIn(before.result)).toBe(false);
+      // After its answer the spawner starts, and executions come to run in its shells.
+      let seen = false;
+      for (let i = 0; i < 40 && !seen; i++) {
+        await new Promise((r) => setTimeout(r, 50));
+        seen = (await first.execute({ command: isSpawner("$PPID") })).result === "spawner\n";
+      }
+      expect(seen).toBe(true);
+
+      const both = sideBySide.client(ProcessService);
+      const long = both.execute({ command: "sleep 1" });
+      await new Promise((r) => setTimeout(r, 200));
+      expect(spawnerIn((await both.execute({ command: children })).result)).toBe(true);
+      expect((await long).exitCode).toBe(0);
+    } finally {
+      await lone.stop();
+      await sideBySide.stop();
+    }
+  });
+
   it("runs executions in shells the spawner started, and keeps executing when user code kills the spawner", async () => {
     const parentOfShell = async () => {
       const res = await proc.execute({ command: 'echo $PPID; tr "\\0" " " < /proc/$PPID/cmdline | head -c 100' });

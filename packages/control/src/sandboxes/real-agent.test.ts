@@ -29,6 +29,9 @@ it("runs the real agent: toolbox calls work, files survive stop/start and archiv
   expect(first.status, JSON.stringify(first.body)).toBe(200);
   expect(first.body).toEqual({ exitCode: 0, result: "sandbar\nsandbar\n" });
   expect((await f.exec(s.id, "cat ~/kept")).result).toBe("sandbar\n");
+  // The bundle holds a startup snapshot built by this node: the sandbox's agent starts from it.
+  const commands = await execute("cat /proc/[0-9]*/cmdline | tr '\\0' ' '");
+  expect(commands.body.result).toContain(`/opt/sandbar/bin/node --use-openssl-ca --snapshot-blob /opt/sandbar/agent/agent-${process.version}-${process.arch}.blob /opt/sandbar/agent/agent.mjs`);
 
   await f.call("POST", `/sandbox/${s.id}/stop`);
   expect((await f.call("POST", `/sandbox/${s.id}/start`)).body.state).toBe("started");
