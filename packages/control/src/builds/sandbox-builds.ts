@@ -18,8 +18,8 @@ export class SandboxBuilds {
     this.#builder = builder;
   }
 
-  /** Builds for sandbox `sandboxId`; answers the image's manifest digest. */
-  async run(organizationId: string, info: BuildInfoRecord, sandboxId: string): Promise<string> {
+  /** Builds for sandbox `sandboxId` on the runner it was placed on; answers the image's manifest digest. */
+  async run(organizationId: string, info: BuildInfoRecord, sandboxId: string, runnerId: string): Promise<string> {
     const log = new BuildLog();
     this.#logs.set(sandboxId, log);
     for (const old of this.#logs.keys()) {
@@ -27,7 +27,7 @@ export class SandboxBuilds {
       this.#logs.delete(old);
     }
     try {
-      const image = await this.#builder.build(organizationId, info, { signal: this.#abort.signal, onProgress: (l) => log.push(l) });
+      const image = await this.#builder.build(organizationId, info, { signal: this.#abort.signal, onProgress: (l) => log.push(l), where: { runnerId } });
       log.push(`image ${image.digest} ready`);
       return image.digest;
     } catch (err) {

@@ -58,21 +58,19 @@ export class RegisteredRunners implements RunnerDirectory {
     const volumes = (need.volumes?.length ?? 0) > 0;
     const all = (await exec(`select id from runner where region_id = ? order by id for update`, [regionId])) as unknown[];
     if (!all.length) return undefined;
-    const rows = (await exec(
-      `select r.runner_key from runner r
-         left join sandbox s on s.runner_id = r.runner_key and s.state not in ('archived', 'destroyed')
-        where r.region_id = ? and r.state = 'ready' and not r.unschedulable and not r.draining and r.runner_key is not null and (r.shared_volumes or not ?)
-        group by r.id
-       having r.cpu - coalesce(sum(s.cpu), 0) >= ? and r.memory_gib - coalesce(sum(s.memory), 0) >= ? and r.disk_gib - coalesce(sum(s.disk), 0) >= ?
-        order by r.held_images @> array[?]::text[] desc, r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
-        limit 1`,
-      [regionId, volumes, need.cpu, need.memory, need.disk, need.imageRef ?? ""],
-    )) as Array<{ runner_key: string }>;
+    const rows = await candidates(exec, regionId, need);
     if (!rows[0] && volumes && !((await exec(`select 1 from runner where region_id = ? and shared_volumes limit 1`, [regionId])) as unknown[]).length) {
       throw errors.invalidArgument("Volumes cannot be mounted in this region: none of its runners has a shared volume root (SANDBAR_VOLUME_ROOT)");
     }
     // The reference's answer when no runner of the region can take it.
     if (!rows[0]) throw errors.invalidArgument("No available runners");
+    return rows[0].runner_key;
+  }
+
+  /** A runner of the region to run a build: picked as a create's (no lock: a build reserves no capacity). */
+  async builder(regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string> {
+    const rows = await candidates(this.#exec(), regionId, need);
+    if (!rows[0]) throw errors.invalidArgument("No available runners to run the build");
     return rows[0].runner_key;
   }
 
@@ -112,4 +110,19 @@ export class RegisteredRunners implements RunnerDirectory {
     this.#runtimes.clear();
     await Promise.allSettled(all.map(({ runtime }) => runtime.then((rt) => rt.close())));
   }
+}
+
+/** The region's runners that can take `need`: ready, schedulable, not draining, with room; a holder of its image first, then the most free CPU. */
+function candidates(exec: Exec, regionId: string, need: { cpu: number; memory: number; disk: number; imageRef?: string | null; volumes?: readonly unknown[] | null }): Promise<Array<{ runner_key: string }>> {
+  const volumes = (need.volumes?.length ?? 0) > 0;
+  return exec(
+    `select r.runner_key from runner r
+       left join sandbox s on s.runner_id = r.runner_key and s.state not in ('archived', 'destroyed')
+      where r.region_id = ? and r.state = 'ready' and not r.unschedulable and not r.draining and r.runner_key is not null and (r.shared_volumes or not ?)
+      group by r.id
+     having r.cpu - coalesce(sum(s.cpu), 0) >= ? and r.memory_gib - coalesce(sum(s.memory), 0) >= ? and r.disk_gib - coalesce(sum(s.disk), 0) >= ?
+      order by r.held_images @> array[?]::text[] desc, r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
+      limit 1`,
+    [regionId, volumes, need.cpu, need.memory, need.disk, need.imageRef ?? ""],
+  ) as Promise<Array<{ runner_key: string }>>;
 }

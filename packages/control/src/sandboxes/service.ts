@@ -116,7 +116,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
         const info = checkBuildInfo(req.buildInfo);
         const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
         const regionId = await targetRegion(deps.orm, organizationId, req.target);
-        return dto(await manager.createFromBuild({ ...input, volumes, regionId }, info, (id) => builds.run(organizationId, info, id)));
+        return dto(await manager.createFromBuild({ ...input, volumes, regionId }, info, (id, runnerId) => builds.run(organizationId, info, id, runnerId)));
       }
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
         // An image snapshot: its resources (a request naming a snapshot names none), its USER unless the request names a user.
