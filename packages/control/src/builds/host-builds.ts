@@ -41,7 +41,8 @@ async function readContexts(requests: Requests, hashes: string[], dir: string, s
       for (;;) {
         const r = await requests.next();
         if (r.done || r.value.part.case !== "data") return void (after = r);
-        yield r.value.part.value;
+        // A copy: the message's bytes may be a view of a receive buffer that is used again.
+        yield Buffer.from(r.value.part.value);
       }
     };
     onProgress(`unpacking context ${hash}`);
