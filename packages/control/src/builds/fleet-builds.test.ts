@@ -141,6 +141,14 @@ describe.skipIf(!root)("declarative builds on registered runners", () => {
     expect((await call("PATCH", `/runners/${builder.id}/draining`, { draining: false })).status).toBe(200);
   }, 180_000);
 
+  it("control's own runtime (the shared region) pulls the built image from the internal registry too", async () => {
+    const r = await call("POST", "/sandbox", { snapshot: "fleet-built", autoStopInterval: 0 });
+    expect(r.status, JSON.stringify(r.body)).toBe(200);
+    expect(r.body).toMatchObject({ state: "started", runnerId: t.server.sandboxes.runtime.runnerId });
+    expect(await (await t.server.sandboxes.runtime.images!()).get(snap.ref)).toBeDefined();
+    expect(await exec(r.body.id, "cat /slept.txt")).toMatchObject({ exitCode: 0, result: "slept\n" });
+  }, 180_000);
+
   it("two snapshots of one build made at once build it once", async () => {
     const buildInfo = { dockerfileContent: dockerfile("echo twice-asked && sleep 2 && echo once > /once.txt"), contextHashes: ["sleepctx"] };
     const [a, b] = await Promise.all(["twin-a", "twin-b"].map((name) => call("POST", "/snapshots", { name, regionId: "fleet", buildInfo })));

@@ -82,7 +82,8 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       if (row.state === "active") throw errors.invalidArgument(`Snapshot ${row.id} is already active`);
       if (row.state !== "inactive") throw errors.invalidArgument(`Snapshot ${row.id} cannot be activated - it is in ${row.state} state`);
       // Deactivation keeps the image on this host; without it the snapshot is pulled again.
-      const present = row.ref ? await (await images()).get(row.ref) : undefined;
+      // A build's image is on the runners that hold it: activation builds again (the runner's cache answers).
+      const present = row.ref && !row.buildInfo ? await (await images()).get(row.ref) : undefined;
       const next = await store.update(row.id, { state: present ? "active" : "pending" }, ["inactive"]);
       if (!next) throw errors.invalidArgument(`Snapshot ${row.id} cannot be activated - it changed meanwhile`);
       if (next.state === "pending") pulls.start(next);
