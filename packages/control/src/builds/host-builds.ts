@@ -32,7 +32,7 @@ function checkSpec(spec: BuildSpec): void {
 }
 
 /** Reads each context's bytes off the request stream, in the spec's order, into `dir`. */
-async function readContexts(requests: Requests, hashes: string[], dir: string, signal: AbortSignal | undefined, onProgress: (line: string) => void): Promise<void> {
+export async function readContexts(requests: Requests, hashes: string[], dir: string, signal: AbortSignal | undefined, onProgress: (line: string) => void): Promise<void> {
   let next = await requests.next();
   for (const hash of hashes) {
     if (next.done || next.value.part.case !== "contextHash" || next.value.part.value !== hash) throw errors.invalidArgument(`the bytes of context ${hash} were expected next`);
