@@ -107,6 +107,8 @@ describe.skipIf(!root)("declarative builds on registered runners", () => {
     expect(text).toMatch(/^building on runner /m);
     expect(text).toMatch(/^done-sleeping$/m);
     expect(text).toMatch(/^pushed to 127\.0\.0\.1:\d+\/.*daytona-[0-9a-f]{64}:daytona in \d+ ms$/m);
+    // Figures for the record: buildah's time and the push's, as the runner logged them.
+    console.info([/^built in \d+ ms$/m.exec(text)?.[0], /^pushed to .* in \d+ ms$/m.exec(text)?.[0]].join("; "));
     snap = await settled(made.body.id);
     expect(snap).toMatchObject({ state: "active", errorReason: null });
     expect(snap.ref).toMatch(/^sha256:[0-9a-f]{64}$/);
