@@ -14,6 +14,8 @@ export interface BuildInfoRecord {
   createdAt: string;
   /** A snapshot's build: the region whose runners build it (the request's regionId); absent: the organization's default. */
   regionId?: string;
+  /** A snapshot's build: the runner it runs (or last ran) on. */
+  runnerId?: string;
 }
 
 export const MAX_DOCKERFILE = 256 * 1024;

@@ -20,6 +20,8 @@ export interface BuildRun {
   onProgress?: (line: string) => void;
   /** Where to build: a given runner (a sandbox's), else one of the region's (default: the organization's). */
   where?: BuildWhere;
+  /** Told the runner the build goes to, before it starts there. */
+  onRunner?: (runnerId: string) => Promise<void>;
 }
 
 /** A built image: its manifest digest, size, entrypoint and cmd, and the runner that holds it. */
@@ -107,6 +109,7 @@ export class Builder {
     });
     const target = await this.#targets(organizationId, run.where ?? {});
     if (!target.runtime.buildSnapshot) throw errors.failedPrecondition(`The runner ${target.runnerId} cannot run builds`);
+    await run.onRunner?.(target.runnerId);
     emit(`building on runner ${target.runnerId}`);
     const contexts = this.#contexts;
     let sendError: unknown;

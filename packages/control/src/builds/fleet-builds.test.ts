@@ -192,4 +192,28 @@ describe.skipIf(!root)("declarative builds on registered runners", () => {
     await eventually("the toolbox", async () => (out = await exec(r.body.id, "cat /made.txt")).exitCode !== undefined, 10_000);
     expect(out).toMatchObject({ exitCode: 0, result: "sandbox-build\n" });
   }, 300_000);
+
+  it("another control process on the same database follows a build it did not dispatch live, from the building runner", async () => {
+    const t2 = await startTestServer({ databaseUrl: t.server.databaseUrl, adminKey: t.adminKey, settings: { agentBundle: bundle, runnerChecks: CHECKS } });
+    try {
+      const made = await call("POST", "/snapshots", { name: "followed-elsewhere", regionId: "fleet", buildInfo: { dockerfileContent: dockerfile("echo elsewhere-start && sleep 4 && echo elsewhere-end"), contextHashes: ["sleepctx"] } });
+      expect(made.status, JSON.stringify(made.body)).toBe(200);
+      await eventually("the build's runner recorded", async () => (await t.server.sandboxes.snapshots.store.byId(made.body.id))?.buildInfo?.runnerId !== undefined, 60_000);
+      const res = await fetch(`${t2.url}/api/snapshots/${made.body.id}/build-logs?follow=true`, { headers: { authorization: `Bearer ${t.adminKey}` } });
+      expect(res.status).toBe(200);
+      let text = "";
+      let stateAtStart: string | undefined;
+      const decoder = new TextDecoder();
+      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+        text += decoder.decode(chunk, { stream: true });
+        if (stateAtStart === undefined && /^elsewhere-start$/m.test(text)) stateAtStart = (await api(t2.url, t.adminKey, "GET", `/snapshots/${made.body.id}`)).body.state;
+      }
+      expect(stateAtStart).toBe("building");
+      expect(text).toMatch(/^elsewhere-end$/m);
+      expect(text).toMatch(/^image sha256:[0-9a-f]{64} ready/m);
+      expect((await settled(made.body.id)).state).toBe("active");
+    } finally {
+      await t2.stop();
+    }
+  }, 240_000);
 });

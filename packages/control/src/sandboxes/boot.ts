@@ -2,6 +2,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import path from "node:path";
+import { errors } from "@sandbar/protocol";
 import { checkHost, formatChecks } from "@sandbar/runner/linux";
 import type { Settings } from "../settings.ts";
 import { agentInit, LocalRuntime, type LocalProvider, SHARED_VOLUME_GID } from "./local-runtime.ts";
@@ -80,8 +81,14 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const agentClients = new AgentClients();
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
   const dropFromRunners = runners?.dropImage ? (digest: string) => runners.dropImage!(digest, log) : undefined;
+  const targets = buildTargets(orm, runtime, runners);
+  const runnerLogs = async function* (runnerId: string, ref: string, follow: boolean, signal: AbortSignal) {
+    const { runtime: rt } = await targets("", { runnerId });
+    if (!rt.snapshotLogs) throw errors.notFound(`The runner ${runnerId} keeps no build logs`);
+    yield* rt.snapshotLogs(ref, follow, signal);
+  };
   const held = runners?.holds ? (runnerId: string, digest: string) => runners.holds!(runnerId, digest) : undefined;
-  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, dropFromRunners, log, buildTargets: buildTargets(orm, runtime, runners), buildPush: builtImages?.push, held });
+  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, dropFromRunners, log, buildTargets: targets, buildPush: builtImages?.push, held, runnerLogs });
   const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
   // One operation per sandbox among every control process of the database (needs its URL).
   const sharedLocks = settings.databaseUrl ? new ClusterLocks(settings.databaseUrl, log) : undefined;

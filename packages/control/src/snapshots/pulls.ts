@@ -150,7 +150,7 @@ export class SnapshotPulls {
       if (info) {
         if (!this.#builder || !row.organizationId) throw new Error("Declarative builds are not available on this server");
         const need = { cpu: row.cpu, memory: row.mem, disk: row.disk };
-        const built = await this.#builder.build(row.organizationId, info, { signal, onProgress: (l) => log.push(l), where: { regionId: info.regionId, need } });
+        const built = await this.#builder.build(row.organizationId, info, { signal, onProgress: (l) => log.push(l), where: { regionId: info.regionId, need }, onRunner: (r) => this.#store.buildingOn(row.id, r) });
         image = { digest: built.digest, size: built.size, config: { entrypoint: built.entrypoint, cmd: built.cmd } };
       } else {
         const ref = parseImageRef(row.imageName);

@@ -35,6 +35,8 @@ export interface SnapshotDeps {
   buildTargets?: BuildTargets;
   /** The internal registry's repository and push account for a build (so that every runner can pull it). */
   buildPush?: PushTarget;
+  /** A build's log on the runner running it (GetSnapshotLogs), for builds another control process dispatched. */
+  runnerLogs?: (runnerId: string, ref: string, follow: boolean, signal: AbortSignal) => AsyncIterable<{ data: Uint8Array }>;
   /** Records that a runner holds an image it built. */
   held?: (runnerId: string, digest: string) => Promise<void>;
   /** Removes an image from the registered runners that hold it (runners/directory.ts). */
@@ -181,6 +183,21 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
     async *getSnapshotBuildLogs(req, ctx) {
       const row = await store.find(organizationOf(ctx), req.id);
       const live = pulls.live(row.id);
+      const info = row.buildInfo;
+      if (!live && row.state === "building" && info?.runnerId && row.organizationId && deps.runnerLogs) {
+        // Another control process runs this build: the runner building it has its log.
+        let sent = false;
+        try {
+          for await (const chunk of deps.runnerLogs(info.runnerId, Builder.key(row.organizationId, info), req.follow ?? false, ctx.signal)) {
+            sent = true;
+            yield { data: chunk.data };
+          }
+          return;
+        } catch (err) {
+          // The runner has no such build (restarted meanwhile): what is recorded, below.
+          if (sent || !(err instanceof ConnectError && err.code === Code.NotFound)) throw err;
+        }
+      }
       if (!live) {
         // Ended (or never pulled: the default snapshot): what was recorded.
         if (row.buildLog) yield { data: new TextEncoder().encode(row.buildLog) };
