@@ -212,6 +212,21 @@ describe.skipIf(!root)("declarative builds on registered runners", () => {
       expect(text).toMatch(/^elsewhere-end$/m);
       expect(text).toMatch(/^image sha256:[0-9a-f]{64} ready/m);
       expect((await settled(made.body.id)).state).toBe("active");
+
+      // A sandbox's build, the same way: its runner keeps the log.
+      const sbx = await call("POST", "/sandbox", { target: "fleet", autoStopInterval: 0, buildInfo: { dockerfileContent: dockerfile("echo sbx-elsewhere-start && sleep 4 && echo sbx-elsewhere-end"), contextHashes: ["sleepctx"] } });
+      expect(sbx.status, JSON.stringify(sbx.body)).toBe(200);
+      await eventually("the sandbox building", async () => (await call("GET", `/sandbox/${sbx.body.id}`)).body.state === "building_snapshot", 30_000);
+      // The runner's log starts once the build reaches it.
+      let seen = "";
+      await eventually("the runner's log", async () => {
+        seen = await fetch(`${t2.url}/api/sandbox/${sbx.body.id}/build-logs`, { headers: { authorization: `Bearer ${t.adminKey}` } }).then((r) => r.text());
+        return seen !== "";
+      }, 60_000);
+      const followed = await fetch(`${t2.url}/api/sandbox/${sbx.body.id}/build-logs?follow=true`, { headers: { authorization: `Bearer ${t.adminKey}` } }).then((r) => r.text());
+      expect(followed).toMatch(/^sbx-elsewhere-start$/m);
+      expect(followed).toMatch(/^sbx-elsewhere-end$/m);
+      await eventually("the sandbox started", async () => (await call("GET", `/sandbox/${sbx.body.id}`)).body.state === "started", 60_000);
     } finally {
       await t2.stop();
     }

@@ -89,7 +89,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   };
   const held = runners?.holds ? (runnerId: string, digest: string) => runners.holds!(runnerId, digest) : undefined;
   const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, dropFromRunners, log, buildTargets: targets, buildPush: builtImages?.push, held, runnerLogs });
-  const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
+  const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder, runnerLogs) : undefined;
   // One operation per sandbox among every control process of the database (needs its URL).
   const sharedLocks = settings.databaseUrl ? new ClusterLocks(settings.databaseUrl, log) : undefined;
   const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, sharedLocks, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror, builtImages) });
