@@ -587,7 +587,7 @@ describe("runner protocol", () => {
     expect(methods.get("PackSandbox")?.methodKind).toBe("server_streaming");
     expect(methods.get("RestoreSandbox")?.methodKind).toBe("client_streaming");
     expect(methods.get("PullSnapshot")?.methodKind).toBe("server_streaming");
-    expect(methods.get("BuildSnapshot")?.methodKind).toBe("server_streaming");
+    expect(methods.get("BuildSnapshot")?.methodKind).toBe("bidi_streaming"); // the spec, then the contexts' bytes streamed by control
     expect(methods.get("GetSnapshotLogs")?.methodKind).toBe("server_streaming");
   });
 });

@@ -12,6 +12,10 @@ export interface BuildInfoRecord {
   /** `daytona-<sha256 hex>:daytona`, as the reference names builds. */
   snapshotRef: string;
   createdAt: string;
+  /** A snapshot's build: the region whose runners build it (the request's regionId); absent: the organization's default. */
+  regionId?: string;
+  /** A snapshot's build: the runner it runs (or last ran) on. */
+  runnerId?: string;
 }
 
 export const MAX_DOCKERFILE = 256 * 1024;

@@ -1,79 +1,148 @@
-import { pipeline } from "node:stream/promises";
+import { create } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
-import { BuildFailed, fromRegistries, type Image, type ImageStore, type RegistryCredentials } from "@sandbar/runner/images";
-import * as tar from "tar";
+import { type BuildSnapshotRequest, BuildSnapshotRequestSchema, BuildSpecSchema, type RegistryAuth, RegistryAuthSchema } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import { BuildFailed, fromRegistries, parseImageRef, type RegistryCredentials } from "@sandbar/runner/images";
 import type { BuildContexts } from "../object-storage/index.ts";
 import type { CredentialsFor } from "../snapshots/pulls.ts";
+import type { BuildTargets, BuildWhere } from "./build-targets.ts";
 import { type BuildInfoRecord, refHex } from "./build-info.ts";
 
-// Runs a declarative build on this host: the organization's contexts fetched from object storage
-// by hash into the build dir, the FROM registries' credentials from the organization's registries,
-// then the image store's buildah build. Keyed by organization and build ref: the same build of
-// one organization runs once and is reused after; another organization builds its own (its
-// contexts must be in its own prefix, its FROM images readable with its own credentials).
+// Dispatches a declarative build to the host that runs it (a registered runner picked like
+// placement, or this process's own runtime: one call, `buildSnapshot`, either way) and follows it
+// live. Control streams the organization's contexts from object storage into the call and hands
+// over, for this build only, the FROM registries' credentials and a push account for the internal
+// registry, where the built image goes so that every runner can pull it. Keyed by organization
+// and build ref: the same build of one organization runs once (joined while it runs, and the
+// runner's store answers an earlier one from its cache); another organization builds its own.
 
 export interface BuildRun {
   signal?: AbortSignal;
   onProgress?: (line: string) => void;
+  /** Where to build: a given runner (a sandbox's), else one of the region's (default: the organization's). */
+  where?: BuildWhere;
+  /** Told the runner the build goes to, before it starts there. */
+  onRunner?: (runnerId: string) => Promise<void>;
 }
 
-// Context archives as the clients make them: files, directories and links only.
-const ENTRY_TYPES = new Set(["File", "OldFile", "ContiguousFile", "Directory", "SymbolicLink", "Link"]);
+/** A built image: its manifest digest, size, entrypoint and cmd, and the runner that holds it. */
+export interface BuiltImage {
+  digest: string;
+  size: number;
+  entrypoint: string[];
+  cmd: string[];
+  runnerId: string;
+}
+
+/** The internal registry's repository for a build and an account that may push it; undefined: no internal registry. */
+export type PushTarget = (organizationId: string, info: BuildInfoRecord) => Promise<{ image: string; credentials: RegistryCredentials } | undefined>;
+
+interface Job {
+  done: Promise<BuiltImage>;
+  lines: string[];
+  listeners: Set<(line: string) => void>;
+}
 
 export class Builder {
-  readonly #images: () => Promise<ImageStore>;
+  readonly #targets: BuildTargets;
   readonly #contexts: BuildContexts;
   readonly #credentialsFor: CredentialsFor;
   readonly #mirror: string | undefined;
   readonly #timeoutMs: number;
+  readonly #push: PushTarget | undefined;
+  readonly #held: ((runnerId: string, digest: string) => Promise<void>) | undefined;
+  readonly #running = new Map<string, Job>();
 
   /** `timeoutMs`: a build running longer is stopped (the reference's BUILD_TIMEOUT_MIN: 120 minutes). */
-  constructor(o: { images: () => Promise<ImageStore>; contexts: BuildContexts; credentialsFor: CredentialsFor; mirror?: string; timeoutMs?: number }) {
+  constructor(o: { targets: BuildTargets; contexts: BuildContexts; credentialsFor: CredentialsFor; mirror?: string; timeoutMs?: number; push?: PushTarget; held?: (runnerId: string, digest: string) => Promise<void> }) {
     this.#timeoutMs = o.timeoutMs ?? 120 * 60_000;
-    this.#images = o.images;
+    this.#targets = o.targets;
     this.#contexts = o.contexts;
     this.#credentialsFor = o.credentialsFor;
     this.#mirror = o.mirror;
+    this.#push = o.push;
+    this.#held = o.held;
   }
 
   static key(organizationId: string, info: BuildInfoRecord): string {
     return `${organizationId}-${refHex(info.snapshotRef)}`;
   }
 
-  /** The image of an earlier identical build, if still on this host. */
-  async cached(organizationId: string, info: BuildInfoRecord): Promise<Image | undefined> {
-    return (await this.#images()).built(Builder.key(organizationId, info));
+  async build(organizationId: string, info: BuildInfoRecord, run: BuildRun = {}): Promise<BuiltImage> {
+    const key = Builder.key(organizationId, info);
+    let job = this.#running.get(key);
+    if (job) run.onProgress?.(`joining the running build ${key}`);
+    else {
+      const j: Job = { done: undefined as unknown as Promise<BuiltImage>, lines: [], listeners: new Set() };
+      const emit = (line: string) => {
+        j.lines.push(line);
+        for (const l of j.listeners) l(line);
+      };
+      j.done = this.#run(organizationId, info, key, run, emit).finally(() => this.#running.delete(key));
+      this.#running.set(key, (job = j));
+    }
+    for (const line of job.lines) run.onProgress?.(line);
+    if (run.onProgress) job.listeners.add(run.onProgress);
+    try {
+      return await job.done;
+    } finally {
+      if (run.onProgress) job.listeners.delete(run.onProgress);
+    }
   }
 
-  async build(organizationId: string, info: BuildInfoRecord, run: BuildRun = {}): Promise<Image> {
-    const credentials: Record<string, RegistryCredentials> = {};
-    for (const host of fromRegistries(info.dockerfileContent, this.#mirror)) {
-      const c = await this.#credentialsFor(organizationId, host);
-      if (c) credentials[host] = c;
-    }
+  async #run(organizationId: string, info: BuildInfoRecord, key: string, run: BuildRun, emit: (line: string) => void): Promise<BuiltImage> {
     const timeout = AbortSignal.timeout(this.#timeoutMs);
     const signal = run.signal ? AbortSignal.any([run.signal, timeout]) : timeout;
-    return (await this.#images()).build(Builder.key(organizationId, info), {
+    const sourceRegistries: RegistryAuth[] = [];
+    for (const host of fromRegistries(info.dockerfileContent, this.#mirror)) {
+      const c = await this.#credentialsFor(organizationId, host);
+      if (c) sourceRegistries.push(create(RegistryAuthSchema, { url: host, username: c.username, password: c.password }));
+    }
+    const push = await this.#push?.(organizationId, info);
+    const spec = create(BuildSpecSchema, {
+      ref: key,
       dockerfile: info.dockerfileContent,
-      credentials,
-      signal,
-      onProgress: run.onProgress,
-      context: async (dir, signal) => {
-        for (const hash of info.contextHashes) {
-          run.onProgress?.(`fetching context ${hash}`);
-          const body = await this.#contexts.open(organizationId, hash, signal);
-          const refused: string[] = [];
-          // node-tar strips absolute paths and "..", and never writes through a symlink; owners
-          // are not kept, and device nodes, fifos and the like are skipped.
-          await pipeline(body, tar.x({ cwd: dir, strict: true, preserveOwner: false, filter: (p, e) => (("type" in e && ENTRY_TYPES.has(e.type)) || !("type" in e) ? true : (refused.push(p), false)) }), { signal }).catch((err: unknown) => {
-            throw errors.failedPrecondition(`Build context ${hash} is not a readable tar archive: ${err instanceof Error ? err.message : String(err)}`);
-          });
-          if (refused.length) run.onProgress?.(`context ${hash}: skipped ${refused.length} entries that are not files, directories or links`);
-        }
-      },
-    }).catch((err: unknown) => {
-      if (timeout.aborted && !run.signal?.aborted) throw new BuildFailed(`The build ran longer than ${this.#timeoutMs >= 60_000 ? `${Math.round(this.#timeoutMs / 60_000)} minutes` : `${Math.round(this.#timeoutMs / 1000)} seconds`} and was stopped`);
-      throw err;
+      contextHashes: info.contextHashes,
+      sourceRegistries,
+      timeoutSeconds: Math.ceil(this.#timeoutMs / 1000),
+      pushImage: push?.image ?? "",
+      ...(push ? { pushAuth: create(RegistryAuthSchema, { url: parseImageRef(push.image).registry, username: push.credentials.username, password: push.credentials.password }) } : {}),
     });
+    const target = await this.#targets(organizationId, run.where ?? {});
+    if (!target.runtime.buildSnapshot) throw errors.failedPrecondition(`The runner ${target.runnerId} cannot run builds`);
+    await run.onRunner?.(target.runnerId);
+    emit(`building on runner ${target.runnerId}`);
+    const contexts = this.#contexts;
+    let sendError: unknown;
+    // The contexts flow from the store into the call as the runner reads them (never held whole).
+    async function* requests(): AsyncGenerator<BuildSnapshotRequest> {
+      yield create(BuildSnapshotRequestSchema, { part: { case: "spec", value: spec } });
+      try {
+        for (const hash of info.contextHashes) {
+          emit(`sending context ${hash}`);
+          const body = await contexts.open(organizationId, hash, signal);
+          yield create(BuildSnapshotRequestSchema, { part: { case: "contextHash", value: hash } });
+          for await (const chunk of body as AsyncIterable<Uint8Array>) yield create(BuildSnapshotRequestSchema, { part: { case: "data", value: chunk } });
+        }
+      } catch (err) {
+        sendError = err;
+        throw err;
+      }
+    }
+    let built: BuiltImage | undefined;
+    try {
+      for await (const event of target.runtime.buildSnapshot(requests(), signal)) {
+        if (event.event.case === "log") for (const line of Buffer.from(event.event.value.data).toString().replace(/\n$/, "").split("\n")) emit(line);
+        else if (event.event.case === "done") {
+          const i = event.event.value;
+          built = { digest: i.ref, size: Number(i.sizeBytes), entrypoint: i.entrypoint, cmd: i.cmd, runnerId: target.runnerId };
+        }
+      }
+    } catch (err) {
+      if (timeout.aborted && !run.signal?.aborted) throw new BuildFailed(`The build ran longer than ${this.#timeoutMs >= 60_000 ? `${Math.round(this.#timeoutMs / 60_000)} minutes` : `${Math.round(this.#timeoutMs / 1000)} seconds`} and was stopped`);
+      throw sendError ?? err;
+    }
+    if (!built) throw errors.unavailable(`The runner ${target.runnerId} ended the build without its result`);
+    await this.#held?.(target.runnerId, built.digest);
+    return built;
   }
 }

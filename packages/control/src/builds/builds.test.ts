@@ -92,21 +92,21 @@ describe("declarative builds on a real server", () => {
   }, 400_000);
 
   it("stops a build that runs past its time limit, with a reason saying so", async () => {
-    const images = t.server.sandboxes.runtime.images;
-    if (!images) throw new Error("this test needs the linux runtime (root)");
-    const builder = new Builder({ images: () => images.call(t.server.sandboxes.runtime), contexts: t.server.objectStorage.contexts, credentialsFor: registryAccount(reg), timeoutMs: 3_000 });
+    const rt = t.server.sandboxes.runtime;
+    if (!rt.images) throw new Error("this test needs the linux runtime (root)");
+    const builder = new Builder({ targets: async () => ({ runnerId: rt.runnerId, runtime: rt }), contexts: t.server.objectStorage.contexts, credentialsFor: registryAccount(reg), timeoutMs: 3_000 });
     const org = (await call("GET", "/organizations")).body[0].id as string;
     const info = checkBuildInfo({ dockerfileContent: dockerfile(120), contextHashes: ["sleepctx"] } as CreateBuildInfo);
     const t0 = Date.now();
     const err = await builder.build(org, info).then(() => undefined, (e: unknown) => e as Error);
     expect(err?.message).toBe("The build ran longer than 3 seconds and was stopped");
     expect(Date.now() - t0).toBeLessThan(30_000);
-    expect(await builder.cached(org, info)).toBeUndefined();
+    expect(await (await rt.images()).built(Builder.key(org, info))).toBeUndefined();
   }, 120_000);
 
   it("refuses a context archive whose entries climb out of the build dir", async () => {
-    const images = t.server.sandboxes.runtime.images!;
-    const builder = new Builder({ images: () => images.call(t.server.sandboxes.runtime), contexts: t.server.objectStorage.contexts, credentialsFor: registryAccount(reg) });
+    const rt = t.server.sandboxes.runtime;
+    const builder = new Builder({ targets: async () => ({ runnerId: rt.runnerId, runtime: rt }), contexts: t.server.objectStorage.contexts, credentialsFor: registryAccount(reg) });
     const org = (await call("GET", "/organizations")).body[0].id as string;
     const evil = path.join(scratch, "evil", "inner");
     await mkdir(evil, { recursive: true });

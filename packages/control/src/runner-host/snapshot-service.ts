@@ -12,8 +12,8 @@ import type { SandboxRuntime } from "../sandboxes/runtime.ts";
 // image's manifest digest (what control records as the snapshot's ref), so "is it here" is one
 // lookup and a pull can be checked against it. Registry credentials come with each pull and are
 // handed to skopeo for that pull only (a 0600 auth file it removes): the runner keeps none.
-// Removal is refused while a sandbox on this host boots from the image. Builds are control's
-// host's job for now (not served here).
+// Removal is refused while a sandbox on this host boots from the image. Builds are the runtime's
+// (builds/host-builds.ts): control calls the same method on its in-process runtime.
 
 const DIGEST = /^sha256:[a-f0-9]{64}$/;
 
@@ -65,6 +65,14 @@ export function runnerSnapshotServiceImpl(runtime: SandboxRuntime): Partial<Serv
       const image = await pull;
       if (image.digest !== ref) throw errors.failedPrecondition(`${req.image} is ${image.digest} on its registry, not ${ref}`);
       yield create(SnapshotProgressSchema, { event: { case: "done", value: snapshotInfo(image) } });
+    },
+    async *buildSnapshot(requests, ctx) {
+      if (!runtime.buildSnapshot) throw errors.failedPrecondition("This runner's provider cannot build images");
+      yield* runtime.buildSnapshot(requests, ctx.signal);
+    },
+    async *getSnapshotLogs(req, ctx) {
+      if (!runtime.snapshotLogs) throw errors.notFound(`No build ${req.ref} on this runner`);
+      yield* runtime.snapshotLogs(req.ref, req.follow, ctx.signal);
     },
     async getSnapshotInfo(req) {
       const image = await (await images()).get(digestOf(req.ref));

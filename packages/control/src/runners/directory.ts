@@ -3,7 +3,7 @@ import { errors } from "@sandbar/protocol";
 import type { SecretBox } from "../auth/secret-box.ts";
 import { type Exec, execIn } from "../db/exec.ts";
 import type { Placement, PlacementNeed, RunnerDirectory } from "../sandboxes/manager.ts";
-import { noAvailableRunners, runnerClassFor } from "../sandboxes/sandbox-class.ts";
+import { DEFAULT_CLASS, noAvailableRunners, runnerClassFor } from "../sandboxes/sandbox-class.ts";
 import type { SandboxRuntime } from "../sandboxes/runtime.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 
@@ -59,29 +59,22 @@ export class RegisteredRunners implements RunnerDirectory {
   async place(exec: Exec, regionId: string, need: PlacementNeed): Promise<Placement | undefined> {
     const volumes = (need.volumes?.length ?? 0) > 0;
     const types = need.gpu > 0 ? [...(need.gpuTypes ?? [])] : [];
-    const typesJson = JSON.stringify(types); // a list parameter would be spread into `?, ?`
     const all = (await exec(`select id from runner where region_id = ? order by id for update`, [regionId])) as unknown[];
     if (!all.length) return undefined;
-    // GPUs count like cpu and memory; a runner with GPUs takes only GPU sandboxes (the reference's rule),
-    // of its class, and of a model the create accepts (its first preference that has room).
-    const rows = (await exec(
-      `select r.runner_key, r.gpu_type from runner r
-         left join sandbox s on s.runner_id = r.runner_key and s.state not in ('archived', 'destroyed')
-        where r.region_id = ? and r.state = 'ready' and not r.unschedulable and not r.draining and r.runner_key is not null and (r.shared_volumes or not ?)
-          and r.sandbox_class = ? and (coalesce(r.gpu, 0) > 0) = (?::int > 0) and (jsonb_array_length(?::jsonb) = 0 or r.gpu_type = any(array(select jsonb_array_elements_text(?::jsonb))))
-        group by r.id
-       having r.cpu - coalesce(sum(s.cpu), 0) >= ? and r.memory_gib - coalesce(sum(s.memory), 0) >= ? and r.disk_gib - coalesce(sum(s.disk), 0) >= ?
-          and coalesce(r.gpu, 0) - coalesce(sum(s.gpu), 0) >= ?
-        order by array_position(array(select jsonb_array_elements_text(?::jsonb)), r.gpu_type::text), r.held_images @> array[?]::text[] desc, r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
-        limit 1`,
-      [regionId, volumes, runnerClassFor(need.sandboxClass), need.gpu, typesJson, typesJson, need.cpu, need.memory, need.disk, need.gpu, typesJson, need.imageRef ?? ""],
-    )) as Array<{ runner_key: string; gpu_type: string | null }>;
+    const rows = await candidates(exec, regionId, need);
     if (!rows[0] && volumes && !((await exec(`select 1 from runner where region_id = ? and shared_volumes limit 1`, [regionId])) as unknown[]).length) {
       throw errors.invalidArgument("Volumes cannot be mounted in this region: none of its runners has a shared volume root (SANDBAR_VOLUME_ROOT)");
     }
     // The reference's answer when no runner of the region can take it.
     if (!rows[0]) throw noAvailableRunners(types);
     return { runnerId: rows[0].runner_key, gpuType: need.gpu > 0 ? rows[0].gpu_type : null };
+  }
+
+  /** A runner of the region to run a build: picked as a create's (no lock: a build reserves no capacity). */
+  async builder(regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string> {
+    const rows = await candidates(this.#exec(), regionId, need);
+    if (!rows[0]) throw errors.invalidArgument("No available runners to run the build");
+    return rows[0].runner_key;
   }
 
   async holds(runnerId: string, digest: string): Promise<void> {
@@ -120,4 +113,25 @@ export class RegisteredRunners implements RunnerDirectory {
     this.#runtimes.clear();
     await Promise.allSettled(all.map(({ runtime }) => runtime.then((rt) => rt.close())));
   }
+}
+
+/** The region's runners that can take `need`: ready, schedulable, not draining, with room; a holder of its image first, then the most free CPU. */
+function candidates(exec: Exec, regionId: string, need: Omit<PlacementNeed, "gpu" | "sandboxClass"> & Partial<Pick<PlacementNeed, "gpu" | "sandboxClass">>): Promise<Array<{ runner_key: string; gpu_type: string | null }>> {
+  const volumes = (need.volumes?.length ?? 0) > 0;
+  const gpu = need.gpu ?? 0;
+  const typesJson = JSON.stringify(gpu > 0 ? [...(need.gpuTypes ?? [])] : []); // a list parameter would be spread into `?, ?`
+  // GPUs count like cpu and memory; a runner with GPUs takes only GPU sandboxes (the reference's rule),
+  // of its class, and of a model the create accepts (its first preference that has room).
+  return exec(
+    `select r.runner_key, r.gpu_type from runner r
+       left join sandbox s on s.runner_id = r.runner_key and s.state not in ('archived', 'destroyed')
+      where r.region_id = ? and r.state = 'ready' and not r.unschedulable and not r.draining and r.runner_key is not null and (r.shared_volumes or not ?)
+        and r.sandbox_class = ? and (coalesce(r.gpu, 0) > 0) = (?::int > 0) and (jsonb_array_length(?::jsonb) = 0 or r.gpu_type = any(array(select jsonb_array_elements_text(?::jsonb))))
+      group by r.id
+     having r.cpu - coalesce(sum(s.cpu), 0) >= ? and r.memory_gib - coalesce(sum(s.memory), 0) >= ? and r.disk_gib - coalesce(sum(s.disk), 0) >= ?
+        and coalesce(r.gpu, 0) - coalesce(sum(s.gpu), 0) >= ?
+      order by array_position(array(select jsonb_array_elements_text(?::jsonb)), r.gpu_type::text), r.held_images @> array[?]::text[] desc, r.cpu - coalesce(sum(s.cpu), 0) desc, r.memory_gib - coalesce(sum(s.memory), 0) desc, r.id
+      limit 1`,
+    [regionId, volumes, runnerClassFor(need.sandboxClass ?? DEFAULT_CLASS), gpu, typesJson, typesJson, need.cpu, need.memory, need.disk, gpu, typesJson, need.imageRef ?? ""],
+  ) as Promise<Array<{ runner_key: string; gpu_type: string | null }>>;
 }

@@ -6,7 +6,10 @@ import { type Client, createClient, type Interceptor } from "@connectrpc/connect
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import {
+  type BuildSnapshotRequest,
   Compression,
+  type LogChunk,
+  type SnapshotProgress,
   RestoreSandboxRequestSchema,
   type RestoreSandboxRequest,
   type RunnerInfo,
@@ -128,6 +131,15 @@ export class RemoteRuntime implements SandboxRuntime {
       else if (event.event.case === "done") return;
     }
     throw errors.unavailable(`the runner at ${this.url} ended the pull of ${name} without its result`);
+  }
+
+  /** The runner builds: the request stream (spec, then contexts' bytes) goes to it as control reads it; a build is bounded by the caller's signal (its time limit), not a lifecycle timeout. */
+  buildSnapshot(requests: AsyncIterable<BuildSnapshotRequest>, signal: AbortSignal): AsyncIterable<SnapshotProgress> {
+    return this.#snapshots.buildSnapshot(requests, { signal });
+  }
+
+  snapshotLogs(ref: string, follow: boolean, signal: AbortSignal): AsyncIterable<LogChunk> {
+    return this.#snapshots.getSnapshotLogs({ ref, follow }, { signal });
   }
 
   async create(spec: RuntimeSandboxSpec): Promise<void> {

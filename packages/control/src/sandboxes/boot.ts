@@ -2,6 +2,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import path from "node:path";
+import { errors } from "@sandbar/protocol";
 import { checkHost, formatChecks } from "@sandbar/runner/linux";
 import type { Settings } from "../settings.ts";
 import { agentInit, LocalRuntime, type LocalProvider, SHARED_VOLUME_GID } from "./local-runtime.ts";
@@ -20,6 +21,8 @@ import { type Snapshots, snapshotServices } from "../snapshots/service.ts";
 import type { CredentialsFor } from "../snapshots/pulls.ts";
 import type { BuildContexts } from "../object-storage/index.ts";
 import { SandboxBuilds } from "../builds/sandbox-builds.ts";
+import { buildTargets } from "../builds/build-targets.ts";
+import type { BuiltImages } from "../builds/built-images.ts";
 import { RemoteRuntime } from "../runners/remote-runtime.ts";
 import { snapshotImageSource } from "../snapshots/image-source.ts";
 
@@ -63,8 +66,8 @@ export async function openLocalRuntime(settings: Settings, volumes: VolumeStorag
   });
 }
 
-/** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup); `contexts`: declarative builds' contexts; `runners`: the registered runners. */
-export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor, contexts?: BuildContexts, runners?: RunnerDirectory): Promise<Sandboxes> {
+/** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup); `contexts`: declarative builds' contexts; `runners`: the registered runners; `builtImages`: where built images go (the internal registry). */
+export async function startSandboxes(settings: Settings, orm: MikroORM, log: (line: string) => void, credentialsFor?: CredentialsFor, contexts?: BuildContexts, runners?: RunnerDirectory, builtImages?: BuiltImages): Promise<Sandboxes> {
   let runtime: SandboxRuntime;
   const volumes = new HostDiskVolumes(settings.volumeRoot ?? path.join(settings.dataDir, "volumes"));
   if (!settings.remoteRunner) for (const line of formatChecks(await checkHost())) log(`host: ${line}`);
@@ -78,11 +81,18 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const agentClients = new AgentClients();
   const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
   const dropFromRunners = runners?.dropImage ? (digest: string) => runners.dropImage!(digest, log) : undefined;
-  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, dropFromRunners, log });
-  const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder) : undefined;
+  const targets = buildTargets(orm, runtime, runners);
+  const runnerLogs = async function* (runnerId: string, ref: string, follow: boolean, signal: AbortSignal) {
+    const { runtime: rt } = await targets("", { runnerId });
+    if (!rt.snapshotLogs) throw errors.notFound(`The runner ${runnerId} keeps no build logs`);
+    yield* rt.snapshotLogs(ref, follow, signal);
+  };
+  const held = runners?.holds ? (runnerId: string, digest: string) => runners.holds!(runnerId, digest) : undefined;
+  const snapshots = snapshotServices({ orm, images: runtime.images?.bind(runtime), settings: { mirror: settings.registries.mirror }, credentialsFor, contexts, publicUrl: settings.publicUrl, dropFromRunners, log, buildTargets: targets, buildPush: builtImages?.push, held, runnerLogs });
+  const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder, runnerLogs) : undefined;
   // One operation per sandbox among every control process of the database (needs its URL).
   const sharedLocks = settings.databaseUrl ? new ClusterLocks(settings.databaseUrl, log) : undefined;
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, sharedLocks, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror) });
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, sharedLocks, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror, builtImages) });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // The registered runners that answer: the same, over each one's sandboxes.

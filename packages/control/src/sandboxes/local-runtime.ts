@@ -8,7 +8,9 @@ import { type InitCommand, SANDBOX_PATHS, type SandboxInfo, type SandboxSpec } f
 import { snapshotNodeArgs } from "@sandbar/agent/snapshot-blob";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
 import { DockerProvider } from "@sandbar/runner/docker";
-import { ImageStore, sandboxSpecFor, type ImageStoreOptions } from "@sandbar/runner/images";
+import { ImageStore, sandboxSpecFor, type ImageStoreOptions, type RegistryCredentials } from "@sandbar/runner/images";
+import type { BuildSnapshotRequest, LogChunk, SnapshotProgress } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import { HostBuilds } from "../builds/host-builds.ts";
 import { type AgentDial, type RuntimeHealth, type RuntimeResources, type RuntimeSandbox, type RuntimeSandboxSpec, type SandboxRuntime, type RuntimeNetwork, unixAgentDial } from "./runtime.ts";
 
 // Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
@@ -101,6 +103,7 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
   readonly #log: (line: string) => void;
   readonly #imageOptions: ImageStoreOptions;
   #images: Promise<ImageStore> | undefined;
+  #builds: HostBuilds | undefined;
 
   private constructor(provider: P, runnerId: string, hostSecret: Buffer, uidBase: number, o: LocalRuntimeOptions) {
     this.provider = provider;
@@ -152,6 +155,26 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
   images(): Promise<ImageStore> {
     this.#images ??= ImageStore.open(this.#imageOptions);
     return this.#images;
+  }
+
+  buildSnapshot(requests: AsyncIterable<BuildSnapshotRequest>, signal: AbortSignal): AsyncIterable<SnapshotProgress> {
+    this.#builds ??= new HostBuilds(() => this.images());
+    return this.#builds.build(requests, signal);
+  }
+
+  snapshotLogs(ref: string, follow: boolean, signal: AbortSignal): AsyncIterable<LogChunk> {
+    this.#builds ??= new HostBuilds(() => this.images());
+    return this.#builds.logs(ref, follow, signal);
+  }
+
+  async holdsImage(digest: string): Promise<boolean> {
+    return (await (await this.images()).get(digest)) !== undefined;
+  }
+
+  /** Pulls `name` (pinned to `digest`) into this host's store, e.g. an image another runner built and pushed. */
+  async pullImage(digest: string, name: string, credentials?: RegistryCredentials, onProgress?: (line: string) => void): Promise<void> {
+    const image = await (await this.images()).pull(name, { credentials, onProgress });
+    if (image.digest !== digest) throw errors.failedPrecondition(`${name} is ${image.digest} on its registry, not ${digest}`);
   }
 
   async #spec(s: RuntimeSandboxSpec): Promise<SandboxSpec> {

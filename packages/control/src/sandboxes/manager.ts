@@ -51,6 +51,8 @@ export interface RunnerDirectory {
   servesRegion(regionId: string): Promise<boolean>;
   /** Picks a runner of the region inside the caller's transaction; undefined when the region has none registered. */
   place(exec: Exec, regionId: string, need: PlacementNeed): Promise<Placement | undefined>;
+  /** A runner of the region to run a declarative build (as placement picks, without reserving). */
+  builder?(regionId: string, need: { cpu: number; memory: number; disk: number }): Promise<string>;
   /** Records that a runner now holds an image (placement prefers it for sandboxes of that image). */
   holds?(runnerId: string, digest: string): Promise<void>;
   /** Removes an image no sandbox uses any more from every runner holding it. */
@@ -296,10 +298,14 @@ export class SandboxManager {
    * builds); in the background `build` makes the image (its manifest digest) and the sandbox is
    * created from it.
    */
-  async createFromBuild(input: NewSandbox, buildInfo: NonNullable<SandboxRecord["buildInfo"]>, build: (id: string) => Promise<string>): Promise<SandboxRecord> {
+  async createFromBuild(input: NewSandbox, buildInfo: NonNullable<SandboxRecord["buildInfo"]>, build: (id: string, runnerId: string) => Promise<string>): Promise<SandboxRecord> {
     this.#assertOpen();
-    if (!fitsInProcess(input)) throw noAvailableRunners(input.gpuTypes); // builds run on this server
-    await this.runtime.assertReady();
+    // A region with registered runners: the sandbox is placed at once, and built on its runner.
+    const placed = (await this.runners?.servesRegion(input.regionId)) ?? false;
+    if (!placed) {
+      if (!fitsInProcess(input)) throw noAvailableRunners(input.gpuTypes); // this server's runtime: a container runner without GPUs
+      await this.runtime.assertReady();
+    }
     const id = randomUUID();
     const now = new Date();
     const row: SandboxRecord = {
@@ -312,12 +318,12 @@ export class SandboxManager {
     let admitted!: () => void;
     const inserted = new Promise<void>((resolve) => (admitted = resolve));
     const op = this.locks.tryRun(id, async (): Promise<Outcome> => {
-      await this.store.insert(row);
+      await this.store.insert(row, placed ? (exec: Exec) => this.#place(exec, row, input.gpuTypes) : undefined);
       admitted();
       let imageRef: string;
       try {
         await this.store.update(id, { state: "building_snapshot" });
-        imageRef = await build(id);
+        imageRef = await build(id, row.runnerId ?? this.runtime.runnerId);
       } catch (err) {
         const reason = reasonOf(err);
         await this.store.update(id, { state: "build_failed", errorReason: reason });
@@ -327,7 +333,7 @@ export class SandboxManager {
       return this.driveCreate({ ...row, imageRef });
     })!;
     op.catch(() => undefined); // after the insert, failures are recorded on the sandbox
-    await Promise.race([inserted, op]); // a refused insert (quota) throws here
+    await Promise.race([inserted, op]); // a refused insert (quota, no runner) throws here
     return { ...row };
   }
 

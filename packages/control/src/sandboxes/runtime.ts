@@ -3,6 +3,7 @@ import type { Duplex, Readable } from "node:stream";
 import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
 import { errors } from "@sandbar/protocol";
 import type { ImageStore, RegistryCredentials } from "@sandbar/runner/images";
+import type { BuildSnapshotRequest, LogChunk, SnapshotProgress } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 
 // What the control plane needs from a host that runs sandboxes: LocalRuntime (this host, the
 // linux provider; also what a `sandbar runner` process serves) and RemoteRuntime (a runner
@@ -109,12 +110,19 @@ export interface SandboxRuntime {
   close(): Promise<void>;
   /** The host's image store (snapshots from OCI images); absent where images cannot be pulled. */
   images?(): Promise<ImageStore>;
-  /** A runner reached over the network: whether its own image store holds an image (by manifest digest). */
+  /** Whether the host's image store holds an image (by manifest digest). */
   holdsImage?(digest: string): Promise<boolean>;
-  /** Such a runner pulls `name` (pinned to `digest`) into its store; the credentials serve this pull only. */
+  /** Pulls `name` (pinned to `digest`) into the host's store; the credentials serve this pull only. */
   pullImage?(digest: string, name: string, credentials?: RegistryCredentials): Promise<void>;
   /** Such a runner drops an image from its store (refused while one of its sandboxes uses it). */
   removeImage?(digest: string): Promise<void>;
+  /**
+   * Runs a declarative build on this host (BuildSnapshot: the spec, then each context's bytes):
+   * its output lines, then the built image's info. The same call in-process and on a runner.
+   */
+  buildSnapshot?(requests: AsyncIterable<BuildSnapshotRequest>, signal: AbortSignal): AsyncIterable<SnapshotProgress>;
+  /** A build's log on this host by its ref (GetSnapshotLogs). */
+  snapshotLogs?(ref: string, follow: boolean, signal: AbortSignal): AsyncIterable<LogChunk>;
 }
 
 /**

@@ -116,7 +116,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
         const info = checkBuildInfo(req.buildInfo);
         const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
         const regionId = await targetRegion(deps.orm, organizationId, req.target);
-        return dto(await manager.createFromBuild({ ...input, volumes, regionId }, info, (id) => builds.run(organizationId, info, id)));
+        return dto(await manager.createFromBuild({ ...input, volumes, regionId }, info, (id, runnerId) => builds.run(organizationId, info, id, runnerId)));
       }
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
         // An image snapshot: its resources (a request naming a snapshot names none), its USER unless the request names a user.
@@ -216,7 +216,11 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       const row = await manager.get(organizationOf(ctx), req.sandboxId);
       if (!row.buildInfo) throw errors.notFound(`Sandbox with ID or name ${req.sandboxId} has no build info`);
       const live = deps.builds?.log(row.id);
-      if (!live) return; // built before this process started: its log is gone
+      if (!live) {
+        // Built by another control process: followed on the sandbox's runner while it builds.
+        if (deps.builds && row.runnerId && (row.state === "pending_build" || row.state === "building_snapshot")) yield* deps.builds.fromRunner(row.organizationId, row.buildInfo, row.runnerId, req.follow ?? false, ctx.signal);
+        return; // built before this process started: its log is gone
+      }
       yield* live.follow(req.follow ?? false, ctx.signal);
     },
 

@@ -48,6 +48,7 @@ import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
 import { secure } from "../rpc/secure.ts";
 import { type Sandboxes, startSandboxes } from "../sandboxes/boot.ts";
+import { builtImagesIn } from "../builds/built-images.ts";
 import type { CredentialsFor } from "../snapshots/pulls.ts";
 import { apiKeyService } from "../services/api-keys.ts";
 import { configService } from "../services/config.ts";
@@ -118,7 +119,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const registryCredentials: CredentialsFor = (organizationId, host) => (internalRegistry?.owns(host) ? internalRegistry.pullCredentials(organizationId) : savedCredentials(organizationId, host));
   const objectStorage = await startObjectStorageService(settings.objectStorage, settings.dataDir, settings.publicUrl, orm);
   const runners = new RegisteredRunners(orm, box);
-  const sandboxes = await startSandboxes({ ...settings, databaseUrl }, orm, log, registryCredentials, objectStorage.contexts, runners);
+  const sandboxes = await startSandboxes({ ...settings, databaseUrl }, orm, log, registryCredentials, objectStorage.contexts, runners, internalRegistry && builtImagesIn(internalRegistry));
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
   // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
   const recorder = new AuditRecorder(orm, log);

@@ -146,10 +146,12 @@ export class SnapshotPulls {
     let state: "active" | "error" | "build_failed" = info ? "build_failed" : "error";
     let patch: Parameters<SnapshotStore["update"]>[1] = {};
     try {
-      let image: Awaited<ReturnType<ImageStore["pull"]>>;
+      let image: { digest: string; size: number; config: { entrypoint: string[]; cmd: string[] } };
       if (info) {
         if (!this.#builder || !row.organizationId) throw new Error("Declarative builds are not available on this server");
-        image = await this.#builder.build(row.organizationId, info, { signal, onProgress: (l) => log.push(l) });
+        const need = { cpu: row.cpu, memory: row.mem, disk: row.disk };
+        const built = await this.#builder.build(row.organizationId, info, { signal, onProgress: (l) => log.push(l), where: { regionId: info.regionId, need }, onRunner: (r) => this.#store.buildingOn(row.id, r) });
+        image = { digest: built.digest, size: built.size, config: { entrypoint: built.entrypoint, cmd: built.cmd } };
       } else {
         const ref = parseImageRef(row.imageName);
         const registry = ref.registry === DOCKER_HUB && this.#settings.mirror ? this.#settings.mirror : ref.registry;

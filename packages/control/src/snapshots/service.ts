@@ -6,7 +6,8 @@ import { type CreateSnapshotRequest, type SnapshotService, SnapshotSortField } f
 import { type ImageStore, imageUser, parseImageRef } from "@sandbar/runner/images";
 import { callerOf, organizationOf } from "../auth/principal.ts";
 import { checkBuildInfo } from "../builds/build-info.ts";
-import { Builder } from "../builds/builder.ts";
+import { Builder, type PushTarget } from "../builds/builder.ts";
+import type { BuildTargets } from "../builds/build-targets.ts";
 import type { BuildContexts } from "../object-storage/index.ts";
 import { targetRegion } from "../organizations/target-region.ts";
 import { DEFAULT_SNAPSHOT, RESOURCES } from "../sandboxes/create-request.ts";
@@ -30,6 +31,14 @@ export interface SnapshotDeps {
   publicUrl?: string;
   /** Build contexts in object storage: declarative builds need them. */
   contexts?: BuildContexts;
+  /** Where declarative builds run (builds/build-targets.ts); without it, no builds. */
+  buildTargets?: BuildTargets;
+  /** The internal registry's repository and push account for a build (so that every runner can pull it). */
+  buildPush?: PushTarget;
+  /** A build's log on the runner running it (GetSnapshotLogs), for builds another control process dispatched. */
+  runnerLogs?: (runnerId: string, ref: string, follow: boolean, signal: AbortSignal) => AsyncIterable<{ data: Uint8Array }>;
+  /** Records that a runner holds an image it built. */
+  held?: (runnerId: string, digest: string) => Promise<void>;
   /** Removes an image from the registered runners that hold it (runners/directory.ts). */
   dropFromRunners?: (digest: string) => Promise<void>;
   log?: (line: string) => void;
@@ -65,7 +74,7 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
     return rows[0]?.max_snapshot_size ?? null;
   };
   const credentialsFor = deps.credentialsFor ?? (async () => undefined);
-  const builder = deps.contexts ? new Builder({ images, contexts: deps.contexts, credentialsFor, mirror: deps.settings.mirror }) : undefined;
+  const builder = deps.contexts && deps.buildTargets ? new Builder({ targets: deps.buildTargets, contexts: deps.contexts, credentialsFor, mirror: deps.settings.mirror, push: deps.buildPush, held: deps.held }) : undefined;
   const pulls = new SnapshotPulls({ store, images, credentialsFor, settings: deps.settings, maxSizeGb, log: deps.log ?? (() => undefined), builder });
   const isAdmin = (ctx: HandlerContext) => callerOf(ctx).systemRole === "admin";
 
@@ -75,7 +84,8 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       if (row.state === "active") throw errors.invalidArgument(`Snapshot ${row.id} is already active`);
       if (row.state !== "inactive") throw errors.invalidArgument(`Snapshot ${row.id} cannot be activated - it is in ${row.state} state`);
       // Deactivation keeps the image on this host; without it the snapshot is pulled again.
-      const present = row.ref ? await (await images()).get(row.ref) : undefined;
+      // A build's image is on the runners that hold it: activation builds again (the runner's cache answers).
+      const present = row.ref && !row.buildInfo ? await (await images()).get(row.ref) : undefined;
       const next = await store.update(row.id, { state: present ? "active" : "pending" }, ["inactive"]);
       if (!next) throw errors.invalidArgument(`Snapshot ${row.id} cannot be activated - it changed meanwhile`);
       if (next.state === "pending") pulls.start(next);
@@ -91,9 +101,11 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       const organizationId = organizationOf(ctx);
       const input = checkCreate(req);
       if (req.general && !isAdmin(ctx)) throw errors.permissionDenied("Insufficient permissions for creating general images");
-      if (req.regionId) await targetRegion(deps.orm, organizationId, req.regionId);
-      await images(); // 503 here rather than a snapshot in error
-      let row = await store.insert({ organizationId, ...input });
+      const regionId = req.regionId ? await targetRegion(deps.orm, organizationId, req.regionId) : undefined;
+      // A build runs in the region asked for (its runners, or this server's runtime); a pull on this host.
+      if (!input.buildInfo) await images(); // 503 here rather than a snapshot in error
+      if (input.buildInfo && !builder) throw errors.unavailable("Declarative builds are not available on this server");
+      let row = await store.insert({ organizationId, ...input, ...(input.buildInfo && regionId ? { buildInfo: { ...input.buildInfo, regionId } } : {}) });
       if (req.general) row = (await store.update(row.id, { general: true })) ?? row;
       pulls.start(row);
       return toSnapshot(row);
@@ -171,6 +183,21 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
     async *getSnapshotBuildLogs(req, ctx) {
       const row = await store.find(organizationOf(ctx), req.id);
       const live = pulls.live(row.id);
+      const info = row.buildInfo;
+      if (!live && row.state === "building" && info?.runnerId && row.organizationId && deps.runnerLogs) {
+        // Another control process runs this build: the runner building it has its log.
+        let sent = false;
+        try {
+          for await (const chunk of deps.runnerLogs(info.runnerId, Builder.key(row.organizationId, info), req.follow ?? false, ctx.signal)) {
+            sent = true;
+            yield { data: chunk.data };
+          }
+          return;
+        } catch (err) {
+          // The runner has no such build (restarted meanwhile): what is recorded, below.
+          if (sent || !(err instanceof ConnectError && err.code === Code.NotFound)) throw err;
+        }
+      }
       if (!live) {
         // Ended (or never pulled: the default snapshot): what was recorded.
         if (row.buildLog) yield { data: new TextEncoder().encode(row.buildLog) };

@@ -217,6 +217,11 @@ export class SnapshotStore {
     return rows.length > 0;
   }
 
+  /** Records the runner a snapshot's build runs on (in its build info): other control processes follow its log there. */
+  async buildingOn(id: string, runnerId: string): Promise<void> {
+    await execIn(this.#orm.em.fork())(`update snapshot set build_info = build_info || jsonb_build_object('runnerId', ?::text) where id = ? and build_info is not null`, [runnerId, id]);
+  }
+
   async markUsed(id: string): Promise<void> {
     await execIn(this.#orm.em.fork())(`update snapshot set last_used_at = clock_timestamp() where id = ? and (last_used_at is null or last_used_at < clock_timestamp() - interval '1 minute')`, [id]);
   }

@@ -43,6 +43,23 @@ export async function skopeoCopy(source: string, layout: string, name: string, o
   }
 }
 
+/**
+ * `skopeo copy oci:<layout>:<name> docker://<dest>` with the manifest kept byte for byte
+ * (--preserve-digests: the copy fails rather than change the digest the image is known by).
+ */
+export async function skopeoPush(layout: string, name: string, dest: string, o: CopyOptions): Promise<void> {
+  const authfile = path.join(o.scratch, "push-auth.json");
+  const auths: Record<string, { auth: string }> = {};
+  if (o.credentials) auths[o.registry] = { auth: Buffer.from(`${o.credentials.username}:${o.credentials.password}`).toString("base64") };
+  await writeFile(authfile, JSON.stringify({ auths }), { mode: 0o600 });
+  try {
+    const args = ["copy", "--quiet", "--preserve-digests", "--authfile", authfile, `--dest-tls-verify=${!o.insecure}`, `oci:${layout}:${name}`, `docker://${dest}`];
+    await runSkopeo(args, dest, o);
+  } finally {
+    await rm(authfile, { force: true });
+  }
+}
+
 function runSkopeo(args: string[], source: string, o: CopyOptions): Promise<void> {
   return new Promise((resolve, reject) => {
     if (o.signal?.aborted) return reject(errors.deadlineExceeded(`pull of ${source} was cancelled`));

@@ -8,7 +8,7 @@ import { parseDescriptor, readImageConfig, type ImageConfig } from "./config.ts"
 import { flatten } from "./flatten.ts";
 import { DOCKER_HUB, isLoopbackRegistry, parseImageRef, type ImageRef } from "./ref.ts";
 import { buildahBuild } from "./buildah.ts";
-import { skopeoCopy, type RegistryCredentials } from "./skopeo.ts";
+import { skopeoCopy, skopeoPush, type RegistryCredentials } from "./skopeo.ts";
 import { unpackLayer, type Budget, type LayerStats } from "./unpack.ts";
 
 export interface ImageStoreOptions {
@@ -52,6 +52,12 @@ export interface BuildOptions {
   credentials: Record<string, RegistryCredentials>;
   signal?: AbortSignal;
   onProgress?: (line: string) => void;
+  /**
+   * Where the built image is pushed once unpacked (registry/repository:tag), with credentials that
+   * may push there: the build is recorded as done only once the registry holds it. A cached build
+   * is not pushed again (its first build was).
+   */
+  push?: { image: string; credentials?: RegistryCredentials };
 }
 
 export interface PullOptions {
@@ -242,11 +248,21 @@ export class ImageStore {
       });
       progress(`built in ${Date.now() - t0} ms`);
       const image = await this.#import(`build ${key}`, layout, tmp, progress);
+      if (o.push) await this.#push(layout, image, o.push, tmp, o.signal, progress);
       await writeJsonAtomic(path.join(this.root, "builds", `${key}.json`), { digest: image.digest, builtAt: new Date().toISOString() });
       return image;
     } finally {
       await rm(tmp, { recursive: true, force: true });
     }
+  }
+
+  async #push(layout: string, image: Image, push: NonNullable<BuildOptions["push"]>, tmp: string, signal: AbortSignal | undefined, progress: (line: string) => void): Promise<void> {
+    const ref = parseImageRef(push.image);
+    const insecure = isLoopbackRegistry(ref.registry) || (this.#o.insecureRegistries ?? []).includes(ref.registry);
+    const t0 = Date.now();
+    progress(`pushing ${image.digest} to ${ref.canonical}`);
+    await skopeoPush(layout, "image", ref.canonical, { registry: ref.registry, credentials: push.credentials, insecure, scratch: tmp, signal });
+    progress(`pushed to ${ref.canonical} in ${Date.now() - t0} ms`);
   }
 
   async #pullLocked(ref: ImageRef, o: PullOptions): Promise<Image> {

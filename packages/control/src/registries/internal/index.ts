@@ -23,6 +23,9 @@ export const PUSH_ACCESS_SECONDS = 3600;
 /** Pull accounts of snapshot pulls: valid 15 minutes, handed out again while 10 are left (a pull's budget). */
 export const PULL_ACCESS_SECONDS = 900;
 const PULL_REUSE_MARGIN_MS = 600_000;
+/** Build accounts: 3 hours, handed out again while 130 minutes are left (a build's 120-minute limit, then its push). */
+export const BUILD_ACCESS_SECONDS = 3 * 3600;
+const BUILD_REUSE_MARGIN_MS = 130 * 60_000;
 
 export interface InternalRegistry {
   /** "127.0.0.1:<port>": how image names in it start. */
@@ -32,6 +35,8 @@ export interface InternalRegistry {
   pushAccess(organizationId: string): Promise<RegistryPushAccess>;
   /** Pull-only credentials of the organization's namespace, for a snapshot pull. */
   pullCredentials(organizationId: string): Promise<RegistryCredentials>;
+  /** Pull-and-push credentials of the organization's namespace for a runner's build (valid past the build's time limit). */
+  buildCredentials(organizationId: string): Promise<RegistryCredentials>;
   stop(): Promise<void>;
 }
 
@@ -82,6 +87,7 @@ export async function startInternalRegistry(
     }
     const registryId = await transientRow(orm, host);
     const pullAccounts = new Map<string, { credentials: RegistryCredentials; expiresAt: Date }>();
+    const buildAccounts = new Map<string, { credentials: RegistryCredentials; expiresAt: Date }>();
     return {
       reason: "",
       registry: {
@@ -99,6 +105,15 @@ export async function startInternalRegistry(
           if (pullAccounts.size >= 10_000) pullAccounts.clear();
           const credentials = { username: c.username, password: c.secret };
           pullAccounts.set(organizationId, { credentials, expiresAt: c.expiresAt });
+          return credentials;
+        },
+        async buildCredentials(organizationId) {
+          const cached = buildAccounts.get(organizationId);
+          if (cached && cached.expiresAt.getTime() - Date.now() > BUILD_REUSE_MARGIN_MS) return cached.credentials;
+          const c = await store.issue(organizationId, "pull,push", BUILD_ACCESS_SECONDS);
+          if (buildAccounts.size >= 10_000) buildAccounts.clear();
+          const credentials = { username: c.username, password: c.secret };
+          buildAccounts.set(organizationId, { credentials, expiresAt: c.expiresAt });
           return credentials;
         },
         async stop() {

@@ -980,33 +980,6 @@ export declare type RegistryAuth = Message<"sandbar.runner.v1.RegistryAuth"> & {
 export declare const RegistryAuthSchema: GenMessage<RegistryAuth>;
 
 /**
- * A build-context archive (tar) to fetch.
- *
- * @generated from message sandbar.runner.v1.BuildContext
- */
-export declare type BuildContext = Message<"sandbar.runner.v1.BuildContext"> & {
-  /**
-   * Content hash the Dockerfile's COPY sources were archived under.
-   *
-   * @generated from field: string hash = 1;
-   */
-  hash: string;
-
-  /**
-   * Where the runner downloads it (a short-lived URL from control).
-   *
-   * @generated from field: string url = 2;
-   */
-  url: string;
-};
-
-/**
- * Describes the message sandbar.runner.v1.BuildContext.
- * Use `create(BuildContextSchema)` to create a new message.
- */
-export declare const BuildContextSchema: GenMessage<BuildContext>;
-
-/**
  * @generated from message sandbar.runner.v1.PullSnapshotRequest
  */
 export declare type PullSnapshotRequest = Message<"sandbar.runner.v1.PullSnapshotRequest"> & {
@@ -1039,11 +1012,14 @@ export declare type PullSnapshotRequest = Message<"sandbar.runner.v1.PullSnapsho
 export declare const PullSnapshotRequestSchema: GenMessage<PullSnapshotRequest>;
 
 /**
- * @generated from message sandbar.runner.v1.BuildSnapshotRequest
+ * What to build. Credentials come with the build and serve it only: the runner keeps none.
+ *
+ * @generated from message sandbar.runner.v1.BuildSpec
  */
-export declare type BuildSnapshotRequest = Message<"sandbar.runner.v1.BuildSnapshotRequest"> & {
+export declare type BuildSpec = Message<"sandbar.runner.v1.BuildSpec"> & {
   /**
-   * Name the snapshot gets on the host.
+   * Name of the build on the host (control's per-organization build key); its
+   * log is found by it (GetSnapshotLogs).
    *
    * @generated from field: string ref = 1;
    */
@@ -1055,9 +1031,11 @@ export declare type BuildSnapshotRequest = Message<"sandbar.runner.v1.BuildSnaps
   dockerfile: string;
 
   /**
-   * @generated from field: repeated sandbar.runner.v1.BuildContext contexts = 3;
+   * The contexts' hashes, in the order their bytes follow the spec.
+   *
+   * @generated from field: repeated string context_hashes = 3;
    */
-  contexts: BuildContext[];
+  contextHashes: string[];
 
   /**
    * Credentials for the registries of FROM images.
@@ -1079,6 +1057,60 @@ export declare type BuildSnapshotRequest = Message<"sandbar.runner.v1.BuildSnaps
    * @generated from field: uint32 timeout_seconds = 6;
    */
   timeoutSeconds: number;
+
+  /**
+   * Where the built image is pushed (registry/repository:tag), so that other
+   * runners can pull it; empty: it stays on this runner only.
+   *
+   * @generated from field: string push_image = 7;
+   */
+  pushImage: string;
+
+  /**
+   * Credentials that may push push_image.
+   *
+   * @generated from field: sandbar.runner.v1.RegistryAuth push_auth = 8;
+   */
+  pushAuth?: RegistryAuth | undefined;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.BuildSpec.
+ * Use `create(BuildSpecSchema)` to create a new message.
+ */
+export declare const BuildSpecSchema: GenMessage<BuildSpec>;
+
+/**
+ * One message of a build's request stream: the spec, then for each context
+ * its start and its bytes (a tar archive) in pieces.
+ *
+ * @generated from message sandbar.runner.v1.BuildSnapshotRequest
+ */
+export declare type BuildSnapshotRequest = Message<"sandbar.runner.v1.BuildSnapshotRequest"> & {
+  /**
+   * @generated from oneof sandbar.runner.v1.BuildSnapshotRequest.part
+   */
+  part: {
+    /**
+     * @generated from field: sandbar.runner.v1.BuildSpec spec = 1;
+     */
+    value: BuildSpec;
+    case: "spec";
+  } | {
+    /**
+     * The next context's bytes follow, up to the next context or the end.
+     *
+     * @generated from field: string context_hash = 2;
+     */
+    value: string;
+    case: "contextHash";
+  } | {
+    /**
+     * @generated from field: bytes data = 3;
+     */
+    value: Uint8Array;
+    case: "data";
+  } | { case: undefined; value?: undefined };
 };
 
 /**
@@ -1611,13 +1643,15 @@ export declare const RunnerSnapshotService: GenService<{
     output: typeof SnapshotProgressSchema;
   },
   /**
-   * Builds a snapshot from a Dockerfile; build output lines, then the
-   * snapshot's info. Building a ref already present only answers its info.
+   * Builds a snapshot from a Dockerfile: the spec first, then each build
+   * context's bytes (streamed by control, which reads them from object storage);
+   * answers build output lines, then the snapshot's info. Building a ref already
+   * present only answers its info. Needs HTTP/2 (full duplex).
    *
    * @generated from rpc sandbar.runner.v1.RunnerSnapshotService.BuildSnapshot
    */
   buildSnapshot: {
-    methodKind: "server_streaming";
+    methodKind: "bidi_streaming";
     input: typeof BuildSnapshotRequestSchema;
     output: typeof SnapshotProgressSchema;
   },
