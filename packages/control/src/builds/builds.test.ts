@@ -1,14 +1,13 @@
-import { copyFile, mkdir, mkdtemp, realpath, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
-import { PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
-import * as tar from "tar";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
 import type { CreateBuildInfo } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
 import { checkBuildInfo } from "./build-info.ts";
 import { Builder } from "./builder.ts";
+import { tarOf, uploadContext, uploadSleepContext } from "./testing/contexts.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 
 // Declarative builds across a restart of a real server (same data dir and database): a snapshot
@@ -42,16 +41,7 @@ describe("declarative builds on a real server", () => {
     base = await pushTestImage(reg, scratch, "builds/base:1.0");
     t = await startTestServer({ dataDir, adminKey });
     expect((await call("POST", "/docker-registry", { name: "r", url: `http://${reg.host}`, username: reg.username, password: reg.password })).status).toBe(201);
-    // The context: bin/sleep, as a client would upload it.
-    const ctx = path.join(scratch, "ctx");
-    await mkdir(path.join(ctx, "bin"), { recursive: true });
-    await copyFile(await realpath("/bin/sleep"), path.join(ctx, "bin/sleep"));
-    const chunks: Buffer[] = [];
-    for await (const c of tar.c({ cwd: ctx, portable: true }, ["bin"])) chunks.push(c as Buffer);
-    const a = (await call("GET", "/object-storage/push-access")).body;
-    const s3 = new S3Client({ endpoint: a.storageUrl, region: a.region, forcePathStyle: true, credentials: { accessKeyId: a.accessKey, secretAccessKey: a.secret, sessionToken: a.sessionToken } });
-    await s3.send(new PutObjectCommand({ Bucket: a.bucket, Key: `${a.organizationId}/sleepctx/context.tar`, Body: Buffer.concat(chunks) }));
-    s3.destroy();
+    await uploadSleepContext(call, scratch);
   }, 300_000);
 
   afterAll(async () => {
@@ -111,12 +101,7 @@ describe("declarative builds on a real server", () => {
     const evil = path.join(scratch, "evil", "inner");
     await mkdir(evil, { recursive: true });
     await writeFile(path.join(scratch, "evil", "escape.txt"), "out\n");
-    const chunks: Buffer[] = [];
-    for await (const c of tar.c({ cwd: evil, preservePaths: true }, ["../escape.txt"])) chunks.push(c as Buffer);
-    const a = (await call("GET", "/object-storage/push-access")).body;
-    const s3 = new S3Client({ endpoint: a.storageUrl, region: a.region, forcePathStyle: true, credentials: { accessKeyId: a.accessKey, secretAccessKey: a.secret, sessionToken: a.sessionToken } });
-    await s3.send(new PutObjectCommand({ Bucket: a.bucket, Key: `${org}/evilctx/context.tar`, Body: Buffer.concat(chunks) }));
-    s3.destroy();
+    await uploadContext(call, "evilctx", await tarOf(evil, ["../escape.txt"], { preservePaths: true }));
     const info = checkBuildInfo({ dockerfileContent: `FROM ${base}\nRUN echo never\n`, contextHashes: ["evilctx"] } as CreateBuildInfo);
     const err = await builder.build(org, info).then(() => undefined, (e: unknown) => e as Error);
     expect(err?.message).toMatch(/Build context evilctx is not a readable tar archive: .*\.\./);

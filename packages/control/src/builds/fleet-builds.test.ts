@@ -1,9 +1,7 @@
-import { copyFile, mkdir, mkdtemp, realpath, rm } from "node:fs/promises";
+import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import { freePort } from "@sandbar/runner/free-port";
-import * as tar from "tar";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildAgentBundle } from "../../../agent/src/testing/bundle.ts";
 import { startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
@@ -13,6 +11,7 @@ import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { Builder } from "./builder.ts";
+import { uploadSleepContext } from "./testing/contexts.ts";
 
 // Declarative builds in a fleet, all real: a control server with its internal registry (Debian's
 // docker-registry on loopback) and object storage, a registry holding the FROM image (basic auth),
@@ -61,16 +60,7 @@ beforeAll(async () => {
   org = (await call("GET", "/organizations")).body[0].id;
   runners.push(await register("runner-a", "10.221.0.0/24"), await register("runner-b", "10.222.0.0/24"));
   for (const r of runners) await eventually(`${r.id} ready`, async () => (await call("GET", `/runners/${r.id}`)).body.state === "ready", 30_000);
-  // The context: bin/sleep, uploaded as a client does (push-access, the AWS S3 client).
-  const ctx = path.join(scratch, "ctx");
-  await mkdir(path.join(ctx, "bin"), { recursive: true });
-  await copyFile(await realpath("/bin/sleep"), path.join(ctx, "bin/sleep"));
-  const chunks: Buffer[] = [];
-  for await (const c of tar.c({ cwd: ctx, portable: true }, ["bin"])) chunks.push(c as Buffer);
-  const a = (await call("GET", "/object-storage/push-access")).body;
-  const s3 = new S3Client({ endpoint: a.storageUrl, region: a.region, forcePathStyle: true, credentials: { accessKeyId: a.accessKey, secretAccessKey: a.secret, sessionToken: a.sessionToken } });
-  await s3.send(new PutObjectCommand({ Bucket: a.bucket, Key: `${a.organizationId}/sleepctx/context.tar`, Body: Buffer.concat(chunks) }));
-  s3.destroy();
+  await uploadSleepContext(call, scratch);
 }, 300_000);
 
 afterAll(async () => {
