@@ -27,6 +27,8 @@ export class ClusterLocks implements SharedLocks {
   #client: Promise<pg.Client> | undefined;
   /** Locks this process holds, for the connection they were taken on (a new connection holds none). */
   readonly #held = new Map<string, pg.Client>();
+  /** The connection's queries, one at a time (node-postgres deprecates queueing them itself). */
+  #queue: Promise<unknown> = Promise.resolve();
   #closed = false;
 
   constructor(databaseUrl: string, log: (line: string) => void = () => undefined) {
@@ -37,7 +39,7 @@ export class ClusterLocks implements SharedLocks {
   async acquire(id: string): Promise<boolean> {
     if (this.#closed) return false;
     const client = await this.#connection();
-    const { rows } = await client.query<{ ok: boolean }>("select pg_try_advisory_lock($1::bigint) as ok", [lockKey(id)]);
+    const { rows } = await this.#query<{ ok: boolean }>(client, "select pg_try_advisory_lock($1::bigint) as ok", [lockKey(id)]);
     if (rows[0]?.ok) this.#held.set(id, client);
     return rows[0]?.ok === true;
   }
@@ -47,7 +49,13 @@ export class ClusterLocks implements SharedLocks {
     this.#held.delete(id);
     // Taken on a connection that has since dropped: PostgreSQL released it then.
     if (!client || client !== (await this.#client?.catch(() => undefined))) return;
-    await client.query("select pg_advisory_unlock($1::bigint)", [lockKey(id)]);
+    await this.#query(client, "select pg_advisory_unlock($1::bigint)", [lockKey(id)]);
+  }
+
+  #query<R extends pg.QueryResultRow>(client: pg.Client, sql: string, args: unknown[]): Promise<pg.QueryResult<R>> {
+    const run = this.#queue.then(() => client.query<R>(sql, args));
+    this.#queue = run.catch(() => undefined);
+    return run;
   }
 
   /** Ends the connection: every lock still held is released with it. */
