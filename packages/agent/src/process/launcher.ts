@@ -198,7 +198,8 @@ export class ShellLauncher {
   private stopSpawner(): void {
     if (!this.spawner?.alive) return;
     this.spawner.stop();
-    this.spares.length = 0; // its shells ended with it
+    // Its shells ended with it; a spare the agent started itself must not be left waiting.
+    for (const s of this.spares.splice(0)) s.discard();
     this.refillSoon();
   }
 

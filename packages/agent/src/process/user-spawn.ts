@@ -53,8 +53,7 @@ export function asUserProcess(file: string, args: readonly string[], env: NodeJS
  */
 export function userJoinPrelude(): string {
   if (procsFiles.length === 0) return "";
-  const joins = procsFiles.map((f) => `{ echo 0 >${shellQuote(f)}; } 2>/dev/null; `).join("");
-  return `${joins}{ echo ${USER_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; } 2>/dev/null; `;
+  return procsFiles.map((f) => `{ echo 0 >${shellQuote(f)}; } 2>/dev/null; `).join("") + userOomPrelude();
 }
 
 /** The part of userJoinPrelude for a shell born in the user cgroup: its OOM score only. */
