@@ -1,12 +1,11 @@
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { freePort } from "@sandbar/runner/free-port";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildAgentBundle } from "../../../agent/src/testing/bundle.ts";
 import { startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
 import { RemoteRuntime } from "../runners/remote-runtime.ts";
-import { type RunnerProcess, startRunnerProcess } from "../runners/testing/runner-process.ts";
+import { type RunnerProcess, registerRunnerProcess } from "../runners/testing/runner-process.ts";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
@@ -35,12 +34,9 @@ const exec = async (id: string, command: string) => (await call("POST", `/toolbo
 const dockerfile = (run: string) => `FROM ${base}\nCOPY /bin/sleep /bin/sleep\nRUN ${run}\n`;
 
 async function register(name: string, subnet: string) {
-  const port = await freePort();
-  const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://127.0.0.1:${port}` });
-  expect(made.status, JSON.stringify(made.body)).toBe(201);
-  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, env: { SANDBAR_AGENT_BUNDLE: bundle, SANDBAR_RUNNER_CPU: "4", SANDBAR_RUNNER_MEMORY_GIB: "8", SANDBAR_RUNNER_DISK_GIB: "20" } });
+  const { process, id } = await registerRunnerProcess(call, { regionId: region, name, subnet, env: { SANDBAR_AGENT_BUNDLE: bundle, SANDBAR_RUNNER_CPU: "4", SANDBAR_RUNNER_MEMORY_GIB: "8", SANDBAR_RUNNER_DISK_GIB: "20" } });
   const remote = await RemoteRuntime.open({ url: process.url, credential: process.credential });
-  return { process, id: made.body.id as string, key: remote.runnerId, remote };
+  return { process, id, key: remote.runnerId, remote };
 }
 
 async function settled(id: string): Promise<any> {

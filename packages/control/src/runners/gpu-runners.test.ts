@@ -1,10 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { freePort } from "@sandbar/runner/free-port";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { createTestNetns, type TestNetns } from "./testing/netns.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
-import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
+import { type RunnerProcess, registerRunnerProcess } from "./testing/runner-process.ts";
 
 // GPU placement end to end: two real `sandbar runner` processes, each in a network namespace of
 // its own, each offering 2 CPUs, 4 GiB and 20 GiB; one of them told it has one H100
@@ -22,18 +21,15 @@ const call = (method: string, path: string, body?: unknown) => api(t.url, t.admi
 async function register(name: string, index: number, env: NodeJS.ProcessEnv): Promise<void> {
   const netns = createTestNetns(index);
   namespaces.push(netns);
-  const port = await freePort();
-  const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://${netns.address}:${port}` });
-  expect(made.status, JSON.stringify(made.body)).toBe(201);
-  const process = await startRunnerProcess({
-    port,
-    credential: made.body.apiKey,
+  const { process, id } = await registerRunnerProcess(call, {
+    regionId: region,
+    name,
     subnet: `10.${216 + index * 2}.0.0/24`,
     netns,
     env: { SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20", ...env },
   });
   const remote = await RemoteRuntime.open({ url: process.url, credential: process.credential });
-  runners[name] = { process, id: made.body.id, key: remote.runnerId };
+  runners[name] = { process, id, key: remote.runnerId };
   await remote.close();
 }
 

@@ -5,13 +5,12 @@ import { Code, ConnectError } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildAgentBundle } from "../../../agent/src/testing/bundle.ts";
 import { startRegistry, type TestRegistry } from "../../../runner/src/images/testing/registry.ts";
-import { freePort } from "@sandbar/runner/free-port";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { reconcile } from "../sandboxes/reconcile.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
-import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
+import { type RunnerProcess, registerRunnerProcess } from "./testing/runner-process.ts";
 
 // Snapshots from images and volumes on registered runners, all real: a docker-registry on
 // loopback (basic auth) holding an image built here, one control server that pulls it as a
@@ -34,12 +33,9 @@ const call = (method: string, p: string, body?: unknown) => api(t.url, t.adminKe
 const exec = async (id: string, command: string) => (await call("POST", `/toolbox/${id}/toolbox/process/execute`, { command })).body as { exitCode: number; result: string };
 
 async function register(name: string, subnet: string) {
-  const port = await freePort();
-  const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://127.0.0.1:${port}` });
-  expect(made.status, JSON.stringify(made.body)).toBe(201);
-  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, env: { SANDBAR_AGENT_BUNDLE: bundle, SANDBAR_VOLUME_ROOT: volumeRoot, SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
+  const { process, id } = await registerRunnerProcess(call, { regionId: region, name, subnet, env: { SANDBAR_AGENT_BUNDLE: bundle, SANDBAR_VOLUME_ROOT: volumeRoot, SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
   const remote = await RemoteRuntime.open({ url: process.url, credential: process.credential });
-  return { process, id: made.body.id as string, key: remote.runnerId, remote };
+  return { process, id, key: remote.runnerId, remote };
 }
 
 async function snapshotFrom(name: string, imageName: string): Promise<{ id: string; ref: string }> {

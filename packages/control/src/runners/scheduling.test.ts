@@ -1,10 +1,9 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
-import { freePort } from "@sandbar/runner/free-port";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
-import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
+import { type RunnerProcess, registerRunnerProcess } from "./testing/runner-process.ts";
 import { createTestNetns, type TestNetns } from "./testing/netns.ts";
 
 // Scheduling across registered runners, all real: two `sandbar runner` processes, each in a
@@ -31,14 +30,11 @@ const call = (method: string, path: string, body?: unknown, server = t) => api(s
 async function register(name: string, subnet: string, index: number): Promise<{ process: RunnerProcess; id: string; key: string }> {
   const netns = createTestNetns(index);
   namespaces.push(netns);
-  const port = await freePort();
-  const made = await call("POST", "/runners", { regionId: region, name, apiUrl: `http://${netns.address}:${port}` });
-  expect(made.status, JSON.stringify(made.body)).toBe(201);
-  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet, netns, env: { SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
+  const { process, id } = await registerRunnerProcess(call, { regionId: region, name, subnet, netns, env: { SANDBAR_RUNNER_CPU: "2", SANDBAR_RUNNER_MEMORY_GIB: "4", SANDBAR_RUNNER_DISK_GIB: "20" } });
   const remote = await RemoteRuntime.open({ url: process.url, credential: process.credential });
   const key = remote.runnerId;
   await remote.close();
-  return { process, id: made.body.id, key };
+  return { process, id, key };
 }
 
 const runnerState = async (id: string) => (await call("GET", `/runners/${id}`)).body;

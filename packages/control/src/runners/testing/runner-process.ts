@@ -89,3 +89,21 @@ export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: 
     },
   };
 }
+
+type Call = (method: string, p: string, body?: unknown) => Promise<{ status: number; body: any }>;
+
+/**
+ * A runner registered through `POST /runners` in a region, then started as a process with the
+ * credential that answer showed once (on loopback, or at its namespace's address). `id`: the
+ * runner's id in the API.
+ */
+export async function registerRunnerProcess(
+  call: Call,
+  o: { regionId: string; name: string; subnet?: string; netns?: { name: string; address: string }; env?: NodeJS.ProcessEnv },
+): Promise<{ process: RunnerProcess; id: string }> {
+  const port = await freePort();
+  const made = await call("POST", "/runners", { regionId: o.regionId, name: o.name, apiUrl: `http://${o.netns?.address ?? "127.0.0.1"}:${port}` });
+  if (made.status !== 201) throw new Error(`POST /runners answered ${made.status}: ${JSON.stringify(made.body)}`);
+  const process = await startRunnerProcess({ port, credential: made.body.apiKey, subnet: o.subnet, netns: o.netns, env: o.env });
+  return { process, id: made.body.id as string };
+}
