@@ -62,7 +62,7 @@ export async function execute(ctx: AgentContext, launcher: ShellLauncher, input:
     script = `. ${shellQuote(scriptFile)}`;
   }
   try {
-    return await run(launcher.launch(`exec 2>&1\n${script}`, cwd, input.envs), input, signal);
+    return await run(await launcher.launch(`exec 2>&1\n${script}`, cwd, input.envs), input, signal);
   } finally {
     launcher.refillSoon();
     if (scriptFile) await rm(scriptFile, { force: true });
@@ -85,8 +85,9 @@ function run(child: LaunchedShell, input: ExecuteInput, signal?: AbortSignal): P
         dropped += chunk.length - Math.max(0, room);
       }
     };
-    child.stdout!.on("data", collect);
-    child.stderr!.on("data", collect);
+    // A subshell's output is one pipe (stderr null); a shell of its own has two.
+    const outputs = [child.stdout!, ...(child.stderr ? [child.stderr] : [])];
+    for (const o of outputs) o.on("data", collect);
     let settled = false;
     let timer: NodeJS.Timeout | undefined;
     const kill = () => {
@@ -116,10 +117,9 @@ function run(child: LaunchedShell, input: ExecuteInput, signal?: AbortSignal): P
         finish({ exitCode: code ?? 128 + (sig ? (constants.signals[sig] ?? 0) : 0), result });
       };
       // Output may still be in flight; background children may hold the pipes open for good.
-      let open = 2;
+      let open = outputs.length;
       const grace = setTimeout(() => {
-        child.stdout!.destroy();
-        child.stderr!.destroy();
+        for (const o of outputs) o.destroy();
         done();
       }, DRAIN_MS);
       const closed = () => {
@@ -128,10 +128,10 @@ function run(child: LaunchedShell, input: ExecuteInput, signal?: AbortSignal): P
           done();
         }
       };
-      if (child.stdout!.readableEnded || child.stdout!.destroyed) closed();
-      else child.stdout!.once("close", closed);
-      if (child.stderr!.readableEnded || child.stderr!.destroyed) closed();
-      else child.stderr!.once("close", closed);
+      for (const o of outputs) {
+        if (o.readableEnded || o.destroyed) closed();
+        else o.once("close", closed);
+      }
     });
   });
 }

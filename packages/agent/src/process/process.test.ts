@@ -35,6 +35,24 @@ function alive(pid: number): boolean {
 }
 
 describe("execute", () => {
+  /**
+   * Shell code printing "host <pid>" when the execution runs in a subshell of a host (its
+   * parent is the job, whose parent is the host bash), else "own". No `$$` or PPID in it: those
+   * send a script to a shell of its own. ($BASHPID is read outside `$(...)`, which is a subshell.)
+   */
+  const whereItRuns =
+    'me=$BASHPID; job=$(awk \'{print $4}\' /proc/$me/stat); host=$(awk \'{print $4}\' /proc/$job/stat); ' +
+    'if grep -qa __sandbar_slot /proc/$host/cmdline; then echo "host $host"; else echo own; fi';
+  const hostOf = async (client: typeof proc) => (await client.execute({ command: whereItRuns })).result.trim();
+  const untilHost = async (client: typeof proc) => {
+    let where = await hostOf(client);
+    for (let i = 0; i < 40 && where === "own"; i++) {
+      await new Promise((r) => setTimeout(r, 25));
+      where = await hostOf(client);
+    }
+    return where;
+  };
+
   it("runs a shell script in the work dir and returns its exit code and interleaved output", async () => {
     const res = await proc.execute({ command: "echo one; echo two >&2; echo three; pwd; exit 7" });
     expect(res.exitCode).toBe(7);
@@ -58,6 +76,7 @@ describe("execute", () => {
   });
 
   it("kills the whole process group past the timeout with DEADLINE_EXCEEDED (REST 408)", async () => {
+    expect(await untilHost(proc)).toMatch(/^host/);
     const pidFile = path.join(agent.root, "bg.pid");
     const started = Date.now();
     const err = await proc
@@ -81,7 +100,7 @@ describe("execute", () => {
   });
 
   it("answers the same whether its shell was started for it or ahead of time", async () => {
-    // The first call of a kind starts its shell cold; later ones get a warm spare.
+    // The first call runs in a shell of its own; later ones in subshells of a host.
     const cases: [string, number, RegExp | string][] = [
       ["exit 3", 3, ""],
       ["set -e; false; echo unreachable", 1, ""],
@@ -100,73 +119,72 @@ describe("execute", () => {
     }
   });
 
-  it("starts the spawner after a lone first execution has answered, and at once for executions side by side", async () => {
-    // The agent's children as an execution sees them (its shell's parent is the agent then); the
-    // spawner is known by its program (node -e, with process.send in it; the pattern does not match itself).
-    const isSpawner = (pid: string) => `grep -qa 'process[.]sen[d]' /proc/${pid}/cmdline && echo spawner`;
-    const children = `for p in $(cat /proc/$PPID/task/*/children); do ${isSpawner("$p")} || cat /proc/$p/comm; done`;
-    const spawnerIn = (out: string) => out.split("\n").includes("spawner");
+  it("runs a lone first execution in a shell of its own, later ones in subshells of a host", async () => {
     const lone = await startAgentProcess();
-    const sideBySide = await startAgentProcess();
     try {
-      const first = lone.client(ProcessService);
-      const before = await first.execute({ command: children });
-      expect(before.result).toMatch(/sh\n/); // this execution's own shell
-      expect(spawnerIn(before.result)).toBe(false);
-      // After its answer the spawner starts, and executions come to run in its shells.
-      let seen = false;
-      for (let i = 0; i < 40 && !seen; i++) {
-        await new Promise((r) => setTimeout(r, 50));
-        seen = (await first.execute({ command: isSpawner("$PPID") })).result === "spawner\n";
-      }
-      expect(seen).toBe(true);
-
-      const both = sideBySide.client(ProcessService);
-      const long = both.execute({ command: "sleep 1" });
-      await new Promise((r) => setTimeout(r, 200));
-      expect(spawnerIn((await both.execute({ command: children })).result)).toBe(true);
-      expect((await long).exitCode).toBe(0);
+      const client = lone.client(ProcessService);
+      expect(await hostOf(client)).toBe("own");
+      expect(await untilHost(client)).toMatch(/^host \d+$/);
     } finally {
       await lone.stop();
-      await sideBySide.stop();
     }
   });
 
-  it("runs executions in shells the spawner started, and keeps executing when user code kills the spawner", async () => {
-    const parentOfShell = async () => {
-      const res = await proc.execute({ command: 'echo $PPID; tr "\\0" " " < /proc/$PPID/cmdline | head -c 100' });
-      const [ppid, cmdline] = res.result.split("\n", 2);
-      return { spawner: cmdline!.includes(" -e "), ppid: Number(ppid) };
-    };
-    // A few executions for the spawner to start and fill its pool.
-    let parent = await parentOfShell();
-    for (let i = 0; i < 20 && !parent.spawner; i++) {
-      await new Promise((r) => setTimeout(r, 50));
-      parent = await parentOfShell();
-    }
-    expect(parent.spawner).toBe(true);
+  it("gives scripts that ask for $$ or $PPID a shell of their own, so they name it", async () => {
+    await untilHost(proc);
+    const res = await proc.execute({ command: 'echo "$$ $BASHPID"; [ "$(awk \'{print $4}\' /proc/$$/stat)" = "$PPID" ] && echo parent-ok' });
+    const [pids, parent] = res.result.split("\n");
+    const [dollar, bashpid] = pids!.split(" ");
+    expect(dollar).toBe(bashpid);
+    expect(parent).toBe("parent-ok");
+  });
 
-    // Killed from inside an execution: that execution ends killed, the next ones run.
-    const killed = await proc.execute({ command: `kill -9 ${parent.ppid}; sleep 5` });
-    expect(killed.exitCode).toBe(137);
-    for (let i = 0; i < 5; i++) expect(await proc.execute({ command: "echo $((40 + 2))" })).toMatchObject({ exitCode: 0, result: "42\n" });
-    expect(alive(parent.ppid)).toBe(false);
+  it("leaves a subshell nothing of its host: no variables, no other execution's pipes", async () => {
+    expect(await untilHost(proc)).toMatch(/^host/);
+    const res = await proc.execute({ command: "set | grep -c '^__sandbar_[a-z]*=' ; for f in /proc/$BASHPID/fd/*; do echo \"${f##*/} $(readlink $f)\"; done" });
+    const [vars, ...fds] = res.result.trim().split("\n");
+    // __sandbar_script (the script itself) is the one left, as in a shell started ahead of time.
+    expect(vars).toBe("1");
+    // stdin /dev/null, stdout and stderr its slot's output; of the host's sockets (requests, other
+    // slots, its own status) nothing. Descriptors the agent itself inherited are not ours to judge.
+    const sockets = fds.filter((l) => l.includes("socket:"));
+    expect(fds).toContain("0 /dev/null");
+    expect(sockets.map((l) => l.split(" ")[0])).toEqual(["1", "2"]);
+  });
 
-    // It comes back (not sooner than 5 s after its last start).
-    const until = Date.now() + 15_000;
-    let back = await parentOfShell();
-    while (!(back.spawner && back.ppid !== parent.ppid) && Date.now() < until) {
-      await new Promise((r) => setTimeout(r, 250));
-      back = await parentOfShell();
-    }
-    expect(back.spawner).toBe(true);
-    expect(back.ppid).not.toBe(parent.ppid);
+  it("runs more executions side by side than a host has slots, each with its own output and status", async () => {
+    await untilHost(proc);
+    const runs = await Promise.all(Array.from({ length: 40 }, (_, i) => proc.execute({ command: `sleep 0.$((${i} % 3)); echo out-${i}; echo err-${i} >&2; exit ${i % 7}` })));
+    runs.forEach((r, i) => expect(r).toMatchObject({ exitCode: i % 7, result: `out-${i}\nerr-${i}\n` }));
+  });
+
+  it("keeps executing when user code kills its host, and starts another", async () => {
+    expect(await untilHost(proc)).toMatch(/^host/);
+    // The execution killing its own host is a process group of its own: it goes on.
+    const killer = await proc.execute({ command: `${whereItRuns}; kill -9 $host; sleep 0.2; echo survived` });
+    const [where, said] = killer.result.split("\n");
+    expect(where).toMatch(/^host \d+$/);
+    expect(said).toBe("survived");
+    // Executions right after, and side by side: none is lost.
+    const after = await Promise.all(Array.from({ length: 8 }, () => proc.execute({ command: "echo $((40 + 2))" })));
+    for (const r of after) expect(r).toMatchObject({ exitCode: 0, result: "42\n" });
+    expect(alive(Number(where!.split(" ")[1]))).toBe(false);
+    const next = await untilHost(proc);
+    expect(next).toMatch(/^host \d+$/);
+    expect(next).not.toBe(where);
   }, 30_000);
 
-  it("never runs an execution in a shell started before the environment changed", async () => {
+  it("reports an execution whose job was killed from inside as killed (137)", async () => {
+    await untilHost(proc);
+    // The job is the subshell's parent; killing it leaves no exit status to report.
+    const res = await proc.execute({ command: "me=$BASHPID; kill -9 $(awk '{print $4}' /proc/$me/stat); sleep 0.2; echo gone-on" });
+    expect(res.exitCode).toBe(137);
+  });
+
+  it("gives executions the environment as changed after their host started", async () => {
     const env = agent.client(EnvironmentService);
     for (let round = 0; round < 3; round++) {
-      for (let i = 0; i < 5; i++) await proc.execute({ command: "true" }); // spares ready
+      expect(await untilHost(proc)).toMatch(/^host/);
       await env.setEnvironment({ env: { ROUND: String(round) } });
       for (let i = 0; i < 4; i++) expect((await proc.execute({ command: 'echo "$ROUND"' })).result).toBe(`${round}\n`);
     }

@@ -48,7 +48,7 @@ it("leaves a command that is not on PATH as it is, so spawning it fails with ENO
   expect(asUserProcess("/bin/echo", ["x"], {})[0]).toBe("/bin/sh");
 });
 
-it("joins from inside a shell with the prelude the warm shells run (no wrapper exec), quoting the paths", async () => {
+it("joins from inside a shell with the prelude the subshell hosts run (no wrapper exec), quoting the paths", async () => {
   expect(userJoinPrelude()).toBe("");
   dir = await mkdtemp(path.join(tmpdir(), "sandbar-user-spawn-"));
   const files = [path.join(dir, "it's memory"), path.join(dir, "pids $(x)")];

@@ -48,18 +48,12 @@ export function asUserProcess(file: string, args: readonly string[], env: NodeJS
 
 /**
  * What a POSIX shell runs first to make itself a user process, the wrapper's work without its
- * exec: for shells the agent starts with a script of its own (the warm shells), one exec less.
+ * exec: for shells the agent starts with a script of its own (the subshell hosts), one exec less.
  * Empty outside a sandbox.
  */
 export function userJoinPrelude(): string {
   if (procsFiles.length === 0) return "";
-  return procsFiles.map((f) => `{ echo 0 >${shellQuote(f)}; } 2>/dev/null; `).join("") + userOomPrelude();
-}
-
-/** The part of userJoinPrelude for a shell born in the user cgroup: its OOM score only. */
-export function userOomPrelude(): string {
-  if (procsFiles.length === 0) return "";
-  return `{ echo ${USER_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; } 2>/dev/null; `;
+  return procsFiles.map((f) => `{ echo 0 >${shellQuote(f)}; } 2>/dev/null; `).join("") + `{ echo ${USER_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; } 2>/dev/null; `;
 }
 
 function findable(file: string, pathVar = ""): boolean {

@@ -57,20 +57,20 @@ it("the agent in a sandbox reads the bundle's compile cache (made at build time)
   await f.call("DELETE", `/sandbox/${s.id}`);
 });
 
-it("starts warm shells from the spawner, which lives in the user cgroup with the agent's OOM score", async () => {
+it("runs executions in subshells of a host bash that lives in the user cgroup, at the user's OOM score", async () => {
   const s = await f.create({});
-  // The spawner starts once executions have; until its shells arrive, the agent starts its own.
-  const parent = 'tr "\\0" " " </proc/$PPID/cmdline | head -c 60 | tr "\\n" " "; echo; grep -E ":(pids|memory):" /proc/$PPID/cgroup; a=$(awk "/^PPid/{print \\$2}" /proc/$PPID/status); cat /proc/$PPID/oom_score_adj /proc/$a/oom_score_adj /proc/self/oom_score_adj';
-  let r = await f.exec(s.id, parent);
-  for (let i = 0; i < 40 && !r.result.includes(" -e "); i++) r = await f.exec(s.id, parent);
+  // The first execution runs in a shell of its own; hosts start after it has answered. The
+  // subshell's parent is its job, the job's parent the host ($BASHPID read outside `$(...)`).
+  const where = 'me=$BASHPID; job=$(awk "{print \\$4}" /proc/$me/stat); host=$(awk "{print \\$4}" /proc/$job/stat); ' +
+    'grep -qa __sandbar_slot /proc/$host/cmdline && echo host; grep -E ":(pids|memory):" /proc/$host/cgroup; cat /proc/$host/oom_score_adj /proc/$me/oom_score_adj';
+  let r = await f.exec(s.id, where);
+  for (let i = 0; i < 40 && !r.result.startsWith("host\n"); i++) r = await f.exec(s.id, where);
   // The sandbox's cgroup namespace is rooted at the agent leaf: the user leaf reads "/../user".
-  // Its OOM score is the agent's (-1000 where the host may set it, else 0); its shells raise theirs.
-  const m = /^(.*)\n\d+:(?:pids|memory):(.*)\n\d+:(?:pids|memory):(.*)\n(-?\d+)\n(-?\d+)\n(-?\d+)\n$/.exec(r.result);
+  const m = /^host\n\d+:(?:pids|memory):(.*)\n\d+:(?:pids|memory):(.*)\n(-?\d+)\n(-?\d+)\n$/.exec(r.result);
   expect(m, r.result).not.toBeNull();
-  const [, cmdline, cg1, cg2, spawnerScore, agentScore, shellScore] = m!;
-  expect(cmdline).toContain(" -e ");
+  const [, cg1, cg2, hostScore, shellScore] = m!;
   expect([cg1, cg2]).toEqual(["/../user", "/../user"]);
-  expect(spawnerScore).toBe(agentScore);
+  expect(hostScore).toBe("1000");
   expect(shellScore).toBe("1000");
   await f.call("DELETE", `/sandbox/${s.id}`);
 });

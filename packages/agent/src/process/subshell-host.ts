@@ -1,0 +1,176 @@
+/**
+ * A resident bash that runs each execution in a subshell it forks: a fork of a small bash is
+ * about 0.3 ms, where a new bash (fork, exec, dynamic linking, start-up) is about 1.5 ms of CPU
+ * plus the work of whoever starts it, on the critical path or competing with it on two cores.
+ *
+ * A subshell needs its own output pipe and a way to report its exit, but bash cannot receive
+ * descriptors. So the agent starts the host with every pipe it will ever use: `SLOTS` slots, each
+ * an output pipe (stdout and stderr together, as executions answer them) and a status pipe. The
+ * agent writes NUL-terminated scripts to the host's fd 3, slot after slot; for each, the host
+ * forks a job (its own process group, `set -m`) that reports its pid on the slot's status pipe,
+ * runs the script in a subshell with the slot's output as stdout and stderr, and reports its exit
+ * status. The host then closes its copies of the slot's pipes (and every job closes the slots
+ * after its own), so an output ends when the execution and what it left running end. A host
+ * whose slots are used up exits; the launcher starts the next one ahead of need.
+ *
+ * On the status pipe: "p <pid>" then "s <status>", then end of file. End of file without "p":
+ * the host died before the job was forked, nothing ran (the launcher runs the script elsewhere).
+ * Without "s": the job was killed (reported as SIGKILL, as a killed shell would be).
+ *
+ * What a subshell cannot give: `$$` and `$PPID` are the host's. The launcher sends scripts that
+ * mention them to a shell of their own.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { EventEmitter } from "node:events";
+import type { Socket } from "node:net";
+import type { Readable, Writable } from "node:stream";
+import { shellQuote } from "../util/shell.ts";
+
+/** Executions one host runs before it exits; each costs the agent two descriptors until then. */
+export const SLOTS = 16;
+
+const out = (slot: number) => 4 + 2 * slot;
+const status = (slot: number) => 5 + 2 * slot;
+
+/** Redirections closing the pipes of the slots after `slot` (a job must not hold them open). */
+function laterSlots(slot: number): string {
+  const parts: string[] = [];
+  for (let s = slot + 1; s < SLOTS; s++) parts.push(`${out(s)}>&-`, `${status(s)}>&-`);
+  return parts.join(" ");
+}
+
+/**
+ * The host's program. `prelude` runs first (joining the user cgroup, its OOM score). The job's
+ * subshell drops the host's variables but keeps `__sandbar_script`, like the warm shells before.
+ */
+function hostScript(prelude: string): string {
+  const closers = Array.from({ length: SLOTS }, (_, s) => shellQuote(laterSlots(s))).join(" ");
+  return `${prelude}set -m
+__sandbar_close=(${closers})
+__sandbar_slot=0
+while IFS= read -r -d '' __sandbar_script <&3; do
+  __sandbar_o=$((4 + 2 * __sandbar_slot)); __sandbar_t=$((5 + 2 * __sandbar_slot))
+  eval "{ exec 3<&- \${__sandbar_close[__sandbar_slot]}; echo p \\$BASHPID >&$__sandbar_t; ( exec $__sandbar_t>&- 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ); echo s \\$? >&$__sandbar_t; } &"
+  eval "exec $__sandbar_o>&- $__sandbar_t>&-"
+  __sandbar_slot=$((__sandbar_slot + 1))
+  [ "$__sandbar_slot" -lt ${SLOTS} ] || exit 0
+done
+`;
+}
+
+/** One execution in a host's subshell, with the events of a ChildProcess that execute() reads. */
+export class Subshell extends EventEmitter {
+  pid: number | undefined;
+  readonly stdout: Readable;
+  readonly stderr = null;
+
+  constructor(output: Readable) {
+    super();
+    this.stdout = output;
+  }
+}
+
+export interface HostOptions {
+  shell: string;
+  cwd: string;
+  /** The environment the host (and every subshell) starts with; copied. */
+  env: NodeJS.ProcessEnv;
+  /** Shell code the host runs first. */
+  prelude: string;
+}
+
+export class SubshellHost {
+  readonly #child: ChildProcess;
+  readonly #requests: Writable;
+  #next = 0;
+  #alive = true;
+  /** The variables the host was started with: an execution exports what changed since. */
+  readonly env: Readonly<NodeJS.ProcessEnv>;
+
+  constructor(options: HostOptions) {
+    this.env = { ...options.env };
+    const stdio: ("ignore" | "pipe")[] = ["ignore", "ignore", "ignore", "pipe"];
+    for (let s = 0; s < SLOTS; s++) stdio.push("pipe", "pipe");
+    this.#child = spawn(options.shell, ["-c", hostScript(options.prelude)], { cwd: options.cwd, env: this.env, detached: true, stdio });
+    this.#requests = this.#child.stdio[3] as Writable;
+    this.#requests.on("error", () => this.#gone());
+    this.#child.once("error", () => this.#gone());
+    this.#child.once("exit", () => this.#gone());
+    // Neither the host nor an unused pipe may keep the agent running.
+    this.#child.unref();
+    for (let s = 3; s < this.#child.stdio.length; s++) (this.#child.stdio[s] as Socket).unref();
+  }
+
+  /** Slots left; 0 once the host is gone. */
+  get free(): number {
+    return this.#alive ? SLOTS - this.#next : 0;
+  }
+
+  /**
+   * Runs script in the next slot: the subshell once it has started, or undefined when the host
+   * was gone before it could (nothing ran).
+   */
+  run(script: string): Promise<Subshell | undefined> {
+    if (this.free === 0) return Promise.resolve(undefined);
+    const slot = this.#next++;
+    const output = this.#child.stdio[out(slot)] as Socket;
+    const report = this.#child.stdio[status(slot)] as Socket;
+    output.ref();
+    report.ref();
+    this.#requests.write(`${script}\0`);
+    return new Promise((resolve) => {
+      const shell = new Subshell(output);
+      let text = "";
+      let exited = false;
+      const exit = (code: number | null, signal: NodeJS.Signals | null) => {
+        if (exited) return;
+        exited = true;
+        // After the caller's listeners: the pid and the status can arrive in one read.
+        setImmediate(() => shell.emit("exit", code, signal));
+      };
+      report.setEncoding("latin1");
+      report.on("data", (chunk: string) => {
+        text += chunk;
+        let nl: number;
+        while ((nl = text.indexOf("\n")) >= 0) {
+          const [kind, value] = text.slice(0, nl).split(" ");
+          text = text.slice(nl + 1);
+          if (kind === "p" && shell.pid === undefined) {
+            shell.pid = Number(value);
+            resolve(shell);
+          } else if (kind === "s") exit(Number(value), null);
+        }
+      });
+      report.once("close", () => {
+        if (shell.pid === undefined) {
+          output.destroy();
+          return resolve(undefined);
+        }
+        exit(null, "SIGKILL");
+      });
+      report.on("error", () => undefined);
+    });
+  }
+
+  /** Ends the host; executions it started go on (each job is its own process group). */
+  stop(): void {
+    if (this.#child.pid !== undefined) {
+      try {
+        process.kill(-this.#child.pid, "SIGKILL");
+      } catch {
+        // Already gone.
+      }
+    }
+    this.#gone();
+  }
+
+  #gone(): void {
+    if (!this.#alive) return;
+    this.#alive = false;
+    // The slots no job took: nothing will write them.
+    for (let s = this.#next; s < SLOTS; s++) {
+      (this.#child.stdio[out(s)] as Socket | null)?.destroy();
+      (this.#child.stdio[status(s)] as Socket | null)?.destroy();
+    }
+  }
+}
