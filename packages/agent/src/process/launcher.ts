@@ -73,8 +73,8 @@ export class ShellLauncher {
     if (this.current?.free && (this.current.free >= LOW_SLOTS || this.next?.free)) return;
     setImmediate(() => {
       if (this.ctx.shutdown.aborted) return;
-      if (!this.current?.free) this.current = this.start();
-      else if (!this.next?.free) this.next = this.start();
+      if (!this.host()) this.current = this.start();
+      else if (this.current!.free < LOW_SLOTS && !this.next?.free) this.next = this.start();
     });
   }
 
