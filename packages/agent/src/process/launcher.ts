@@ -88,8 +88,9 @@ export class ShellLauncher {
   }
 
   private start(): SubshellHost {
-    // The host joins the user cgroup itself; its subshells are born there.
-    return new SubshellHost({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, prelude: userJoinPrelude() });
+    // The host joins the user cgroup itself and its subshells are born there; one that cannot
+    // join (the user's pids are full) ends, and executions start shells of their own meanwhile.
+    return new SubshellHost({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, prelude: userJoinPrelude(true) });
   }
 
   private envPrelude(host: SubshellHost): string {

@@ -14,7 +14,8 @@
  * whose slots are used up exits; the launcher starts the next one ahead of need.
  *
  * On the status pipe: "p <pid>" then "s <status>", then end of file. End of file without "p":
- * the host died before the job was forked, nothing ran (the launcher runs the script elsewhere).
+ * the host died (or was ended, see START_TIMEOUT_MS) before the job was forked, nothing ran (the
+ * launcher runs the script elsewhere).
  * Without "s": the job was killed (reported as SIGKILL, as a killed shell would be).
  *
  * What a subshell cannot give: `$$` and `$PPID` are the host's. The launcher sends scripts that
@@ -28,6 +29,12 @@ import { shellQuote } from "../util/shell.ts";
 
 /** Executions one host runs before it exits; each costs the agent two descriptors until then. */
 export const SLOTS = 16;
+/**
+ * A host that has not forked an execution's job by then is ended. bash retries a refused fork
+ * for about 15 s (a fork storm filling the user's pids): the execution goes to a shell of the
+ * agent's own instead, which the agent's reserve can still start.
+ */
+const START_TIMEOUT_MS = 1000;
 
 const out = (slot: number) => 4 + 2 * slot;
 const status = (slot: number) => 5 + 2 * slot;
@@ -119,6 +126,9 @@ export class SubshellHost {
     report.ref();
     this.#requests.write(`${script}\0`);
     return new Promise((resolve) => {
+      // Ending the host decides it: either the job exists and reports its pid, or the status
+      // pipe ends without one (nothing ran; the script is run elsewhere, never twice).
+      const stalled = setTimeout(() => this.stop(), START_TIMEOUT_MS);
       const shell = new Subshell(output);
       let text = "";
       let exited = false;
@@ -136,12 +146,14 @@ export class SubshellHost {
           const [kind, value] = text.slice(0, nl).split(" ");
           text = text.slice(nl + 1);
           if (kind === "p" && shell.pid === undefined) {
+            clearTimeout(stalled);
             shell.pid = Number(value);
             resolve(shell);
           } else if (kind === "s") exit(Number(value), null);
         }
       });
       report.once("close", () => {
+        clearTimeout(stalled);
         if (shell.pid === undefined) {
           output.destroy();
           return resolve(undefined);

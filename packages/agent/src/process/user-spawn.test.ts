@@ -61,3 +61,14 @@ it("joins from inside a shell with the prelude the subshell hosts run (no wrappe
   for (const f of files) expect(await readFile(f, "utf8")).toBe("0\n");
   expect(Number(pid)).toBeGreaterThan(0);
 });
+
+it("strictly, a shell that cannot join exits 127 before running anything", async () => {
+  dir = await mkdtemp(path.join(tmpdir(), "sandbar-user-spawn-"));
+  const ok = path.join(dir, "joinable");
+  await writeFile(ok, "");
+  setUserCgroup([ok, "/nonexistent/cgroup.procs"]);
+  const refused = await run("bash", ["-c", `${userJoinPrelude(true)}echo ran`]).then(() => undefined, (err: { code?: number; stdout?: string }) => err);
+  expect(refused).toMatchObject({ code: 127, stdout: "" });
+  setUserCgroup([ok]);
+  expect((await run("bash", ["-c", `${userJoinPrelude(true)}echo ran`])).stdout).toBe("ran\n");
+});

@@ -49,11 +49,13 @@ export function asUserProcess(file: string, args: readonly string[], env: NodeJS
 /**
  * What a POSIX shell runs first to make itself a user process, the wrapper's work without its
  * exec: for shells the agent starts with a script of its own (the subshell hosts), one exec less.
+ * `strict`: a shell that cannot join exits (127) rather than run user code in the agent's group.
  * Empty outside a sandbox.
  */
-export function userJoinPrelude(): string {
+export function userJoinPrelude(strict = false): string {
   if (procsFiles.length === 0) return "";
-  return procsFiles.map((f) => `{ echo 0 >${shellQuote(f)}; } 2>/dev/null; `).join("") + `{ echo ${USER_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; } 2>/dev/null; `;
+  const orExit = strict ? " || exit 127" : "";
+  return procsFiles.map((f) => `{ echo 0 >${shellQuote(f)}; } 2>/dev/null${orExit}; `).join("") + `{ echo ${USER_OOM_SCORE_ADJ} >/proc/self/oom_score_adj; } 2>/dev/null; `;
 }
 
 function findable(file: string, pathVar = ""): boolean {

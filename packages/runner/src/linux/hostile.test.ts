@@ -114,6 +114,19 @@ describe("hostile workloads: the agent keeps answering", () => {
     expect(info.usage?.pids).toBeLessThanOrEqual(LIMITS.pidsLimit);
   });
 
+  it("a fork storm while executions run in a subshell host: they go on in shells of their own", async () => {
+    const id = await started("forkhost");
+    // Executions enough for the agent's subshell host to be running (it forks each execution's job).
+    for (let i = 0; i < 6; i++) await execute(id, "true");
+    const storm = "import os, time\nend = time.time() + 8\nwhile time.time() < end:\n    try:\n        if os.fork() == 0:\n            time.sleep(4); os._exit(0)\n    except OSError:\n        time.sleep(0.001)\n";
+    await execute(id, `python3 -c '${storm}' >/dev/null 2>&1 &`);
+    await until(() => f.provider.inspect(id), (i) => (i.usage?.pidsLimitHits ?? 0) > 0);
+    // bash retries a refused fork for about 15 s: a host that cannot fork must not hold executions.
+    await recovers("forkStormHost", id);
+    for (let i = 0; i < 3; i++) expect(await execute(id, "echo again", RECOVER_MS)).toMatchObject({ exitCode: 0, result: "again\n" });
+    expect((await f.provider.inspect(id)).agent).toMatchObject({ running: true, restarts: 0 });
+  });
+
   it("a process allocating twice the memory limit", async () => {
     const id = await started("mem");
     const res = await execute(id, `python3 -c 'b = b"x" * (512 << 20); print(len(b))'`);

@@ -1,0 +1,69 @@
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import * as path from "node:path";
+import { afterAll, beforeAll, expect, it } from "vitest";
+import { SLOTS, SubshellHost, type Subshell } from "./subshell-host.ts";
+
+let dir: string;
+beforeAll(async () => {
+  dir = await mkdtemp(path.join(tmpdir(), "sandbar-subshell-host-"));
+});
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+const host = (prelude = "") => new SubshellHost({ shell: "/bin/bash", cwd: dir, env: { PATH: process.env.PATH, HOME: dir }, prelude });
+
+/** Output and exit of one subshell. */
+function finished(shell: Subshell): Promise<{ output: string; code: number | null; signal: NodeJS.Signals | null }> {
+  return new Promise((resolve) => {
+    let output = "";
+    let exit: [number | null, NodeJS.Signals | null] | undefined;
+    let closed = false;
+    const done = () => exit && closed && resolve({ output, code: exit[0], signal: exit[1] });
+    shell.stdout.on("data", (d: Buffer) => (output += d));
+    shell.stdout.once("close", () => ((closed = true), done()));
+    shell.once("exit", (code: number | null, signal: NodeJS.Signals | null) => ((exit = [code, signal]), done()));
+  });
+}
+
+it("runs one script per slot, in its own process group, stdout and stderr in one output, then exits", async () => {
+  const h = host();
+  const runs: Promise<{ output: string; code: number | null }>[] = [];
+  for (let i = 0; i < SLOTS; i++) {
+    const shell = (await h.run(`echo out-${i}; echo err-${i} >&2; [ "$(ps -o pgid= -p $BASHPID | tr -d ' ')" != "$(ps -o pgid= -p ${process.pid} | tr -d ' ')" ] && exit ${i}`))!;
+    expect(shell.pid).toBeGreaterThan(0);
+    runs.push(finished(shell));
+  }
+  for (const [i, r] of (await Promise.all(runs)).entries()) expect(r).toEqual({ output: `out-${i}\nerr-${i}\n`, code: i, signal: null });
+  expect(h.free).toBe(0);
+  expect(await h.run("true")).toBeUndefined();
+});
+
+it("ends a host that does not fork a job in time: the script reports nothing ran, and never runs later", async () => {
+  const marker = path.join(dir, "ran");
+  // A host stuck before its loop, as one retrying a refused fork is.
+  const h = host("sleep 3; ");
+  const started = Date.now();
+  expect(await h.run(`echo ran > ${marker}`)).toBeUndefined();
+  expect(Date.now() - started).toBeLessThan(2500);
+  expect(h.free).toBe(0);
+  await new Promise((r) => setTimeout(r, 3500));
+  await expect(readFile(marker, "utf8")).rejects.toMatchObject({ code: "ENOENT" });
+});
+
+it("reports a job killed before its script's end as SIGKILL, and one killed by its script's signal by its status", async () => {
+  const h = host();
+  const killedJob = (await h.run("me=$BASHPID; kill -9 $(awk '{print $4}' /proc/$me/stat); sleep 0.5"))!;
+  expect(await finished(killedJob)).toMatchObject({ code: null, signal: "SIGKILL" });
+  const killedSelf = (await h.run("kill -TERM $BASHPID"))!;
+  expect(await finished(killedSelf)).toMatchObject({ code: 143, signal: null });
+  h.stop();
+});
+
+it("keeps running what it started when the host is stopped", async () => {
+  const h = host();
+  const shell = (await h.run("sleep 0.3; echo after"))!;
+  h.stop();
+  expect(await finished(shell)).toEqual({ output: "after\n", code: 0, signal: null });
+});
