@@ -10,8 +10,12 @@ import { asUserProcess, userJoinPrelude } from "./user-spawn.ts";
 const HOST_SCRIPT_LIMIT = 16 * 1024;
 /** Below this many free slots the next host is started, so one is ready when these run out. */
 const LOW_SLOTS = 4;
-/** Hosts end after this long without an execution, giving their memory back. */
-const IDLE_MS = 60_000;
+/**
+ * Hosts end after this long without an execution. One costs about 0.3 MB of private memory and
+ * two of the user's pids, so it stays a while: a warm-pool sandbox claimed minutes after its
+ * warm-up still runs its first execution in a subshell.
+ */
+const IDLE_MS = 10 * 60_000;
 /** `$$`, `${$}` and `$PPID` name the host in a subshell: such scripts get a shell of their own. */
 const NEEDS_OWN_SHELL = /\$\{?\$|PPID|\0/;
 
