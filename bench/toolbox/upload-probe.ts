@@ -114,12 +114,13 @@ function restUpload(base: string, key: string, id: string, dest: string, mib: nu
   });
 }
 
-async function agentUpload(dial: AgentDial, secret: string, dest: string, mib: number): Promise<void> {
+/** Agent direct, in messages of `piece` bytes (control sends 256 KiB; run.ts's floor sent 1 MiB). */
+async function agentUpload(dial: AgentDial, secret: string, dest: string, mib: number, piece = MIB): Promise<void> {
   const agents = new AgentClients();
   const files = agents.client(FileService, dial);
   async function* parts() {
     yield { part: { case: "header" as const, value: { path: dest } } };
-    for (let i = 0; i < mib; i++) yield { part: { case: "data" as const, value: chunkAt(i) } };
+    for (let i = 0; i < mib; i++) for (let at = 0; at < MIB; at += piece) yield { part: { case: "data" as const, value: chunkAt(i).subarray(at, at + piece) } };
   }
   const r = await files.uploadFile(parts(), { headers: { authorization: `Bearer ${secret}` } });
   agents.close();
@@ -193,8 +194,10 @@ try {
   const kinds: [string, (dest: string) => Promise<void>][] = [
     ["REST", (dest) => restUpload(s.url, s.key, sb.id, dest, MIB_N)],
     ["agent", (dest) => agentUpload(dial, dial.secret, dest, MIB_N)],
+    // --pieces: also agent direct in control's 256 KiB messages.
+    ...(process.argv.includes("--pieces") ? [["agent256K", (dest: string) => agentUpload(dial, dial.secret, dest, MIB_N, 256 * 1024)] as [string, (dest: string) => Promise<void>]] : []),
   ];
-  const rates: Record<string, string[]> = { REST: [], agent: [] };
+  const rates: Record<string, string[]> = Object.fromEntries(kinds.map(([k]) => [k, []]));
   const cpu0 = process.cpuUsage();
   for (let round = 0; round < ROUNDS; round++) {
     if (DIO_AB && loop) {
@@ -212,7 +215,7 @@ try {
       const rate = (MIB_N * MIB) / 1e6 / secs;
       rates[kind].push(rate.toFixed(0));
       console.log(
-        `${kind.padEnd(5)} upload ${MIB_N} MiB round ${round}: ${rate.toFixed(0)} MB/s  peaks: Dirty ${mb(peaks.dirty)} WB ${mb(peaks.wb)} MB; cgroup dirty ${mb(peaks.cgDirty)} wb ${mb(peaks.cgWb)} cache ${mb(peaks.cgCache)} MB; limit hits ${(await failcnt()) - f0}`,
+        `${kind.padEnd(9)} upload ${MIB_N} MiB round ${round}: ${rate.toFixed(0)} MB/s  peaks: Dirty ${mb(peaks.dirty)} WB ${mb(peaks.wb)} MB; cgroup dirty ${mb(peaks.cgDirty)} wb ${mb(peaks.cgWb)} cache ${mb(peaks.cgCache)} MB; limit hits ${(await failcnt()) - f0}`,
       );
     }
   }
@@ -228,7 +231,7 @@ try {
   console.log(`read back: ${ROUNDS * kinds.length} files, sha256 equal to what was sent`);
   const cpu = process.cpuUsage(cpu0);
   console.log(`control+client cpu over the uploads: ${((cpu.user + cpu.system) / 1e6).toFixed(2)} s`);
-  console.log(`summary ${MIB_N} MiB: REST ${rates.REST.join(", ")} MB/s; agent ${rates.agent.join(", ")} MB/s`);
+  console.log(`summary ${MIB_N} MiB: ${Object.entries(rates).map(([k, v]) => `${k} ${v.join(", ")}`).join("; ")} MB/s`);
   await s.rest.ok("DELETE", `/sandbox/${sb.id}`);
 } finally {
   await s.stop();
