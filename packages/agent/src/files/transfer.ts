@@ -51,20 +51,9 @@ export async function* readChunks(fh: FileHandle, signal?: AbortSignal): AsyncGe
 const WRITE_AHEAD = 4 * 1024 * 1024;
 
 /**
- * Bytes after which an upload asks for its writes to reach the disk (fdatasync, one at a time,
- * while the next bytes are written). The sandbox's page cache is charged to its memory cgroup
- * (cgroup v1 here: no dirty limit of its own), and the host's dirty thresholds are far above a
- * sandbox's memory: without this, a large upload fills the cgroup with dirty pages and the next
- * writes wait in reclaim for writeback nobody had started (a 256 MiB upload after another ran at
- * a third of the first's rate). Flushed pages are clean, so reclaim frees them at once.
- */
-export const WRITE_BEHIND = 64 * 1024 * 1024;
-
-/**
  * A file being written by an upload: parents created, truncated on open.
  * Chunks are written at their offsets without waiting for each other, up to
- * WRITE_AHEAD bytes in flight, so disk writes overlap with receiving; every
- * WRITE_BEHIND bytes, what was written is flushed behind the writes.
+ * WRITE_AHEAD bytes in flight, so disk writes overlap with receiving.
  */
 export class UploadTarget {
   readonly path: string;
@@ -76,9 +65,6 @@ export class UploadTarget {
   private inFlight = new Set<Promise<void>>();
   private inFlightBytes = 0;
   private failed: unknown;
-  /** The flush in progress (at most one), and the offset the next one starts at. */
-  private flushing: Promise<void> | undefined;
-  private flushAt = WRITE_BEHIND;
 
   private constructor(p: string, shownPath: string, fh: FileHandle) {
     this.path = p;
@@ -120,17 +106,6 @@ export class UploadTarget {
       this.inFlightBytes -= data.length;
     });
     while (this.inFlightBytes > WRITE_AHEAD) await Promise.race(this.inFlight);
-    if (this.offset >= this.flushAt) {
-      // The previous flush first: at most two windows of the file are dirty at a time.
-      await this.flushing;
-      this.flushAt = this.offset + WRITE_BEHIND;
-      this.flushing = fh.datasync().then(
-        () => undefined,
-        (err: unknown) => {
-          this.failed ??= err;
-        },
-      );
-    }
     if (this.failed !== undefined) throw fsError(this.failed, this.path);
   }
 
@@ -140,7 +115,6 @@ export class UploadTarget {
     this.fh = undefined;
     if (!fh) return;
     await Promise.all(this.inFlight);
-    await this.flushing;
     try {
       if (this.failed !== undefined) throw this.failed;
       await fh.close();
@@ -155,7 +129,6 @@ export class UploadTarget {
     const fh = this.fh;
     this.fh = undefined;
     await Promise.all(this.inFlight);
-    await this.flushing;
     await fh?.close().catch(() => undefined);
   }
 }
