@@ -3,12 +3,17 @@
 // sandbox's memory cgroup), the sandbox's loop device settings, and where the agent's threads wait.
 // Each upload is read back through REST and its SHA-256 compared with what was sent.
 //
-//   node bench/toolbox/upload-probe.ts [MiB=256] [rounds=3] [--trace]     (as root; prints only)
+//   node bench/toolbox/upload-probe.ts [MiB=256] [rounds=3] [--trace] [--dio-ab] [--pieces] [--bundle <dir>]
+//   (as root; prints only)
 //
 // --trace: a line per 200 ms sample (Dirty, Writeback host-wide; the cgroup's dirty/writeback/cache;
 // the agent threads' kernel wait channels).
+// --dio-ab: the loop device's direct I/O off in even rounds, on in odd ones (losetup on the bound
+// device): an interleaved A/B on one sandbox.
+// --pieces: agent direct also in control's 256 KiB messages. --bundle: an agent bundle built
+// elsewhere (`node packages/agent/build.ts <dir>`), to compare agents.
 import { createHash, randomBytes } from "node:crypto";
-import { readdir, readFile, readlink } from "node:fs/promises";
+import { readdir, readFile } from "node:fs/promises";
 import http from "node:http";
 import { execFileSync } from "node:child_process";
 import * as path from "node:path";
