@@ -79,18 +79,21 @@ export async function growDiskImage(image: string, bytes: number): Promise<void>
 }
 
 export async function mountDiskImage(image: string, target: string, readonly = false): Promise<void> {
-  // mount(8) sets the loop device up with autoclear, so unmounting frees it. Two loop setups
-  // racing for the same free device make the loser fail with "already mounted or mount point
-  // busy" (exit 32): that one is worth another try.
-  for (let attempt = 0; ; attempt++) {
-    try {
-      await run("mount", ["-o", `loop,nosuid,nodev${readonly ? ",ro" : ""}`, image, target]);
-      return;
-    } catch (err) {
-      const busy = err instanceof CommandError && err.code === 32 && /already mounted or mount point busy/.test(err.stderr);
-      if (!busy || attempt >= 4 || (await isMountpoint(target))) throw err;
-      await new Promise((r) => setTimeout(r, 50 * (attempt + 1)));
-    }
+  // The loop device is set up here, in direct I/O (the sandbox's writes go from the image's page
+  // cache straight to the host disk, instead of being copied a second time into the host's cache
+  // of the image file: twice the memory, a second memcpy, a second writeback behind the first),
+  // which mount(8) of util-linux 2.38 cannot ask for; switching after the mount costs an fsync
+  // of the image and a queue freeze (~26 ms here). A host file system that cannot do direct I/O
+  // leaves the device buffered, which works. --nooverlap: an image already attached (mounted
+  // elsewhere) is given its device, never a second one (two ext4 instances on one file).
+  const ro = readonly ? ["--read-only"] : [];
+  const device = (await run("losetup", ["--find", "--show", "--nooverlap", "--direct-io=on", ...ro, image])).stdout.trim();
+  try {
+    await run("mount", ["-o", `nosuid,nodev${readonly ? ",ro" : ""}`, device, target]);
+  } finally {
+    // Detaching a mounted device only marks it autoclear: it goes with the unmount, as with
+    // mount -o loop; after a failed mount it goes now.
+    await run("losetup", ["--detach", device]);
   }
 }
 
