@@ -86,16 +86,22 @@ export async function mountDiskImage(image: string, target: string, readonly = f
   // of the image and a queue freeze (~26 ms here). A host file system that cannot do direct I/O
   // leaves the device buffered, which works. --nooverlap: an image already attached (mounted
   // elsewhere) is given its device, never a second one (two ext4 instances on one file).
-  const ro = readonly ? ["--read-only"] : [];
-  const device = (await run("losetup", ["--find", "--show", "--nooverlap", "--direct-io=on", ...ro, image])).stdout.trim();
-  try {
-    await run("mount", ["-o", `nosuid,nodev${readonly ? ",ro" : ""}`, device, target]);
-  } finally {
-    // Detaching a mounted device only marks it autoclear: it goes with the unmount, as with
-    // mount -o loop; after a failed mount it goes now.
-    await run("losetup", ["--detach", device]);
-  }
+  // One shell for the three steps: each process node starts costs more than one sh execs.
+  // Detaching a mounted device only marks it autoclear: it goes with the unmount, as with
+  // mount -o loop; after a failed mount it goes at once. Two setups racing for one free device:
+  // the loser fails busy, and tries again.
+  await run("sh", ["-c", ATTACH_AND_MOUNT, "sandbar-mount", image, target, readonly ? "--read-only" : "", `nosuid,nodev${readonly ? ",ro" : ""}`]);
 }
+
+const ATTACH_AND_MOUNT = `
+for try in 1 2 3 4 5; do
+  dev=$(losetup --find --show --nooverlap --direct-io=on $3 "$1") && break
+  [ $try = 5 ] && exit 1
+  sleep 0.05
+done
+mount -t ext4 -o "$4" "$dev" "$2" || { s=$?; losetup --detach "$dev"; exit $s; }
+losetup --detach "$dev"
+`;
 
 export async function unmount(target: string): Promise<void> {
   for (let attempt = 0; ; attempt++) {
