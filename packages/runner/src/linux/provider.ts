@@ -22,13 +22,14 @@ import { SandboxNetworks } from "./network.ts";
 import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
-import { growDiskImage, isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
+import { growDiskImage, isMountpoint, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readAllRecords, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
 import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
+import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -51,6 +52,8 @@ export interface LinuxProviderOptions {
   trace?: (id: string, phase: StartPhase, ms: number) => void;
   /** Egress of sandboxes whose network mode is not "none" (subnet, nftables table, resolvers). */
   network?: NetworkOptions;
+  /** Disk images formatted ahead of need (disk-pool.ts); `{ perSize: 0 }` formats one per create. */
+  diskPool?: Partial<Omit<DiskPoolOptions, "log">>;
 }
 
 export type StartPhase = "cleanup" | "dirs" | "overlay" | "root-prep" | "cgroup" | "network" | "spawn" | "socket";
@@ -88,6 +91,7 @@ export class LinuxProvider implements SandboxProvider {
   readonly #toolsLayers: SharedToolsLayers;
   readonly #uids: UidAllocator;
   readonly #networks: SandboxNetworks;
+  readonly #diskPool: DiskImagePool;
   readonly #lock = new KeyedLock();
   readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
   readonly #log: (line: string) => void;
@@ -97,8 +101,9 @@ export class LinuxProvider implements SandboxProvider {
 
   readonly #volumeGid: number;
 
-  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, networks: SandboxNetworks, options: LinuxProviderOptions) {
+  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, networks: SandboxNetworks, diskPool: DiskImagePool, options: LinuxProviderOptions) {
     this.layout = layout;
+    this.#diskPool = diskPool;
     this.#networks = networks;
     this.cgroups = cgroups;
     this.#tools = tools;
@@ -145,7 +150,8 @@ export class LinuxProvider implements SandboxProvider {
     const volumeGid = options.volumeGid ?? uids.base + uids.count - 1;
     if (volumeGid >= uids.base && volumeGid < uids.base + uids.count) uids.markUsed(volumeGid);
     const networks = await SandboxNetworks.create({ netnsPrefix: `sandbar-${layout.key}-`, ...options.network });
-    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, { ...options, volumeGid });
+    const diskPool = await DiskImagePool.open(path.join(layout.dataDir, "disk-pool"), { ...options.diskPool, log: options.log });
+    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, diskPool, { ...options, volumeGid });
     for (const id of await listRecordIds(layout)) {
       const rec = await readRecord(layout, id).catch(() => undefined);
       if (rec) uids.markUsed(rec.hostUid);
@@ -168,7 +174,7 @@ export class LinuxProvider implements SandboxProvider {
         await mkdir(dir, { mode: 0o700 });
         const disk = diskBytesOf(spec);
         if (disk !== undefined) {
-          await makeDiskImage(this.layout.diskImage(spec.id), disk);
+          await this.#diskPool.claim(this.layout.diskImage(spec.id), disk);
         } else {
           await mkdir(this.layout.upper(spec.id, false), { mode: 0o755 });
           await mkdir(this.layout.work(spec.id, false), { mode: 0o700 });
@@ -569,6 +575,7 @@ export class LinuxProvider implements SandboxProvider {
   // ---- shutdown -----------------------------------------------------------------------------
 
   async close(): Promise<void> {
+    await this.#diskPool.close();
     await this.cgroups.removeParentIfEmpty();
     try {
       if ((await readdir(this.layout.runtimeDir)).length === 0) await rmdir(this.layout.runtimeDir);
