@@ -14,7 +14,14 @@ const diskGiB = Number(process.argv[3] ?? 3);
 const here = path.join(path.dirname(fileURLToPath(import.meta.url)), "../../packages/runner/src/linux");
 const sources = [["this", here], ...(process.env.BASE_SRC ? [["base", process.env.BASE_SRC]] : [])] as const;
 
-const sides = [];
+interface Side {
+  name: string;
+  h: Harness;
+  f: Awaited<ReturnType<Harness["fixture"]>>;
+  times: Map<string, number[]>;
+  add(k: string, ms: number): void;
+}
+const sides: Side[] = [];
 for (const [name, src] of sources) {
   const h = (await import(path.join(src, "testing/harness.ts"))) as Harness;
   const f = await h.fixture();
@@ -24,7 +31,7 @@ for (const [name, src] of sources) {
   sides.push({ name, h, f, times, add });
 }
 
-async function round(s: (typeof sides)[number], prefix: string): Promise<void> {
+async function round(s: Side, prefix: string): Promise<void> {
   const id = s.h.uniqueId(prefix);
   let t = performance.now();
   await s.f.provider.create(s.f.spec(id, diskGiB > 0 ? { diskGiB } : {}));

@@ -22,7 +22,7 @@ import { SandboxNetworks } from "./network.ts";
 import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
-import { growDiskImage, isMountpoint, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
+import { growDiskImage, isMountpoint, mountDiskImage, mountOverlay, mountPoints, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readAllRecords, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
@@ -215,7 +215,7 @@ export class LinuxProvider implements SandboxProvider {
       const phase = this.#phases(id);
       const rec = await this.#record(id);
       if ((await this.cgroups.pids(id)).length > 0) return this.#info(rec);
-      await this.#teardown(id); // leftovers of a crash or of a first process that died
+      await this.#teardown(id, 0, true); // leftovers of a crash or of a first process that died
       phase("cleanup");
       const child = await this.#prepareAndLaunch(rec, phase);
       try {
@@ -245,26 +245,31 @@ export class LinuxProvider implements SandboxProvider {
     const L = this.layout;
     const hasDisk = spec.diskGiB !== undefined;
     const owner = { uid: hostUid, gid: hostUid };
+    // The cgroup and the tools layer need nothing of the mounts: made while mount(8) runs.
+    const limits = this.#applyLimits(spec, hostUid);
+    limits.catch(() => undefined); // awaited below; a failure before then must not go unhandled
     try {
-      // Runtime dirs: traversable by the sandbox uid, writable only by root (the run dir by the sandbox).
-      await mkdir(L.runtimeDir, { recursive: true, mode: 0o711 });
-      await chmod(L.runtimeDir, 0o711);
-      await mkdir(L.runtime(id), { recursive: true, mode: 0o711 });
-      await mkdir(L.rootMount(id), { recursive: true });
-      await mkdir(L.runDir(id), { recursive: true, mode: 0o700 });
-      await chown(L.runDir(id), hostUid, hostUid);
-      await rm(L.socket(id), { force: true });
-
-      if (hasDisk) {
-        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
-        await mountDiskImage(L.diskImage(id), L.diskMount(id));
-        await mkdir(L.upper(id, true), { recursive: true, mode: 0o755 });
-        await mkdir(L.work(id, true), { recursive: true, mode: 0o700 });
-      }
+      const tools = this.#toolsLayers.layer({ initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
+      tools.catch(() => undefined);
+      await allSettled([
+        (async () => {
+          // Runtime dirs: traversable by the sandbox uid, writable only by root (the run dir by the sandbox).
+          await mkdir(L.runtimeDir, { recursive: true, mode: 0o711 });
+          await chmod(L.runtimeDir, 0o711);
+          await mkdir(L.runtime(id), { recursive: true, mode: 0o711 });
+          await Promise.all([mkdir(L.rootMount(id), { recursive: true }), mkdir(L.runDir(id), { recursive: true, mode: 0o700 }).then(() => chown(L.runDir(id), hostUid, hostUid))]);
+          await rm(L.socket(id), { force: true });
+        })(),
+        (async () => {
+          if (!hasDisk) return;
+          await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+          await mountDiskImage(L.diskImage(id), L.diskMount(id));
+          await Promise.all([mkdir(L.upper(id, true), { recursive: true, mode: 0o755 }), mkdir(L.work(id, true), { recursive: true, mode: 0o700 })]);
+        })(),
+      ]);
       phase("dirs");
-      const tools = await this.#toolsLayers.layer({ initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
-      const agentEntry = tools.agentEntry;
-      await mountOverlay({ lowers: [tools.dir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
+      const { dir: toolsDir, agentEntry } = await tools;
+      await mountOverlay({ lowers: [toolsDir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
 
       phase("overlay");
       const root = L.rootMount(id);
@@ -301,7 +306,7 @@ export class LinuxProvider implements SandboxProvider {
       command.push(...(spec.init.args ?? []));
       phase("root-prep");
 
-      const userLimits = await this.#applyLimits(spec, hostUid);
+      const userLimits = await limits;
       for (const u of userProcs) mounts.push({ source: u.source, target: u.target, readonly: false });
 
       phase("cgroup");
@@ -320,6 +325,7 @@ export class LinuxProvider implements SandboxProvider {
       phase("spawn");
       return child;
     } catch (err) {
+      await limits.catch(() => undefined); // settled before the teardown removes what it made
       await this.#teardown(id).catch(() => undefined);
       if (err instanceof ConnectError) throw err;
       throw errors.failedPrecondition(`sandbox ${id} failed to start: ${(err as Error).message}`);
@@ -419,16 +425,23 @@ export class LinuxProvider implements SandboxProvider {
     });
   }
 
-  /** Kills the sandbox's processes, removes its cgroup, mounts and runtime dir. Idempotent. */
-  async #teardown(id: string, graceMs = 0): Promise<void> {
+  /**
+   * Kills the sandbox's processes, removes its cgroup, mounts and runtime dir. Idempotent.
+   * `idle`: the caller just saw the cgroup empty (a start), so there is nothing to kill.
+   */
+  async #teardown(id: string, graceMs = 0, idle = false): Promise<void> {
     const L = this.layout;
-    await endSandboxProcesses(this.cgroups, id, graceMs);
+    if (!idle) await endSandboxProcesses(this.cgroups, id, graceMs);
     await this.cgroups.remove(id);
-    if (await isMountpoint(L.rootMount(id))) await unmount(L.rootMount(id));
-    if (await isMountpoint(L.diskMount(id))) await unmount(L.diskMount(id));
-    for (const m of (await mountsUnder(path.join(L.runtime(id), "volumes"))).reverse()) await unmount(m);
+    // One read of the mount table; read again only to check what was unmounted is gone.
+    const table = await mountPoints();
+    const runtimeMounts = table.filter((m) => m === L.runtime(id) || m.startsWith(L.runtime(id) + "/"));
+    const volumesDir = path.join(L.runtime(id), "volumes") + "/";
+    if (runtimeMounts.includes(L.rootMount(id))) await unmount(L.rootMount(id));
+    if (table.includes(L.diskMount(id))) await unmount(L.diskMount(id));
+    for (const m of runtimeMounts.filter((x) => x.startsWith(volumesDir)).reverse()) await unmount(m);
     await this.#networks.tearDown(await readLease(L, id), id);
-    const left = await mountsUnder(L.runtime(id));
+    const left = runtimeMounts.length > 0 ? await mountsUnder(L.runtime(id)) : [];
     if (left.length > 0) throw errors.internal(`sandbox ${id}: still mounted after stop: ${left.join(", ")}`);
     await rm(L.runtime(id), { recursive: true, force: true });
   }
@@ -583,6 +596,12 @@ export class LinuxProvider implements SandboxProvider {
       // missing or in use
     }
   }
+}
+
+/** Promise.all that waits for every one (none still mounting when a failure is cleaned up), then throws the first failure. */
+async function allSettled(ps: Promise<unknown>[]): Promise<void> {
+  const failed = (await Promise.allSettled(ps)).find((r) => r.status === "rejected");
+  if (failed) throw failed.reason;
 }
 
 function leaseFile(layout: Layout, id: string): string {
