@@ -27,7 +27,13 @@ for (const [name, src] of sources) {
   const f = await h.fixture();
   const times = new Map<string, number[]>();
   const add = (k: string, ms: number) => void (times.get(k) ?? times.set(k, []).get(k)!).push(ms);
-  f.provider.trace = (_id, phase, ms) => add(phase, ms);
+  const host = new Map<string, number>();
+  f.provider.trace = (id, phase, ms) => {
+    add(phase, ms);
+    // The host's own part of a start: every phase but the wait for the agent's socket.
+    if (phase !== "socket") host.set(id, (host.get(id) ?? 0) + ms);
+    else add("host phases (start - socket)", host.get(id) ?? 0);
+  };
   sides.push({ name, h, f, times, add });
 }
 

@@ -276,24 +276,27 @@ export class LinuxProvider implements SandboxProvider {
       const user = await sandboxUser(root, spec.user!);
       await ensureUser(root, user, owner);
 
+      // Mount points are made at once (rootprep tolerates siblings making a shared parent);
+      // `mounts` keeps the spec's order, which bubblewrap applies.
       const mounts: BwrapMount[] = [];
-      const addMount = async (source: string, target: string, readonly: boolean) => {
-        const isDir = (await stat(source)).isDirectory();
-        await ensureMountPoint(root, target, isDir, { ownedBelow: user.home, owner });
+      const points: Promise<void>[] = [];
+      const addMount = (source: string, target: string, readonly: boolean) => {
         mounts.push({ source, target, readonly });
+        points.push(stat(source).then((st) => ensureMountPoint(root, target, st.isDirectory(), { ownedBelow: user.home, owner })));
       };
-      for (const m of spec.mounts ?? []) await addMount(m.source, m.target, m.readonly !== false);
+      for (const m of spec.mounts ?? []) addMount(m.source, m.target, m.readonly !== false);
       for (const [i, v] of (spec.volumes ?? []).entries()) {
         await prepareVolumeRoot(v.root, this.#volumeGid);
         const at = path.join(L.runtime(id), "volumes", String(i));
         await bindVolume(v, at, this.#volumeGid);
-        await addMount(at, v.target, false);
+        addMount(at, v.target, false);
       }
-      await addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
+      addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
       // The user leaf's procs files (one per v1 hierarchy), writable by the sandbox uid only: the
       // agent moves what it starts for the user there. Created below, bound once they exist.
       const userProcs = this.cgroups.userProcsFiles(id).map((source, i) => ({ source, target: path.join(SANDBOX_PATHS.userCgroupDir, String(i)) }));
-      for (const u of userProcs) await ensureMountPoint(root, u.target, false, { ownedBelow: user.home, owner });
+      for (const u of userProcs) points.push(ensureMountPoint(root, u.target, false, { ownedBelow: user.home, owner }));
+      await allSettled(points);
 
       const command = [SANDBOX_PATHS.init, "-c", INIT_SCRIPT, ...initArgs(SANDBOX_PATHS.agentRestarts), SANDBOX_PATHS.node, ...(spec.init.nodeArgs ?? []), agentEntry, "--socket", SANDBOX_PATHS.agentSocket, "--state-dir", SANDBOX_PATHS.agentState];
       for (const u of userProcs) command.push("--user-cgroup", u.target);

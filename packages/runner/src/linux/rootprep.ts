@@ -37,14 +37,22 @@ export async function safeMkdirp(root: string, rel: string, options: { ownedBelo
   for (const c of components(rel)) {
     cur = path.join(cur, c);
     inside = path.join(inside, c);
-    const st = await lstatOrUndefined(cur);
+    let st = await lstatOrUndefined(cur);
     if (st === undefined) {
-      await mkdir(cur, { mode: options.mode ?? 0o755 });
+      // EEXIST: made meanwhile by a sibling mount point's call (the provider prepares them at
+      // once); checked like any existing component below.
+      const made = await mkdir(cur, { mode: options.mode ?? 0o755 }).then(() => true, (err: unknown) => {
+        if (isErrno(err, "EEXIST")) return false;
+        throw err;
+      });
       const below = options.ownedBelow;
-      if (options.owner && below && (inside === below || inside.startsWith(below + "/"))) {
+      if (made && options.owner && below && (inside === below || inside.startsWith(below + "/"))) {
         await chown(cur, options.owner.uid, options.owner.gid);
       }
-    } else if (st.isSymbolicLink()) {
+      if (made) continue;
+      st = await lstat(cur);
+    }
+    if (st.isSymbolicLink()) {
       throw errors.failedPrecondition(`the sandbox's ${inside} is a symbolic link; the runner will not follow it`);
     } else if (!st.isDirectory()) {
       throw errors.failedPrecondition(`the sandbox's ${inside} is not a directory`);
@@ -56,10 +64,16 @@ export async function safeMkdirp(root: string, rel: string, options: { ownedBelo
 export async function safeTouch(root: string, rel: string, options: { ownedBelow?: string; owner?: Owner } = {}): Promise<void> {
   await safeMkdirp(root, path.dirname(rel), options);
   const p = path.join(root, rel);
-  const st = await lstatOrUndefined(p);
+  let st = await lstatOrUndefined(p);
   if (st === undefined) {
-    await (await open(p, "wx", 0o644)).close();
-  } else if (!st.isFile()) {
+    try {
+      await (await open(p, "wx", 0o644)).close();
+    } catch (err) {
+      if (!isErrno(err, "EEXIST")) throw err;
+      st = await lstat(p); // made meanwhile for another bind of the same target
+    }
+  }
+  if (st !== undefined && !st.isFile()) {
     throw errors.failedPrecondition(`the sandbox's ${path.join("/", rel)} exists and is not a regular file`);
   }
 }
