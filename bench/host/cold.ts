@@ -20,6 +20,8 @@ interface Side {
   f: Awaited<ReturnType<Harness["fixture"]>>;
   times: Map<string, number[]>;
   add(k: string, ms: number): void;
+  /** Sum of a start's traced phases, by sandbox. */
+  phased: Map<string, number>;
 }
 const sides: Side[] = [];
 for (const [name, src] of sources) {
@@ -28,13 +30,15 @@ for (const [name, src] of sources) {
   const times = new Map<string, number[]>();
   const add = (k: string, ms: number) => void (times.get(k) ?? times.set(k, []).get(k)!).push(ms);
   const host = new Map<string, number>();
+  const phased = new Map<string, number>();
   f.provider.trace = (id, phase, ms) => {
     add(phase, ms);
     // The host's own part of a start: every phase but the wait for the agent's socket.
     if (phase !== "socket") host.set(id, (host.get(id) ?? 0) + ms);
     else add("host phases (start - socket)", host.get(id) ?? 0);
+    phased.set(id, (phased.get(id) ?? 0) + ms);
   };
-  sides.push({ name, h, f, times, add });
+  sides.push({ name, h, f, times, add, phased });
 }
 
 async function round(s: Side, prefix: string): Promise<void> {
@@ -45,6 +49,7 @@ async function round(s: Side, prefix: string): Promise<void> {
   const t1 = performance.now();
   await s.f.provider.start(id);
   s.add("start", performance.now() - t1);
+  s.add("start after the phases (before cleanup, after socket)", performance.now() - t1 - (s.phased.get(id) ?? 0));
   s.add("create+start", performance.now() - t);
   t = performance.now();
   await s.f.provider.destroy(id);

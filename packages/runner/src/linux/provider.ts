@@ -213,8 +213,8 @@ export class LinuxProvider implements SandboxProvider {
     validateId(id);
     return this.#lock.with(id, async () => {
       const phase = this.#phases(id);
-      const rec = await this.#record(id);
-      if ((await this.cgroups.pids(id)).length > 0) return this.#info(rec);
+      const [rec, pids] = await Promise.all([this.#record(id), this.cgroups.pids(id)]);
+      if (pids.length > 0) return this.#info(rec);
       await this.#teardown(id, 0, true); // leftovers of a crash or of a first process that died
       phase("cleanup");
       const child = await this.#prepareAndLaunch(rec, phase);
@@ -234,8 +234,8 @@ export class LinuxProvider implements SandboxProvider {
       }
       rec.desired = "started";
       rec.startedAt = new Date().toISOString();
-      await writeRecord(this.layout, rec);
-      return this.#info(rec);
+      const [, info] = await Promise.all([writeRecord(this.layout, rec), this.#info(rec)]);
+      return info;
     });
   }
 
@@ -500,7 +500,9 @@ export class LinuxProvider implements SandboxProvider {
 
   async #info(rec: SandboxRecord): Promise<SandboxInfo> {
     const id = rec.spec.id;
-    const running = (await this.cgroups.pids(id)).length > 0;
+    // Independent reads, at once: a start answers with this right after its agent listens.
+    const [pids, stats, restarts] = await Promise.all([this.cgroups.pids(id), this.cgroups.stats(id), this.#agentRestarts(id)]);
+    const running = pids.length > 0;
     const { secret: _secret, ...init } = rec.spec.init;
     const info: SandboxInfo = {
       id,
@@ -510,9 +512,7 @@ export class LinuxProvider implements SandboxProvider {
       spec: { ...rec.spec, init },
     };
     if (rec.startedAt && running) info.startedAt = new Date(rec.startedAt);
-    const stats = await this.cgroups.stats(id);
     if (running && stats) info.usage = stats;
-    const restarts = await this.#agentRestarts(id);
     if (running) {
       // No connection to it: a probe would load the agent's HTTP/2 stack in every idle sandbox.
       info.agent = { running: (await sandboxAgent(this.cgroups, id, SANDBOX_PATHS.node)) !== undefined, restarts: restarts.count };
