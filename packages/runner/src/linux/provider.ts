@@ -29,6 +29,7 @@ import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
 import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
+import { settleAll } from "./settle.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
@@ -251,20 +252,20 @@ export class LinuxProvider implements SandboxProvider {
     try {
       const tools = this.#toolsLayers.layer({ initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
       tools.catch(() => undefined);
-      await allSettled([
+      await settleAll([
         (async () => {
           // Runtime dirs: traversable by the sandbox uid, writable only by root (the run dir by the sandbox).
           await mkdir(L.runtimeDir, { recursive: true, mode: 0o711 });
           await chmod(L.runtimeDir, 0o711);
           await mkdir(L.runtime(id), { recursive: true, mode: 0o711 });
-          await Promise.all([mkdir(L.rootMount(id), { recursive: true }), mkdir(L.runDir(id), { recursive: true, mode: 0o700 }).then(() => chown(L.runDir(id), hostUid, hostUid))]);
+          await settleAll([mkdir(L.rootMount(id), { recursive: true }), mkdir(L.runDir(id), { recursive: true, mode: 0o700 }).then(() => chown(L.runDir(id), hostUid, hostUid))]);
           await rm(L.socket(id), { force: true });
         })(),
         (async () => {
           if (!hasDisk) return;
           await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
           await mountDiskImage(L.diskImage(id), L.diskMount(id));
-          await Promise.all([mkdir(L.upper(id, true), { recursive: true, mode: 0o755 }), mkdir(L.work(id, true), { recursive: true, mode: 0o700 })]);
+          await settleAll([mkdir(L.upper(id, true), { recursive: true, mode: 0o755 }), mkdir(L.work(id, true), { recursive: true, mode: 0o700 })]);
         })(),
       ]);
       phase("dirs");
@@ -274,12 +275,11 @@ export class LinuxProvider implements SandboxProvider {
       phase("overlay");
       const root = L.rootMount(id);
       const user = await sandboxUser(root, spec.user!);
-      await ensureUser(root, user, owner);
 
-      // Mount points are made at once (rootprep tolerates siblings making a shared parent);
-      // `mounts` keeps the spec's order, which bubblewrap applies.
+      // The user's entries and home and the mount points are made at once (rootprep tolerates
+      // siblings making a shared parent); `mounts` keeps the spec's order, which bubblewrap applies.
       const mounts: BwrapMount[] = [];
-      const points: Promise<void>[] = [];
+      const points: Promise<void>[] = [ensureUser(root, user, owner)];
       const addMount = (source: string, target: string, readonly: boolean) => {
         mounts.push({ source, target, readonly });
         points.push(stat(source).then((st) => ensureMountPoint(root, target, st.isDirectory(), { ownedBelow: user.home, owner })));
@@ -296,7 +296,7 @@ export class LinuxProvider implements SandboxProvider {
       // agent moves what it starts for the user there. Created below, bound once they exist.
       const userProcs = this.cgroups.userProcsFiles(id).map((source, i) => ({ source, target: path.join(SANDBOX_PATHS.userCgroupDir, String(i)) }));
       for (const u of userProcs) points.push(ensureMountPoint(root, u.target, false, { ownedBelow: user.home, owner }));
-      await allSettled(points);
+      await settleAll(points);
 
       const command = [SANDBOX_PATHS.init, "-c", INIT_SCRIPT, ...initArgs(SANDBOX_PATHS.agentRestarts), SANDBOX_PATHS.node, ...(spec.init.nodeArgs ?? []), agentEntry, "--socket", SANDBOX_PATHS.agentSocket, "--state-dir", SANDBOX_PATHS.agentState];
       for (const u of userProcs) command.push("--user-cgroup", u.target);
@@ -599,12 +599,6 @@ export class LinuxProvider implements SandboxProvider {
       // missing or in use
     }
   }
-}
-
-/** Promise.all that waits for every one (none still mounting when a failure is cleaned up), then throws the first failure. */
-async function allSettled(ps: Promise<unknown>[]): Promise<void> {
-  const failed = (await Promise.allSettled(ps)).find((r) => r.status === "rejected");
-  if (failed) throw failed.reason;
 }
 
 function leaseFile(layout: Layout, id: string): string {

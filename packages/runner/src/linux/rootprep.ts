@@ -2,6 +2,7 @@ import { appendFile, chown, lstat, mkdir, open, readFile } from "node:fs/promise
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { isErrno } from "./cgroups/types.ts";
+import { settleAll } from "./settle.ts";
 
 // Prepares the mounted overlay root before launch, as host root: mount points for the runner's
 // binds (bubblewrap, running unprivileged, cannot create them in root-owned directories), the
@@ -124,12 +125,17 @@ export async function sandboxUser(root: string, name: string): Promise<SandboxUs
 
 /** Adds `user` to /etc/passwd and /etc/group when missing, and creates the home directory. */
 export async function ensureUser(root: string, user: { name: string; uid: number; gid: number; home: string }, hostOwner: Owner): Promise<void> {
-  await safeMkdirp(root, "etc");
-  const shell = (await lstatOrUndefined(path.join(root, "bin/bash"))) ? "/bin/bash" : "/bin/sh";
-  await appendLineIfMissing(root, "etc/passwd", user.name, `${user.name}:x:${user.uid}:${user.gid}::${user.home}:${shell}`);
-  await appendLineIfMissing(root, "etc/group", user.name, `${user.name}:x:${user.gid}:`);
-  // The home belongs to the sandbox user (host side: its host uid).
-  await safeMkdirp(root, user.home, { ownedBelow: user.home, owner: hostOwner });
+  const [bash] = await settleAll([
+    lstatOrUndefined(path.join(root, "bin/bash")),
+    safeMkdirp(root, "etc"),
+    // The home belongs to the sandbox user (host side: its host uid).
+    safeMkdirp(root, user.home, { ownedBelow: user.home, owner: hostOwner }),
+  ]);
+  const shell = bash ? "/bin/bash" : "/bin/sh";
+  await settleAll([
+    appendLineIfMissing(root, "etc/passwd", user.name, `${user.name}:x:${user.uid}:${user.gid}::${user.home}:${shell}`),
+    appendLineIfMissing(root, "etc/group", user.name, `${user.name}:x:${user.gid}:`),
+  ]);
   // A home the snapshot already had (e.g. /root) is handed over too; its contents are not.
   const home = path.join(root, user.home);
   const st = await lstat(home);
