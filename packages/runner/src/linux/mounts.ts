@@ -28,11 +28,7 @@ export interface OverlayDirs {
   linkDir: string;
 }
 
-/**
- * The layer links of an overlay in its link dir; returns its mount options. Made apart from the
- * mount so a start can make them while the disk that holds upper/ and work/ is still mounting.
- */
-export async function linkOverlay(d: OverlayDirs): Promise<string> {
+export async function mountOverlay(d: OverlayDirs): Promise<void> {
   await mkdir(d.linkDir, { recursive: true, mode: 0o700 });
   const alias = async (name: string, target: string) => {
     const at = path.join(d.linkDir, name);
@@ -41,12 +37,7 @@ export async function linkOverlay(d: OverlayDirs): Promise<string> {
     return name;
   };
   const [upper, work, ...lowers] = await Promise.all([alias("upper", checkMountPath(d.upper)), alias("work", checkMountPath(d.work)), ...d.lowers.map((l, i) => alias(`l${i}`, checkMountPath(l)))]);
-  return `lowerdir=${lowers.join(":")},upperdir=${upper},workdir=${work}`;
-}
-
-/** Mounts the overlay; `opts`: what linkOverlay returned for it, when already made. */
-export async function mountOverlay(d: OverlayDirs, opts?: string): Promise<void> {
-  opts ??= await linkOverlay(d);
+  const opts = `lowerdir=${lowers.join(":")},upperdir=${upper},workdir=${work}`;
   // nosuid + nodev: a restored archive may carry setuid files or device nodes; neither works here.
   // Relative names resolve against mount(8)'s working directory: the link dir.
   await run("mount", ["-t", "overlay", "overlay", "-o", `nosuid,nodev,${opts}`, d.target], { cwd: d.linkDir });

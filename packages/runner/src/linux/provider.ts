@@ -22,7 +22,7 @@ import { SandboxNetworks } from "./network.ts";
 import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
-import { growDiskImage, isMountpoint, linkOverlay, mountDiskImage, mountOverlay, mountPoints, mountsUnder, unmount } from "./mounts.ts";
+import { growDiskImage, isMountpoint, mountDiskImage, mountOverlay, mountPoints, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readAllRecords, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
@@ -246,16 +246,13 @@ export class LinuxProvider implements SandboxProvider {
     const L = this.layout;
     const hasDisk = spec.diskGiB !== undefined;
     const owner = { uid: hostUid, gid: hostUid };
-    // The cgroup, the tools layer and the overlay's layer links need nothing of the mounts: made
-    // while mount(8) sets the disk image up.
+    // The cgroup and the tools layer need nothing of the mounts: made while mount(8) runs.
     const limits = this.#applyLimits(spec, hostUid);
     limits.catch(() => undefined); // awaited below; a failure before then must not go unhandled
     try {
       const tools = this.#toolsLayers.layer({ initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
-      const overlay = (toolsDir: string) => ({ lowers: [toolsDir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
-      const [{ dir: toolsDir, agentEntry }, overlayOpts] = await settleAll([
-        tools,
-        tools.then((t) => linkOverlay(overlay(t.dir))),
+      tools.catch(() => undefined);
+      await settleAll([
         (async () => {
           // Runtime dirs: traversable by the sandbox uid, writable only by root (the run dir by the sandbox).
           await mkdir(L.runtimeDir, { recursive: true, mode: 0o711 });
@@ -272,7 +269,8 @@ export class LinuxProvider implements SandboxProvider {
         })(),
       ]);
       phase("dirs");
-      await mountOverlay(overlay(toolsDir), overlayOpts);
+      const { dir: toolsDir, agentEntry } = await tools;
+      await mountOverlay({ lowers: [toolsDir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
 
       phase("overlay");
       const root = L.rootMount(id);
