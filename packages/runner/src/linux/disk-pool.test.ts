@@ -132,6 +132,23 @@ describe("disk image pool", () => {
     expect(await readdir(dir)).toEqual([]);
   });
 
+  it("turns itself off when the sandboxes are on another filesystem (rename cannot cross it)", async () => {
+    const d = await scratch(); // on the root filesystem; the pool on tmpfs
+    const shm = await mkdtemp(path.join("/dev/shm", "sandbar-disk-pool-"));
+    dirs.push(shm);
+    const lines: string[] = [];
+    const pool = await openPool(path.join(shm, "pool"), { perSize: 1, log: (l) => lines.push(l) });
+    await pool.claim(path.join(shm, "seed.img"), 16 * MiB);
+    await pool.idle();
+    expect(await ready(pool, 16 * MiB)).toHaveLength(1);
+    await pool.claim(path.join(d, "a.img"), 16 * MiB);
+    expect(await ext4(path.join(d, "a.img"))).toMatchObject({ magic: 0xef53, size: 16 * MiB });
+    expect(lines.join("\n")).toContain("turned off");
+    await pool.claim(path.join(d, "b.img"), 16 * MiB);
+    await pool.idle();
+    expect(await ready(pool, 16 * MiB)).toHaveLength(1); // untouched, no refill
+  });
+
   it("close stops refilling", async () => {
     const d = await scratch();
     const pool = await openPool(path.join(d, "pool"), { perSize: 2, refillDelayMs: 100 });

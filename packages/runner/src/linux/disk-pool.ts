@@ -35,6 +35,8 @@ export class DiskImagePool {
   #timer: NodeJS.Timeout | undefined;
   #refilling: Promise<void> | undefined;
   #closed = false;
+  /** Set when a claim met another filesystem (EXDEV): renames cannot serve this data dir. */
+  #off = false;
 
   private constructor(dir: string, options: DiskPoolOptions) {
     this.dir = dir;
@@ -66,7 +68,7 @@ export class DiskImagePool {
 
   /** Puts a formatted image of `bytes` at `target` (which must not exist): a ready one when there is one. */
   async claim(target: string, bytes: number): Promise<void> {
-    if (this.#o.perSize > 0) {
+    if (this.#o.perSize > 0 && !this.#off) {
       this.#want(bytes);
       for (const name of await this.#ready(bytes)) {
         try {
@@ -74,6 +76,12 @@ export class DiskImagePool {
           this.#schedule(this.#o.refillDelayMs);
           return;
         } catch (err) {
+          if (isErrno(err, "EXDEV")) {
+            // The sandboxes live on another filesystem than the pool: it cannot serve them.
+            this.#o.log(`disk image pool: ${this.dir} is not on the filesystem of ${path.dirname(target)}; turned off, creates format their images`);
+            this.#off = true;
+            break;
+          }
           if (!isErrno(err, "ENOENT")) throw err; // claimed by another runner process: try the next
         }
       }
@@ -123,7 +131,7 @@ export class DiskImagePool {
   }
 
   #schedule(ms: number): void {
-    if (this.#closed || this.#timer !== undefined) return;
+    if (this.#closed || this.#off || this.#timer !== undefined) return;
     this.#timer = setTimeout(() => {
       this.#timer = undefined;
       if (this.#refilling || this.#closed) return this.#schedule(this.#o.refillDelayMs);
@@ -138,7 +146,7 @@ export class DiskImagePool {
     for (const bytes of [...this.#sizes.keys()].reverse()) {
       const dir = this.#sizeDir(bytes);
       await mkdir(dir, { recursive: true, mode: 0o700 });
-      while (!this.#closed && this.#sizes.has(bytes) && (await this.#ready(bytes)).length < this.#o.perSize) {
+      while (!this.#closed && !this.#off && this.#sizes.has(bytes) && (await this.#ready(bytes)).length < this.#o.perSize) {
         const name = randomBytes(8).toString("hex");
         const tmp = path.join(dir, `.${name}.img`);
         try {
