@@ -36,23 +36,26 @@ export async function mountOverlay(d: OverlayDirs): Promise<void> {
     await symlink(target, at);
     return name;
   };
-  const lowers: string[] = [];
-  for (const [i, l] of d.lowers.entries()) lowers.push(await alias(`l${i}`, checkMountPath(l)));
-  const opts = `lowerdir=${lowers.join(":")},upperdir=${await alias("upper", checkMountPath(d.upper))},workdir=${await alias("work", checkMountPath(d.work))}`;
+  const [upper, work, ...lowers] = await Promise.all([alias("upper", checkMountPath(d.upper)), alias("work", checkMountPath(d.work)), ...d.lowers.map((l, i) => alias(`l${i}`, checkMountPath(l)))]);
+  const opts = `lowerdir=${lowers.join(":")},upperdir=${upper},workdir=${work}`;
   // nosuid + nodev: a restored archive may carry setuid files or device nodes; neither works here.
   // Relative names resolve against mount(8)'s working directory: the link dir.
   await run("mount", ["-t", "overlay", "overlay", "-o", `nosuid,nodev,${opts}`, d.target], { cwd: d.linkDir });
 }
 
-/** Creates a sparse ext4 image of `bytes` size (no reserved blocks: the cap is what the sandbox gets). */
-export async function makeDiskImage(image: string, bytes: number): Promise<void> {
+/**
+ * Creates a sparse ext4 image of `bytes` size (no reserved blocks: the cap is what the sandbox gets).
+ * `nice`: formatted at the lowest CPU priority (the disk pool's background refills).
+ */
+export async function makeDiskImage(image: string, bytes: number, options: { nice?: boolean } = {}): Promise<void> {
   const fh = await open(image, "wx", 0o600);
   try {
     await fh.truncate(bytes);
   } finally {
     await fh.close();
   }
-  await run("mkfs.ext4", ["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", image]);
+  const mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", image];
+  await (options.nice ? run("nice", ["-n", "19", ...mkfs]) : run(mkfs[0]!, mkfs.slice(1)));
 }
 
 /**

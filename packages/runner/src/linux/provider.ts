@@ -22,13 +22,15 @@ import { SandboxNetworks } from "./network.ts";
 import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
-import { growDiskImage, isMountpoint, makeDiskImage, mountDiskImage, mountOverlay, mountsUnder, unmount } from "./mounts.ts";
+import { growDiskImage, isMountpoint, mountDiskImage, mountOverlay, mountPoints, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readAllRecords, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
 import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
+import { settleAll } from "./settle.ts";
+import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -51,6 +53,8 @@ export interface LinuxProviderOptions {
   trace?: (id: string, phase: StartPhase, ms: number) => void;
   /** Egress of sandboxes whose network mode is not "none" (subnet, nftables table, resolvers). */
   network?: NetworkOptions;
+  /** Disk images formatted ahead of need (disk-pool.ts); `{ perSize: 0 }` formats one per create. */
+  diskPool?: Partial<Omit<DiskPoolOptions, "log">>;
 }
 
 export type StartPhase = "cleanup" | "dirs" | "overlay" | "root-prep" | "cgroup" | "network" | "spawn" | "socket";
@@ -88,6 +92,7 @@ export class LinuxProvider implements SandboxProvider {
   readonly #toolsLayers: SharedToolsLayers;
   readonly #uids: UidAllocator;
   readonly #networks: SandboxNetworks;
+  readonly #diskPool: DiskImagePool;
   readonly #lock = new KeyedLock();
   readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
   readonly #log: (line: string) => void;
@@ -97,8 +102,9 @@ export class LinuxProvider implements SandboxProvider {
 
   readonly #volumeGid: number;
 
-  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, networks: SandboxNetworks, options: LinuxProviderOptions) {
+  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, networks: SandboxNetworks, diskPool: DiskImagePool, options: LinuxProviderOptions) {
     this.layout = layout;
+    this.#diskPool = diskPool;
     this.#networks = networks;
     this.cgroups = cgroups;
     this.#tools = tools;
@@ -145,7 +151,8 @@ export class LinuxProvider implements SandboxProvider {
     const volumeGid = options.volumeGid ?? uids.base + uids.count - 1;
     if (volumeGid >= uids.base && volumeGid < uids.base + uids.count) uids.markUsed(volumeGid);
     const networks = await SandboxNetworks.create({ netnsPrefix: `sandbar-${layout.key}-`, ...options.network });
-    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, { ...options, volumeGid });
+    const diskPool = await DiskImagePool.open(path.join(layout.dataDir, "disk-pool"), { ...options.diskPool, log: options.log });
+    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, diskPool, { ...options, volumeGid });
     for (const id of await listRecordIds(layout)) {
       const rec = await readRecord(layout, id).catch(() => undefined);
       if (rec) uids.markUsed(rec.hostUid);
@@ -168,7 +175,7 @@ export class LinuxProvider implements SandboxProvider {
         await mkdir(dir, { mode: 0o700 });
         const disk = diskBytesOf(spec);
         if (disk !== undefined) {
-          await makeDiskImage(this.layout.diskImage(spec.id), disk);
+          await this.#diskPool.claim(this.layout.diskImage(spec.id), disk);
         } else {
           await mkdir(this.layout.upper(spec.id, false), { mode: 0o755 });
           await mkdir(this.layout.work(spec.id, false), { mode: 0o700 });
@@ -207,9 +214,9 @@ export class LinuxProvider implements SandboxProvider {
     validateId(id);
     return this.#lock.with(id, async () => {
       const phase = this.#phases(id);
-      const rec = await this.#record(id);
-      if ((await this.cgroups.pids(id)).length > 0) return this.#info(rec);
-      await this.#teardown(id); // leftovers of a crash or of a first process that died
+      const [rec, pids] = await Promise.all([this.#record(id), this.cgroups.pids(id)]);
+      if (pids.length > 0) return this.#info(rec);
+      await this.#teardown(id, 0, true); // leftovers of a crash or of a first process that died
       phase("cleanup");
       const child = await this.#prepareAndLaunch(rec, phase);
       try {
@@ -228,8 +235,8 @@ export class LinuxProvider implements SandboxProvider {
       }
       rec.desired = "started";
       rec.startedAt = new Date().toISOString();
-      await writeRecord(this.layout, rec);
-      return this.#info(rec);
+      const [, info] = await Promise.all([writeRecord(this.layout, rec), this.#info(rec)]);
+      return info;
     });
   }
 
@@ -239,50 +246,57 @@ export class LinuxProvider implements SandboxProvider {
     const L = this.layout;
     const hasDisk = spec.diskGiB !== undefined;
     const owner = { uid: hostUid, gid: hostUid };
+    // The cgroup and the tools layer need nothing of the mounts: made while mount(8) runs.
+    const limits = this.#applyLimits(spec, hostUid);
+    limits.catch(() => undefined); // awaited below; a failure before then must not go unhandled
     try {
-      // Runtime dirs: traversable by the sandbox uid, writable only by root (the run dir by the sandbox).
-      await mkdir(L.runtimeDir, { recursive: true, mode: 0o711 });
-      await chmod(L.runtimeDir, 0o711);
-      await mkdir(L.runtime(id), { recursive: true, mode: 0o711 });
-      await mkdir(L.rootMount(id), { recursive: true });
-      await mkdir(L.runDir(id), { recursive: true, mode: 0o700 });
-      await chown(L.runDir(id), hostUid, hostUid);
-      await rm(L.socket(id), { force: true });
-
-      if (hasDisk) {
-        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
-        await mountDiskImage(L.diskImage(id), L.diskMount(id));
-        await mkdir(L.upper(id, true), { recursive: true, mode: 0o755 });
-        await mkdir(L.work(id, true), { recursive: true, mode: 0o700 });
-      }
+      const tools = this.#toolsLayers.layer({ initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
+      tools.catch(() => undefined);
+      await settleAll([
+        (async () => {
+          // Runtime dirs: traversable by the sandbox uid, writable only by root (the run dir by the sandbox).
+          await mkdir(L.runtimeDir, { recursive: true, mode: 0o711 });
+          await chmod(L.runtimeDir, 0o711);
+          await mkdir(L.runtime(id), { recursive: true, mode: 0o711 });
+          await settleAll([mkdir(L.rootMount(id), { recursive: true }), mkdir(L.runDir(id), { recursive: true, mode: 0o700 }).then(() => chown(L.runDir(id), hostUid, hostUid))]);
+          await rm(L.socket(id), { force: true });
+        })(),
+        (async () => {
+          if (!hasDisk) return;
+          await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+          await mountDiskImage(L.diskImage(id), L.diskMount(id));
+          await settleAll([mkdir(L.upper(id, true), { recursive: true, mode: 0o755 }), mkdir(L.work(id, true), { recursive: true, mode: 0o700 })]);
+        })(),
+      ]);
       phase("dirs");
-      const tools = await this.#toolsLayers.layer({ initSh: this.#tools.initSh, node: spec.init.node, bundle: spec.init.bundle, main: spec.init.main });
-      const agentEntry = tools.agentEntry;
-      await mountOverlay({ lowers: [tools.dir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
+      const { dir: toolsDir, agentEntry } = await tools;
+      await mountOverlay({ lowers: [toolsDir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
 
       phase("overlay");
       const root = L.rootMount(id);
       const user = await sandboxUser(root, spec.user!);
-      await ensureUser(root, user, owner);
 
+      // The user's entries and home and the mount points are made at once (rootprep tolerates
+      // siblings making a shared parent); `mounts` keeps the spec's order, which bubblewrap applies.
       const mounts: BwrapMount[] = [];
-      const addMount = async (source: string, target: string, readonly: boolean) => {
-        const isDir = (await stat(source)).isDirectory();
-        await ensureMountPoint(root, target, isDir, { ownedBelow: user.home, owner });
+      const points: Promise<void>[] = [ensureUser(root, user, owner)];
+      const addMount = (source: string, target: string, readonly: boolean) => {
         mounts.push({ source, target, readonly });
+        points.push(stat(source).then((st) => ensureMountPoint(root, target, st.isDirectory(), { ownedBelow: user.home, owner })));
       };
-      for (const m of spec.mounts ?? []) await addMount(m.source, m.target, m.readonly !== false);
+      for (const m of spec.mounts ?? []) addMount(m.source, m.target, m.readonly !== false);
       for (const [i, v] of (spec.volumes ?? []).entries()) {
         await prepareVolumeRoot(v.root, this.#volumeGid);
         const at = path.join(L.runtime(id), "volumes", String(i));
         await bindVolume(v, at, this.#volumeGid);
-        await addMount(at, v.target, false);
+        addMount(at, v.target, false);
       }
-      await addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
+      addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
       // The user leaf's procs files (one per v1 hierarchy), writable by the sandbox uid only: the
       // agent moves what it starts for the user there. Created below, bound once they exist.
       const userProcs = this.cgroups.userProcsFiles(id).map((source, i) => ({ source, target: path.join(SANDBOX_PATHS.userCgroupDir, String(i)) }));
-      for (const u of userProcs) await ensureMountPoint(root, u.target, false, { ownedBelow: user.home, owner });
+      for (const u of userProcs) points.push(ensureMountPoint(root, u.target, false, { ownedBelow: user.home, owner }));
+      await settleAll(points);
 
       const command = [SANDBOX_PATHS.init, "-c", INIT_SCRIPT, ...initArgs(SANDBOX_PATHS.agentRestarts), SANDBOX_PATHS.node, ...(spec.init.nodeArgs ?? []), agentEntry, "--socket", SANDBOX_PATHS.agentSocket, "--state-dir", SANDBOX_PATHS.agentState];
       for (const u of userProcs) command.push("--user-cgroup", u.target);
@@ -295,7 +309,7 @@ export class LinuxProvider implements SandboxProvider {
       command.push(...(spec.init.args ?? []));
       phase("root-prep");
 
-      const userLimits = await this.#applyLimits(spec, hostUid);
+      const userLimits = await limits;
       for (const u of userProcs) mounts.push({ source: u.source, target: u.target, readonly: false });
 
       phase("cgroup");
@@ -314,6 +328,7 @@ export class LinuxProvider implements SandboxProvider {
       phase("spawn");
       return child;
     } catch (err) {
+      await limits.catch(() => undefined); // settled before the teardown removes what it made
       await this.#teardown(id).catch(() => undefined);
       if (err instanceof ConnectError) throw err;
       throw errors.failedPrecondition(`sandbox ${id} failed to start: ${(err as Error).message}`);
@@ -413,16 +428,23 @@ export class LinuxProvider implements SandboxProvider {
     });
   }
 
-  /** Kills the sandbox's processes, removes its cgroup, mounts and runtime dir. Idempotent. */
-  async #teardown(id: string, graceMs = 0): Promise<void> {
+  /**
+   * Kills the sandbox's processes, removes its cgroup, mounts and runtime dir. Idempotent.
+   * `idle`: the caller just saw the cgroup empty (a start), so there is nothing to kill.
+   */
+  async #teardown(id: string, graceMs = 0, idle = false): Promise<void> {
     const L = this.layout;
-    await endSandboxProcesses(this.cgroups, id, graceMs);
+    if (!idle) await endSandboxProcesses(this.cgroups, id, graceMs);
     await this.cgroups.remove(id);
-    if (await isMountpoint(L.rootMount(id))) await unmount(L.rootMount(id));
-    if (await isMountpoint(L.diskMount(id))) await unmount(L.diskMount(id));
-    for (const m of (await mountsUnder(path.join(L.runtime(id), "volumes"))).reverse()) await unmount(m);
+    // One read of the mount table; read again only to check what was unmounted is gone.
+    const table = await mountPoints();
+    const runtimeMounts = table.filter((m) => m === L.runtime(id) || m.startsWith(L.runtime(id) + "/"));
+    const volumesDir = path.join(L.runtime(id), "volumes") + "/";
+    if (runtimeMounts.includes(L.rootMount(id))) await unmount(L.rootMount(id));
+    if (table.includes(L.diskMount(id))) await unmount(L.diskMount(id));
+    for (const m of runtimeMounts.filter((x) => x.startsWith(volumesDir)).reverse()) await unmount(m);
     await this.#networks.tearDown(await readLease(L, id), id);
-    const left = await mountsUnder(L.runtime(id));
+    const left = runtimeMounts.length > 0 ? await mountsUnder(L.runtime(id)) : [];
     if (left.length > 0) throw errors.internal(`sandbox ${id}: still mounted after stop: ${left.join(", ")}`);
     await rm(L.runtime(id), { recursive: true, force: true });
   }
@@ -478,7 +500,9 @@ export class LinuxProvider implements SandboxProvider {
 
   async #info(rec: SandboxRecord): Promise<SandboxInfo> {
     const id = rec.spec.id;
-    const running = (await this.cgroups.pids(id)).length > 0;
+    // Independent reads, at once: a start answers with this right after its agent listens.
+    const [pids, stats, restarts] = await Promise.all([this.cgroups.pids(id), this.cgroups.stats(id), this.#agentRestarts(id)]);
+    const running = pids.length > 0;
     const { secret: _secret, ...init } = rec.spec.init;
     const info: SandboxInfo = {
       id,
@@ -488,9 +512,7 @@ export class LinuxProvider implements SandboxProvider {
       spec: { ...rec.spec, init },
     };
     if (rec.startedAt && running) info.startedAt = new Date(rec.startedAt);
-    const stats = await this.cgroups.stats(id);
     if (running && stats) info.usage = stats;
-    const restarts = await this.#agentRestarts(id);
     if (running) {
       // No connection to it: a probe would load the agent's HTTP/2 stack in every idle sandbox.
       info.agent = { running: (await sandboxAgent(this.cgroups, id, SANDBOX_PATHS.node)) !== undefined, restarts: restarts.count };
@@ -569,6 +591,7 @@ export class LinuxProvider implements SandboxProvider {
   // ---- shutdown -----------------------------------------------------------------------------
 
   async close(): Promise<void> {
+    await this.#diskPool.close();
     await this.cgroups.removeParentIfEmpty();
     try {
       if ((await readdir(this.layout.runtimeDir)).length === 0) await rmdir(this.layout.runtimeDir);

@@ -2,6 +2,7 @@ import { appendFile, chown, lstat, mkdir, open, readFile } from "node:fs/promise
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { isErrno } from "./cgroups/types.ts";
+import { settleAll } from "./settle.ts";
 
 // Prepares the mounted overlay root before launch, as host root: mount points for the runner's
 // binds (bubblewrap, running unprivileged, cannot create them in root-owned directories), the
@@ -37,14 +38,22 @@ export async function safeMkdirp(root: string, rel: string, options: { ownedBelo
   for (const c of components(rel)) {
     cur = path.join(cur, c);
     inside = path.join(inside, c);
-    const st = await lstatOrUndefined(cur);
+    let st = await lstatOrUndefined(cur);
     if (st === undefined) {
-      await mkdir(cur, { mode: options.mode ?? 0o755 });
+      // EEXIST: made meanwhile by a sibling mount point's call (the provider prepares them at
+      // once); checked like any existing component below.
+      const made = await mkdir(cur, { mode: options.mode ?? 0o755 }).then(() => true, (err: unknown) => {
+        if (isErrno(err, "EEXIST")) return false;
+        throw err;
+      });
       const below = options.ownedBelow;
-      if (options.owner && below && (inside === below || inside.startsWith(below + "/"))) {
+      if (made && options.owner && below && (inside === below || inside.startsWith(below + "/"))) {
         await chown(cur, options.owner.uid, options.owner.gid);
       }
-    } else if (st.isSymbolicLink()) {
+      if (made) continue;
+      st = await lstat(cur);
+    }
+    if (st.isSymbolicLink()) {
       throw errors.failedPrecondition(`the sandbox's ${inside} is a symbolic link; the runner will not follow it`);
     } else if (!st.isDirectory()) {
       throw errors.failedPrecondition(`the sandbox's ${inside} is not a directory`);
@@ -56,10 +65,16 @@ export async function safeMkdirp(root: string, rel: string, options: { ownedBelo
 export async function safeTouch(root: string, rel: string, options: { ownedBelow?: string; owner?: Owner } = {}): Promise<void> {
   await safeMkdirp(root, path.dirname(rel), options);
   const p = path.join(root, rel);
-  const st = await lstatOrUndefined(p);
+  let st = await lstatOrUndefined(p);
   if (st === undefined) {
-    await (await open(p, "wx", 0o644)).close();
-  } else if (!st.isFile()) {
+    try {
+      await (await open(p, "wx", 0o644)).close();
+    } catch (err) {
+      if (!isErrno(err, "EEXIST")) throw err;
+      st = await lstat(p); // made meanwhile for another bind of the same target
+    }
+  }
+  if (st !== undefined && !st.isFile()) {
     throw errors.failedPrecondition(`the sandbox's ${path.join("/", rel)} exists and is not a regular file`);
   }
 }
@@ -110,12 +125,17 @@ export async function sandboxUser(root: string, name: string): Promise<SandboxUs
 
 /** Adds `user` to /etc/passwd and /etc/group when missing, and creates the home directory. */
 export async function ensureUser(root: string, user: { name: string; uid: number; gid: number; home: string }, hostOwner: Owner): Promise<void> {
-  await safeMkdirp(root, "etc");
-  const shell = (await lstatOrUndefined(path.join(root, "bin/bash"))) ? "/bin/bash" : "/bin/sh";
-  await appendLineIfMissing(root, "etc/passwd", user.name, `${user.name}:x:${user.uid}:${user.gid}::${user.home}:${shell}`);
-  await appendLineIfMissing(root, "etc/group", user.name, `${user.name}:x:${user.gid}:`);
-  // The home belongs to the sandbox user (host side: its host uid).
-  await safeMkdirp(root, user.home, { ownedBelow: user.home, owner: hostOwner });
+  const [bash] = await settleAll([
+    lstatOrUndefined(path.join(root, "bin/bash")),
+    safeMkdirp(root, "etc"),
+    // The home belongs to the sandbox user (host side: its host uid).
+    safeMkdirp(root, user.home, { ownedBelow: user.home, owner: hostOwner }),
+  ]);
+  const shell = bash ? "/bin/bash" : "/bin/sh";
+  await settleAll([
+    appendLineIfMissing(root, "etc/passwd", user.name, `${user.name}:x:${user.uid}:${user.gid}::${user.home}:${shell}`),
+    appendLineIfMissing(root, "etc/group", user.name, `${user.name}:x:${user.gid}:`),
+  ]);
   // A home the snapshot already had (e.g. /root) is handed over too; its contents are not.
   const home = path.join(root, user.home);
   const st = await lstat(home);

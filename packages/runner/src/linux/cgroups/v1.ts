@@ -91,17 +91,26 @@ export class CgroupV1 implements CgroupBackend {
     const pids = this.#dir("pids", name)!;
     const cpu = this.#dir("cpu", name)!;
     const acct = this.#dir("cpuacct", name);
-    const oomKills = await treeCounter(mem, "memory.oom_control", "oom_kill");
-    const pidsLimitHits = await treeCounter(pids, "pids.events", "max");
-    const cpuStat = parseKeyed((await readText(path.join(cpu, "cpu.stat"))) ?? "");
-    const usageNs = acct ? await readNumber(path.join(acct, "cpuacct.usage")) : undefined;
+    // Independent reads, at once (a start answers with them).
+    const [oomKills, pidsLimitHits, cpuText, usageNs, memoryBytes, memoryPeakBytes, memoryLimitBytes, pidsNow, pidsLimit] = await Promise.all([
+      treeCounter(mem, "memory.oom_control", "oom_kill"),
+      treeCounter(pids, "pids.events", "max"),
+      readText(path.join(cpu, "cpu.stat")),
+      acct ? readNumber(path.join(acct, "cpuacct.usage")) : undefined,
+      readNumber(path.join(mem, "memory.usage_in_bytes")),
+      readNumber(path.join(mem, "memory.max_usage_in_bytes")),
+      readNumber(path.join(mem, "memory.limit_in_bytes")),
+      readNumber(path.join(pids, "pids.current")),
+      readNumber(path.join(pids, "pids.max")),
+    ]);
+    const cpuStat = parseKeyed(cpuText ?? "");
     return {
-      memoryBytes: (await readNumber(path.join(mem, "memory.usage_in_bytes"))) ?? 0,
-      memoryPeakBytes: await readNumber(path.join(mem, "memory.max_usage_in_bytes")),
-      memoryLimitBytes: (await readNumber(path.join(mem, "memory.limit_in_bytes"))) ?? Infinity,
+      memoryBytes: memoryBytes ?? 0,
+      memoryPeakBytes,
+      memoryLimitBytes: memoryLimitBytes ?? Infinity,
       oomKills,
-      pids: (await readNumber(path.join(pids, "pids.current"))) ?? 0,
-      pidsLimit: (await readNumber(path.join(pids, "pids.max"))) ?? Infinity,
+      pids: pidsNow ?? 0,
+      pidsLimit: pidsLimit ?? Infinity,
       pidsLimitHits,
       cpuUsageUsec: usageNs === undefined ? undefined : Math.round(usageNs / 1000),
       cpuPeriods: cpuStat.get("nr_periods") ?? 0,
@@ -143,10 +152,14 @@ export class CgroupV1 implements CgroupBackend {
   }
 
   async remove(name: string): Promise<void> {
-    for (const d of this.paths(name)) {
-      for (const leaf of [AGENT_LEAF, USER_LEAF]) await rmdirRetry(path.join(d, leaf));
-      await rmdirRetry(d);
-    }
+    // One hierarchy's leaves before its group; the hierarchies at once.
+    const results = await Promise.allSettled(
+      this.paths(name).map(async (d) => {
+        await Promise.all([AGENT_LEAF, USER_LEAF].map((leaf) => rmdirRetry(path.join(d, leaf))));
+        await rmdirRetry(d);
+      }),
+    );
+    for (const r of results) if (r.status === "rejected") throw r.reason;
   }
 
   async removeParentIfEmpty(): Promise<void> {
