@@ -27,8 +27,9 @@ export const QUICK_DEATH_SECONDS = 30;
  * the 8.6 MB startup snapshot into malloc'd buffers (copied twice), and faulting those in 4 KiB
  * pages, each charged to the sandbox's memory cgroup, was a large part of the agent's start.
  * 46.0 -> 37.4 ms of CPU to its ready line (p50, 24 interleaved starts); idle, +1.4 MiB resident
- * (23.4 -> 24.8 MiB anonymous). Ignored by a libc that is not glibc, and by a host whose
- * transparent huge pages are off (see bench/agent/NOTES.md for the measurement and a caveat).
+ * (23.4 -> 24.8 MiB anonymous). glibc reads the host's mode in /sys/kernel/mm/transparent_hugepage
+ * first (the provider binds it read-only; without it the tunable does nothing). Ignored by a libc
+ * that is not glibc, and by a host whose transparent huge pages are off (bench/agent/NOTES.md).
  */
 export const AGENT_GLIBC_TUNABLES = "glibc.malloc.hugetlb=1";
 
