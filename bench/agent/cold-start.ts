@@ -36,6 +36,13 @@ async function once(s: Awaited<ReturnType<typeof startBenchServer>>): Promise<Ru
     const t2 = performance.now();
     if (r.exitCode !== 0) throw new Error(`exec exited ${r.exitCode}: ${r.result}`);
     const ready = (await readFile(provider.layout.initLog(sb.id), "utf8")).split("\n").find((l) => l.includes('"ready"'));
+    // The agent's private memory right after its first exec (the largest process of its leaf).
+    let anon = 0;
+    for (const pid of await provider.cgroups.agentPids(sb.id)) {
+      const kb = /RssAnon:\s+(\d+)/.exec(await readFile(`/proc/${pid}/status`, "utf8").catch(() => ""))?.[1];
+      anon = Math.max(anon, Number(kb ?? 0) / 1024);
+    }
+    run["  agent RssAnon MiB"] = anon;
     await s.rest.ok("DELETE", `/sandbox/${sb.id}`);
     Object.assign(run, { "create→exec": t2 - t0, "  create": t1 - t0, "  1st exec": t2 - t1 });
     if (ready) {
