@@ -8,8 +8,6 @@
  * --user-cgroup: where the processes it starts for the user go (see process/user-spawn.ts).
  * SANDBAR_AGENT_RESTARTS (set by the sandbox's supervising init): how many times this agent was
  * restarted; 0 or unset is a fresh start, which clears what an earlier run left in --state-dir.
- * SANDBAR_AGENT_TUNABLES=1 (set by the same init): GLIBC_TUNABLES is the init's, for the agent
- * alone (see the runner's init-script.ts); its children get neither.
  */
 import { readFileSync, rmSync } from "node:fs";
 import * as path from "node:path";
@@ -71,8 +69,6 @@ export async function runAgent(): Promise<void> {
     delete process.env[INIT_MARKER];
     const restarts = Number(process.env.SANDBAR_AGENT_RESTARTS ?? "0") || 0;
     delete process.env.SANDBAR_AGENT_RESTARTS;
-    if (process.env.SANDBAR_AGENT_TUNABLES === "1") delete process.env.GLIBC_TUNABLES;
-    delete process.env.SANDBAR_AGENT_TUNABLES;
     setUserCgroup(values["user-cgroup"] ?? []);
     // A fresh start owes nothing to an earlier run's sessions; a restart keeps their logs on disk.
     // (Synchronous, as everything up to the listen: see startAgent.)

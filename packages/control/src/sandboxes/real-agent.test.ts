@@ -1,9 +1,8 @@
-import { readFile, rm } from "node:fs/promises";
+import { rm } from "node:fs/promises";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
 import { leftovers } from "./testing/leaks.ts";
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
-import { AGENT_GLIBC_TUNABLES } from "@sandbar/runner/linux";
 
 // Sandboxes running the real agent (packages/agent, bundled by its build.ts into a scratch
 // directory), reached through the toolbox the way clients reach it.
@@ -46,25 +45,6 @@ it("runs the real agent: toolbox calls work, files survive stop/start and archiv
   const { hostUid } = await f.runtime.provider.inspect(s.id);
   expect((await f.call("DELETE", `/sandbox/${s.id}`)).body.state).toBe("destroyed");
   expect(await leftovers(f.runtime, s.id, hostUid)).toEqual([]);
-});
-
-it("the agent runs with glibc's huge-page tunable from its init; what it starts for the user has neither it nor the marker", async () => {
-  const s = await f.create({});
-  const agentEnv = `for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q 'agent.mjs --socket' && tr '\\0' '\\n' < $p/environ | grep -E '^(GLIBC_TUNABLES|SANDBAR_AGENT_TUNABLES)='; done; echo user: $(env | grep -c -E '^(GLIBC_TUNABLES|SANDBAR_AGENT_TUNABLES)=')`;
-  const r = await f.exec(s.id, agentEnv);
-  // The agent's environ as it was exec'd (removing a variable later does not rewrite it).
-  expect(r.result).toBe(`GLIBC_TUNABLES=${AGENT_GLIBC_TUNABLES}\nSANDBAR_AGENT_TUNABLES=1\nuser: 0\n`);
-  // glibc finds the host's THP mode (bound read-only) and the agent's heap got huge pages, where
-  // the host's mode allows them (the kernel may still refuse one when memory is fragmented).
-  const mode = await readFile("/sys/kernel/mm/transparent_hugepage/enabled", "utf8").catch(() => "");
-  const inside = await f.exec(s.id, `cat /sys/kernel/mm/transparent_hugepage/enabled; ! touch /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null && echo read-only`);
-  expect(inside.result).toBe(`${mode}read-only\n`);
-  if (/\[(always|madvise)\]/.test(mode)) {
-    const huge = await f.exec(s.id, `for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q 'agent.mjs --socket' && awk '/AnonHugePages/ {print $2}' $p/smaps_rollup; done`);
-    // The init's command line names the agent too: the largest figure is the agent's.
-    expect(Math.max(...huge.result.trim().split("\n").map(Number))).toBeGreaterThan(0);
-  }
-  await f.call("DELETE", `/sandbox/${s.id}`);
 });
 
 it("the agent in a sandbox reads the bundle's compile cache (made at build time) rather than compiling its modules again", async () => {

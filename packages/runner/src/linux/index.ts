@@ -5,4 +5,3 @@ export { buildHostUsrRootfs, DEFAULT_PACKAGES, ensureDefaultSnapshot } from "./r
 export type { CgroupBackend, CgroupStats } from "./cgroups/types.ts";
 export { DEFAULT_STAGING_DIR, reachableByOthers, reachablePath } from "./stage.ts";
 export { checkHost, formatChecks, type HostCheck } from "./host-check.ts";
-export { AGENT_GLIBC_TUNABLES } from "./init-script.ts";

@@ -3,7 +3,7 @@ import { mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterEach, expect, it } from "vitest";
-import { AGENT_GLIBC_TUNABLES, INIT_SCRIPT, initArgs } from "./init-script.ts";
+import { INIT_SCRIPT, initArgs } from "./init-script.ts";
 
 // The supervising init on its own (not as a namespace's pid 1): restarts with backoff, the
 // restarts file, SIGTERM forwarding and its exit status. A stand-in "agent" counts its runs.
@@ -62,24 +62,4 @@ it("gives up after the most quick deaths in a row, exiting with the agent's stat
   expect(log).toContain("restart 1 in 0.01s");
   expect(log).toContain("restart 3 in 0.02s"); // the last delay repeats
   expect(log).toContain("the agent died 4 times in a row (last status 6); giving up");
-});
-
-it("starts the agent alone with glibc's tunables (marked for the agent to drop), unless the environment has its own", async () => {
-  dir = await mkdtemp(path.join(os.tmpdir(), "sandbar-init-"));
-  const restarts = path.join(dir, "restarts");
-  const agentEnv = async (env: NodeJS.ProcessEnv) => {
-    const init = spawn("/bin/sh", ["-c", INIT_SCRIPT, ...initArgs(restarts), "/bin/sh", "-c", 'echo "${GLIBC_TUNABLES-unset} ${SANDBAR_AGENT_TUNABLES-unset}"; exec sleep 30'], { stdio: ["ignore", "pipe", "ignore"], env });
-    const line = await new Promise<string>((r) => init.stdout.once("data", (c: Buffer) => r(c.toString())));
-    // The init itself keeps its environment: only the agent gets them.
-    const initEnv = (await readFile(`/proc/${init.pid}/environ`, "utf8")).split("\0");
-    const exited = new Promise((r) => init.once("exit", r));
-    init.kill("SIGTERM");
-    await exited;
-    return { line, initEnv };
-  };
-  const plain = await agentEnv({ PATH: process.env.PATH });
-  expect(plain.line).toBe(`${AGENT_GLIBC_TUNABLES} 1\n`);
-  expect(plain.initEnv.filter((e) => e.startsWith("GLIBC_TUNABLES=") || e.startsWith("SANDBAR_AGENT_TUNABLES="))).toEqual([]);
-  const own = await agentEnv({ PATH: process.env.PATH, GLIBC_TUNABLES: "glibc.malloc.arena_max=2" });
-  expect(own.line).toBe("glibc.malloc.arena_max=2 unset\n");
 });

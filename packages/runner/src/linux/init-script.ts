@@ -13,25 +13,12 @@
 // - Counts restarts in the file given first ("<restarts> <last exit status>", read by the provider
 //   for SandboxInfo and while it waits for the socket) and tells the agent it is a restart
 //   through SANDBAR_AGENT_RESTARTS.
-// - Starts the agent with AGENT_GLIBC_TUNABLES (unless the sandbox's environment sets its own
-//   GLIBC_TUNABLES) and SANDBAR_AGENT_TUNABLES=1, which tells the agent to keep both from what it
-//   starts: only the agent runs with them.
 // `read ... </proc/uptime` gives a clock without forking.
 
 /** Between consecutive quick deaths: 0.1, 0.5, 1, 2, then 5 s (about 35 s to give up). */
 export const RESTART_DELAYS = [0.1, 0.5, 1, 2, 5];
 export const MAX_QUICK_DEATHS = 10;
 export const QUICK_DEATH_SECONDS = 30;
-/**
- * glibc's malloc asks for transparent huge pages (madvise) for what it maps: node's start reads
- * the 8.6 MB startup snapshot into malloc'd buffers (copied twice), and faulting those in 4 KiB
- * pages, each charged to the sandbox's memory cgroup, was a large part of the agent's start.
- * 46.0 -> 37.4 ms of CPU to its ready line (p50, 24 interleaved starts); idle, +1.4 MiB resident
- * (23.4 -> 24.8 MiB anonymous). glibc reads the host's mode in /sys/kernel/mm/transparent_hugepage
- * first (the provider binds it read-only; without it the tunable does nothing). Ignored by a libc
- * that is not glibc, and by a host whose transparent huge pages are off (bench/agent/NOTES.md).
- */
-export const AGENT_GLIBC_TUNABLES = "glibc.malloc.hugetlb=1";
 
 /** The init's arguments before the agent's command. */
 export function initArgs(restartsFile: string, delays = RESTART_DELAYS, maxQuickDeaths = MAX_QUICK_DEATHS): string[] {
@@ -43,9 +30,7 @@ n=0; quick=0; a=; term=
 trap 'term=1; [ -z "$a" ] || kill -TERM "$a" 2>/dev/null' TERM INT HUP
 while :; do
   read t0 _ </proc/uptime || t0=0
-  (export SANDBAR_AGENT_RESTARTS=$n
-   [ -n "\${GLIBC_TUNABLES+set}" ] || export GLIBC_TUNABLES=${AGENT_GLIBC_TUNABLES} SANDBAR_AGENT_TUNABLES=1
-   exec "$@") & a=$!
+  SANDBAR_AGENT_RESTARTS=$n "$@" & a=$!
   while :; do
     wait "$a"; st=$?
     [ "$st" -gt 128 ] && kill -0 "$a" 2>/dev/null || break

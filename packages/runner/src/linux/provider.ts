@@ -54,7 +54,6 @@ export interface LinuxProviderOptions {
 
 export type StartPhase = "cleanup" | "dirs" | "overlay" | "root-prep" | "cgroup" | "network" | "spawn" | "socket";
 
-const THP_SETTINGS = "/sys/kernel/mm/transparent_hugepage";
 const DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/sandbar/bin";
 const CPU_PERIOD_US = 100_000;
 
@@ -279,9 +278,6 @@ export class LinuxProvider implements SandboxProvider {
         await addMount(at, v.target, false);
       }
       await addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
-      // The host's THP mode, read-only (as in any container's /sys): glibc reads it before it lets
-      // malloc ask for huge pages, which the agent's start does (AGENT_GLIBC_TUNABLES).
-      if (await stat(THP_SETTINGS).then((s) => s.isDirectory(), () => false)) await addMount(THP_SETTINGS, THP_SETTINGS, true);
       // The user leaf's procs files (one per v1 hierarchy), writable by the sandbox uid only: the
       // agent moves what it starts for the user there. Created below, bound once they exist.
       const userProcs = this.cgroups.userProcsFiles(id).map((source, i) => ({ source, target: path.join(SANDBOX_PATHS.userCgroupDir, String(i)) }));

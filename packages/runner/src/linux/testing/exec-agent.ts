@@ -15,8 +15,6 @@ interface Request {
 const argv = process.argv.slice(2);
 // Set by the sandbox's supervising init; an agent keeps it from its children (as the real one does).
 delete process.env.SANDBAR_AGENT_RESTARTS;
-if (process.env.SANDBAR_AGENT_TUNABLES === "1") delete process.env.GLIBC_TUNABLES;
-delete process.env.SANDBAR_AGENT_TUNABLES;
 const flag = (name: string) => {
   const i = argv.indexOf(name);
   return i >= 0 ? argv[i + 1] : undefined;
