@@ -1,4 +1,5 @@
-import { mkdir, mkdtemp, rm, stat, unlink } from "node:fs/promises";
+import { mkdirSync, mkdtempSync, statSync } from "node:fs";
+import { rm, unlink } from "node:fs/promises";
 import { connect as netConnect, createServer as createNetServer } from "node:net";
 import type { Server } from "node:net";
 import { homedir, tmpdir } from "node:os";
@@ -63,11 +64,7 @@ function defaultLog(message: string, err?: unknown): void {
 
 /** Removes a socket file left by an agent that is gone; refuses one that still answers. */
 async function clearStaleSocket(socketPath: string): Promise<void> {
-  try {
-    await stat(socketPath);
-  } catch {
-    return;
-  }
+  if (!statSync(socketPath, { throwIfNoEntry: false })) return; // the usual case: a fresh run dir
   const live = await new Promise<boolean>((resolve) => {
     const s = netConnect(socketPath);
     s.once("connect", () => {
@@ -85,8 +82,11 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
   const env = { ...(options.env ?? process.env) };
   delete env.SANDBAR_AGENT_SECRET;
   const ownStateDir = options.stateDir === undefined;
-  const stateDir = options.stateDir ?? (await mkdtemp(path.join(tmpdir(), "sandbar-agent-")));
-  await mkdir(stateDir, { recursive: true, mode: 0o700 });
+  // Up to the listen, the file system is used synchronously: nothing else could run meanwhile, and
+  // each asynchronous call is a round trip through the thread pool (its threads start on the
+  // first), which on a loaded host waits for a core each way, on the critical path of a start.
+  const stateDir = options.stateDir ?? mkdtempSync(path.join(tmpdir(), "sandbar-agent-"));
+  mkdirSync(stateDir, { recursive: true, mode: 0o700 });
   const root = options.root !== undefined ? path.resolve(options.root) : undefined;
   const shutdown = new AbortController();
   const ctx: AgentContext = {
@@ -96,7 +96,7 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
     env,
     envGeneration: 0,
     envChanges: new EventTarget(),
-    shell: options.shell ?? (await detectShell(env)),
+    shell: options.shell ?? detectShell(env),
     version: AGENT_VERSION,
     shutdown: shutdown.signal,
     log,

@@ -9,7 +9,7 @@
  * SANDBAR_AGENT_RESTARTS (set by the sandbox's supervising init): how many times this agent was
  * restarted; 0 or unset is a fresh start, which clears what an earlier run left in --state-dir.
  */
-import { readFile, rm } from "node:fs/promises";
+import { readFileSync, rmSync } from "node:fs";
 import * as path from "node:path";
 import { parseArgs } from "node:util";
 import { becomeInitIfPid1, INIT_MARKER } from "./init.ts";
@@ -49,7 +49,7 @@ export async function runAgent(): Promise<void> {
   let secret = process.env.SANDBAR_AGENT_SECRET;
   if (values["secret-file"]) {
     try {
-      secret = (await readFile(values["secret-file"], "utf8")).trim();
+      secret = readFileSync(values["secret-file"], "utf8").trim();
     } catch (err) {
       fail(`cannot read the secret file: ${(err as Error).message}`);
     }
@@ -71,7 +71,14 @@ export async function runAgent(): Promise<void> {
     delete process.env.SANDBAR_AGENT_RESTARTS;
     setUserCgroup(values["user-cgroup"] ?? []);
     // A fresh start owes nothing to an earlier run's sessions; a restart keeps their logs on disk.
-    if (restarts === 0 && values["state-dir"]) await rm(path.join(values["state-dir"], "sessions"), { recursive: true, force: true }).catch(() => undefined);
+    // (Synchronous, as everything up to the listen: see startAgent.)
+    if (restarts === 0 && values["state-dir"]) {
+      try {
+        rmSync(path.join(values["state-dir"], "sessions"), { recursive: true, force: true });
+      } catch {
+        // what cannot be removed stays; new sessions get new names
+      }
+    }
 
     // Signals are handled from here on: the socket accepts before startup ends (the tunnel socket and
     // the TCP port come after it), and a stop in that window must still be a graceful one.

@@ -1,13 +1,15 @@
-import { readFile } from "node:fs/promises";
+import { readFileSync } from "node:fs";
 
 /**
  * The user's shell, chosen as the reference does: zsh or bash when /etc/shells
  * lists them, else $SHELL, else sh.
+ * Synchronous: the agent asks once, before it listens, when nothing else could run meanwhile
+ * (an asynchronous read is four round trips through the thread pool on its start's critical path).
  */
-export async function detectShell(env: NodeJS.ProcessEnv): Promise<string> {
+export function detectShell(env: NodeJS.ProcessEnv): string {
   let listed: string[] = [];
   try {
-    listed = (await readFile("/etc/shells", "utf8"))
+    listed = readFileSync("/etc/shells", "utf8")
       .split("\n")
       .map((l) => l.trim())
       .filter((l) => l !== "" && !l.startsWith("#"));

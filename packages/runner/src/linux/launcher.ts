@@ -1,8 +1,8 @@
 import type { ChildProcess } from "node:child_process";
 import { spawn } from "node:child_process";
-import { closeSync, constants as fsConstants, openSync, watch } from "node:fs";
+import { closeSync, constants as fsConstants, openSync, watch, writeFileSync } from "node:fs";
 import type { FileHandle } from "node:fs/promises";
-import { open, stat, writeFile } from "node:fs/promises";
+import { open, stat } from "node:fs/promises";
 import net from "node:net";
 import path from "node:path";
 import type { Writable } from "node:stream";
@@ -38,9 +38,17 @@ export interface LaunchOptions {
   umask?: number;
   /** Network namespace (its /run/netns path) entered, still as root, before dropping to the sandbox uid. */
   netns?: { nsenter: string; path: string };
+  /**
+   * oom_score_adj of the first process, set by the host before the sandbox exists (see below), so
+   * every process of it starts with this score. -1000 for the agent's leaf: see protectFromOom.
+   */
+  oomScoreAdj?: number;
 }
 
-export function launch(o: LaunchOptions): ChildProcess {
+/** The launched chain's first process; `oomScoreDenied`: the host may not set the asked oom_score_adj. */
+export type LaunchedProcess = ChildProcess & { readonly oomScoreDenied: boolean };
+
+export function launch(o: LaunchOptions): LaunchedProcess {
   const log = openSync(o.logFile, "w", 0o600);
   // fd 4 of bwrap: it reads the filter from there (an inherited descriptor survives sh and setpriv).
   const filter = o.seccompFile ? openSync(o.seccompFile, "r") : undefined;
@@ -55,11 +63,15 @@ export function launch(o: LaunchOptions): ChildProcess {
       ],
       { stdio: ["ignore", log, log, "pipe", filter ?? "ignore"], detached: true, env: {} },
     );
+    // The score goes on the launcher (still sh, or setpriv, or bwrap by now: one pid throughout)
+    // before bwrap gets its options, which it reads before it forks anything: the init and the
+    // agent inherit it from their first instruction, and no pid list is read after the start.
+    const oomScoreDenied = o.oomScoreAdj !== undefined && child.pid !== undefined && !setOomScoreAdj(child.pid, o.oomScoreAdj);
     const argsPipe = child.stdio[3] as Writable;
     argsPipe.on("error", () => undefined); // bwrap died before reading: reported via exit
     argsPipe.end(encodeArgs(filter === undefined ? o.bwrapOptions : [...o.bwrapOptions, "--seccomp", "4"]));
     child.unref();
-    return child;
+    return Object.assign(child, { oomScoreDenied });
   } finally {
     closeSync(log);
     if (filter !== undefined) closeSync(filter);
@@ -148,21 +160,25 @@ export async function accepts(socket: string, timeoutMs = 5000): Promise<"absent
 }
 
 /**
- * oom_score_adj -1000 for the agent leaf's processes (the outer bwrap, the init, the agent):
- * the kernel never picks them. Only the host can set it (lowering needs CAP_SYS_RESOURCE, which
- * some hosts' root lacks: then false, and the agent keeps 0 while user processes raise theirs
- * to +1000, which still makes any user process the OOM killer's choice before the agent).
- * Children inherit it, which is why the agent raises its user processes' score again.
+ * oom_score_adj of the agent leaf's processes (the outer bwrap, the init, the agent): the kernel
+ * never picks them. Only the host can set it (lowering needs CAP_SYS_RESOURCE, which some hosts'
+ * root lacks: then the agent keeps 0 while user processes raise theirs to +1000, which still makes
+ * any user process the OOM killer's choice before the agent). Set on the launcher (launch's
+ * `oomScoreAdj`) and inherited, which is why the agent raises its user processes' score again.
  */
-export async function protectFromOom(pids: number[]): Promise<boolean> {
-  for (const pid of pids) {
-    try {
-      await writeFile(`/proc/${pid}/oom_score_adj`, "-1000");
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code === "EACCES" || code === "EPERM") return false;
-      if (code !== "ENOENT" && code !== "ESRCH") throw err;
-    }
+export const AGENT_OOM_SCORE_ADJ = -1000;
+
+/**
+ * Synchronous (see launch). False where the host may not (lowering needs CAP_SYS_RESOURCE); a
+ * process already gone counts as done: its exit is what the start reports.
+ */
+function setOomScoreAdj(pid: number, score: number): boolean {
+  try {
+    writeFileSync(`/proc/${pid}/oom_score_adj`, String(score));
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === "EACCES" || code === "EPERM") return false;
+    if (code !== "ENOENT" && code !== "ESRCH") throw err;
   }
   return true;
 }

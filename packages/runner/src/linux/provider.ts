@@ -1,4 +1,3 @@
-import type { ChildProcess } from "node:child_process";
 import { chmod, chown, mkdir, readdir, readFile, readlink, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
@@ -19,7 +18,7 @@ import { INIT_SCRIPT, initArgs } from "./init-script.ts";
 import type { AgentRestarts, LaunchOptions } from "./launcher.ts";
 import type { NetworkLease, NetworkOptions } from "./network.ts";
 import { SandboxNetworks } from "./network.ts";
-import { launch, protectFromOom, readRestarts, waitForSocket } from "./launcher.ts";
+import { AGENT_OOM_SCORE_ADJ, launch, readRestarts, waitForSocket, type LaunchedProcess } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
 import { growDiskImage, isMountpoint, mountDiskImage, mountOverlay, mountPoints, mountsUnder, unmount } from "./mounts.ts";
@@ -223,9 +222,9 @@ export class LinuxProvider implements SandboxProvider {
         const restartsFile = path.join(this.layout.runDir(id), path.basename(SANDBOX_PATHS.agentRestarts));
         await waitForSocket(this.layout.socket(id), child, options.timeoutMs ?? 30_000, this.layout.initLog(id), restartsFile);
         phase("socket");
-        // The init and the agent are never the OOM killer's choice (a restarted agent inherits it
-        // from the init); the sandbox cannot lower its own score, only the host can.
-        if (!(await protectFromOom(await this.cgroups.agentPids(id))) && !this.#oomWarned) {
+        // The init and the agent are never the OOM killer's choice (launch set their score before
+        // they existed; a restarted agent inherits it from the init); only the host can lower it.
+        if (child.oomScoreDenied && !this.#oomWarned) {
           this.#oomWarned = true;
           this.#log("this host's root lacks CAP_SYS_RESOURCE: agents keep oom_score_adj 0 (user processes run at +1000)");
         }
@@ -240,7 +239,7 @@ export class LinuxProvider implements SandboxProvider {
     });
   }
 
-  async #prepareAndLaunch(rec: SandboxRecord, phase: (p: StartPhase) => void): Promise<ChildProcess> {
+  async #prepareAndLaunch(rec: SandboxRecord, phase: (p: StartPhase) => void): Promise<LaunchedProcess> {
     const { spec, hostUid } = rec;
     const id = spec.id;
     const L = this.layout;
@@ -322,7 +321,7 @@ export class LinuxProvider implements SandboxProvider {
       this.#exits.delete(id);
       const child = launch({
         bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command,
-        logFile: L.initLog(id), seccompFile: this.#tools.seccompFile, netns, ...(spec.volumes?.length ? { groups: [this.#volumeGid], umask: 0o002 } : {}),
+        logFile: L.initLog(id), seccompFile: this.#tools.seccompFile, netns, oomScoreAdj: AGENT_OOM_SCORE_ADJ, ...(spec.volumes?.length ? { groups: [this.#volumeGid], umask: 0o002 } : {}),
       });
       child.on("exit", (code, signal) => this.#exits.set(id, { code, signal }));
       phase("spawn");
