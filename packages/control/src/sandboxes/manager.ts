@@ -122,9 +122,13 @@ export interface Resources {
 /** Where the toolbox reaches a sandbox's agent. */
 export type { AgentEndpoint };
 
-/** How an operation ended: `failed` carries the reason when the sandbox did not get there. */
+/**
+ * How an operation ended: `failed` carries the reason when the sandbox did not get there; `row`,
+ * the sandbox as its last write committed it (the answer, without reading it again).
+ */
 interface Outcome {
   failed?: string;
+  row?: SandboxRecord;
 }
 
 export const stateChangeInProgress = () => new ConnectError("Sandbox state change in progress", Code.Aborted);
@@ -281,11 +285,11 @@ export class SandboxManager {
       buildInfo: null,
     };
     if (warm) return this.#takeOver(row);
-    const op = this.locks.tryRun(id, async () => {
+    const op = this.locks.tryRunNew(id, async (held) => {
       // A region with registered runners: one is picked in the insert's transaction (placement.ts).
       // What this server's runtime cannot take is refused where placement would be: after the quota (the reference's order).
       const place = placed ? (exec: Exec) => this.#place(exec, row, input.gpuTypes) : inProcess ? undefined : () => Promise.reject(noAvailableRunners(input.gpuTypes));
-      await this.store.insert(row, place);
+      await this.store.insert(row, place, held);
       return this.driveCreate(row);
     })!;
     return this.#answer(id, op, "Sandbox failed to start");
@@ -348,9 +352,9 @@ export class SandboxManager {
   /** A create served by a warm pool sandbox: its row (quota admitted), then its environment. */
   async #takeOver(row: SandboxRecord): Promise<SandboxRecord> {
     const since = this.#endpoints.generation();
-    const op = this.locks.tryRun(row.id, async (): Promise<Outcome> => {
+    const op = this.locks.tryRunNew(row.id, async (held): Promise<Outcome> => {
       try {
-        await this.store.insert({ ...row, state: "started" });
+        await this.store.insert({ ...row, state: "started" }, undefined, held);
       } catch (err) {
         this.pool!.giveBack(row.id);
         throw err;
@@ -393,8 +397,7 @@ export class SandboxManager {
       const rt = await this.runtimeOf(row);
       await this.#holdImage(row, rt);
       await rt.create(specOf(row));
-      await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
-      return {};
+      return { row: await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() }) };
     } catch (err) {
       return this.#fail(row.id, err);
     }
@@ -451,8 +454,7 @@ export class SandboxManager {
         return this.#fail(row.id, new Error("Sandbox has no runner and backup is not completed: its files are gone from this host"));
       }
       await rt.start(row.id);
-      await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
-      return {};
+      return { row: await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() }) };
     } catch (err) {
       return this.#fail(row.id, err);
     }
@@ -513,8 +515,7 @@ export class SandboxManager {
   async driveStop(row: SandboxRecord, force = false): Promise<Outcome> {
     try {
       await (await this.runtimeOf(row)).stop(row.id, { force });
-      await this.store.update(row.id, { state: "stopped", errorReason: null, lastActivityAt: new Date() });
-      return {};
+      return { row: await this.store.update(row.id, { state: "stopped", errorReason: null, lastActivityAt: new Date() }) };
     } catch (err) {
       return this.#fail(row.id, err);
     }
@@ -818,7 +819,7 @@ export class SandboxManager {
     let timer: NodeJS.Timeout | undefined;
     const outcome = await Promise.race([op, new Promise<undefined>((r) => (timer = setTimeout(() => r(undefined), this.#waitMs)))]).finally(() => clearTimeout(timer));
     if (outcome?.failed !== undefined) throw make(`${what}: ${outcome.failed}`);
-    return this.#current(id);
+    return outcome?.row ?? this.#current(id);
   }
 
   /** Records the failure on the sandbox (state `error`) and reports it to the waiting caller. */
