@@ -87,6 +87,8 @@ async function main(): Promise<void> {
     const rows = { cold: [] as Awaited<ReturnType<typeof once>>[], warm: [] as Awaited<ReturnType<typeof once>>[] };
     log(`${RUNS} cold and ${RUNS} warm creates, interleaved`);
     for (let i = 0; i < RUNS; i++) {
+      await poolFull(); // no refill running beside the cold create (its provider create would count)
+      await sleep(300);
       rows.cold.push(await once({ memory: 2 }));
       await cleanup();
       await poolFull();
