@@ -62,13 +62,17 @@ async function main(): Promise<void> {
     const total = performance.now() - t0;
     current = undefined;
     ids.push(sb.id);
+    const execs = { first: { queries: [], provider: 0, marks: [] } as Trace, second: { queries: [], provider: 0, marks: [] } as Trace };
+    current = execs.first;
     const t1 = performance.now();
     await s.rest.ok("POST", `/toolbox/${sb.id}/toolbox/process/execute`, { command: "true" });
     const exec1 = performance.now() - t1;
+    current = execs.second;
     const t2 = performance.now();
     await s.rest.ok("POST", `/toolbox/${sb.id}/toolbox/process/execute`, { command: "true" });
     const exec2 = performance.now() - t2;
-    return { total, exec1, exec2, trace, t0 };
+    current = undefined;
+    return { total, exec1, exec2, trace, t0, execs, t1, t2 };
   };
   const poolFull = async () => {
     while (pool.stats().ready < 1) await sleep(20);
@@ -109,6 +113,8 @@ async function main(): Promise<void> {
       line("statement time, summed (ms)", (r) => r.trace.queries.reduce((a, q) => a + q.ms, 0));
       line("first exec (ms)", (r) => r.exec1);
       line("second exec (ms)", (r) => r.exec2);
+      line("first exec statements (count)", (r) => r.execs.first.queries.length);
+      line("second exec statements (count)", (r) => r.execs.second.queries.length);
       if (SQL) {
         const r = xs[Math.floor(xs.length / 2)];
         const events = [
@@ -117,6 +123,11 @@ async function main(): Promise<void> {
         ].sort((a, b) => a.t - b.t);
         for (const e of events) console.log(`   +${ms(e.t - r.t0).padStart(6)} ${e.line}`);
         console.log(`   +${ms(r.total).padStart(6)}    -- answered`);
+        for (const [which, t, at] of [["first exec", r.execs.first, r.t1], ["second exec", r.execs.second, r.t2]] as const) {
+          console.log(`  ${which}:`);
+          const ev = [...t.queries.map((q) => ({ t: q.t0, line: `${ms(q.ms).padStart(6)} ms  ${q.sql}` })), ...t.marks.map((m) => ({ t: m.t, line: `   -- ${m.name}` }))].sort((a, b) => a.t - b.t);
+          for (const e of ev) console.log(`   +${ms(e.t - at).padStart(6)} ${e.line}`);
+        }
         // Mark-to-mark gaps, p50 over every run: where the time between the marks goes.
         const gaps = new Map<string, number[]>();
         for (const x of xs) {

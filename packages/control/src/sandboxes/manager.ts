@@ -292,7 +292,25 @@ export class SandboxManager {
       await this.store.insert(row, place, held);
       return this.driveCreate(row);
     })!;
-    return this.#answer(id, op, "Sandbox failed to start");
+    const made = await this.#answer(id, op, "Sandbox failed to start");
+    if (made.state === "started" && made.desiredState === "started") this.#readyForCalls(made);
+    return made;
+  }
+
+  /**
+   * A sandbox just started, answered to its creator: its first toolbox call finds the agent
+   * without a lookup (dialled while the answer goes out; a write to any sandbox meanwhile and the
+   * call looks it up as before), and writes no activity stamp (its row has one from this moment).
+   */
+  #readyForCalls(row: SandboxRecord): void {
+    this.#touched.set(row.id, Date.now());
+    const since = this.#endpoints.generation();
+    void (async () => {
+      const rt = await this.runtimeOf(row);
+      if (!rt.agentsOnThisHost || this.locks.busy(row.id)) return;
+      const dial = await rt.connectAgent(row.id);
+      this.#endpoints.set(row.organizationId, row.id, { sandboxId: row.id, key: dial.key, secret: dial.secret, api: dial.api, tunnel: dial.tunnel }, since);
+    })().catch(() => undefined);
   }
 
   /**
@@ -372,6 +390,7 @@ export class SandboxManager {
     if (outcome.failed !== undefined) throw bad(`Sandbox failed to start: ${outcome.failed}`);
     // The first toolbox call finds the agent without a lookup (its warm-up found it).
     if (agent && this.runtime.agentsOnThisHost) this.#endpoints.set(row.organizationId, row.id, { sandboxId: row.id, ...agent }, since);
+    this.#touched.set(row.id, Date.now()); // its row's activity stamp is this moment's
     return { ...row, state: "started" };
   }
 
