@@ -81,9 +81,12 @@ const MORE = "To run more at once, stop or archive sandboxes you are not using, 
  * resize adds only the difference to the totals).
  */
 export async function admit(exec: Exec, organizationId: string, regionId: string, d: Demand, size: Demand = d): Promise<void> {
-  await exec(`select pg_advisory_xact_lock(hashtext('quota:' || ?))`, [organizationId]);
+  // The organization's lock is taken in the statement that reads its limits (one round trip):
+  // limits are not usage, and the usage below is read by a later statement, so with a snapshot
+  // taken after the lock is held. No row (no such region): no lock, and the request is refused.
   const rows = (await exec(
-    `select o.max_cpu_per_sandbox, o.max_memory_per_sandbox, o.max_disk_per_sandbox, r.region_type, r.enforce_quotas
+    `select o.max_cpu_per_sandbox, o.max_memory_per_sandbox, o.max_disk_per_sandbox, r.region_type, r.enforce_quotas,
+            pg_advisory_xact_lock(hashtext('quota:' || o.id::text)) is null as locked
        from organization o, region r where o.id = ? and r.id = ?`,
     [organizationId, regionId],
   )) as Array<{ max_cpu_per_sandbox: number; max_memory_per_sandbox: number; max_disk_per_sandbox: number; region_type: string; enforce_quotas: boolean }>;

@@ -122,9 +122,13 @@ export interface Resources {
 /** Where the toolbox reaches a sandbox's agent. */
 export type { AgentEndpoint };
 
-/** How an operation ended: `failed` carries the reason when the sandbox did not get there. */
+/**
+ * How an operation ended: `failed` carries the reason when the sandbox did not get there; `row`,
+ * the sandbox as its last write committed it (the answer, without reading it again).
+ */
 interface Outcome {
   failed?: string;
+  row?: SandboxRecord;
 }
 
 export const stateChangeInProgress = () => new ConnectError("Sandbox state change in progress", Code.Aborted);
@@ -281,14 +285,32 @@ export class SandboxManager {
       buildInfo: null,
     };
     if (warm) return this.#takeOver(row);
-    const op = this.locks.tryRun(id, async () => {
+    const op = this.locks.tryRunNew(id, async (held) => {
       // A region with registered runners: one is picked in the insert's transaction (placement.ts).
       // What this server's runtime cannot take is refused where placement would be: after the quota (the reference's order).
       const place = placed ? (exec: Exec) => this.#place(exec, row, input.gpuTypes) : inProcess ? undefined : () => Promise.reject(noAvailableRunners(input.gpuTypes));
-      await this.store.insert(row, place);
+      await this.store.insert(row, place, held);
       return this.driveCreate(row);
     })!;
-    return this.#answer(id, op, "Sandbox failed to start");
+    const made = await this.#answer(id, op, "Sandbox failed to start");
+    if (made.state === "started" && made.desiredState === "started") this.#readyForCalls(made);
+    return made;
+  }
+
+  /**
+   * A sandbox just started, answered to its creator: its first toolbox call finds the agent
+   * without a lookup (dialled while the answer goes out; a write to any sandbox meanwhile and the
+   * call looks it up as before), and writes no activity stamp (its row has one from this moment).
+   */
+  #readyForCalls(row: SandboxRecord): void {
+    this.#touched.set(row.id, Date.now());
+    const since = this.#endpoints.generation();
+    void (async () => {
+      const rt = await this.runtimeOf(row);
+      if (!rt.agentsOnThisHost || this.locks.busy(row.id)) return;
+      const dial = await rt.connectAgent(row.id);
+      this.#endpoints.set(row.organizationId, row.id, { sandboxId: row.id, key: dial.key, secret: dial.secret, api: dial.api, tunnel: dial.tunnel }, since);
+    })().catch(() => undefined);
   }
 
   /**
@@ -348,9 +370,9 @@ export class SandboxManager {
   /** A create served by a warm pool sandbox: its row (quota admitted), then its environment. */
   async #takeOver(row: SandboxRecord): Promise<SandboxRecord> {
     const since = this.#endpoints.generation();
-    const op = this.locks.tryRun(row.id, async (): Promise<Outcome> => {
+    const op = this.locks.tryRunNew(row.id, async (held): Promise<Outcome> => {
       try {
-        await this.store.insert({ ...row, state: "started" });
+        await this.store.insert({ ...row, state: "started" }, undefined, held);
       } catch (err) {
         this.pool!.giveBack(row.id);
         throw err;
@@ -368,6 +390,7 @@ export class SandboxManager {
     if (outcome.failed !== undefined) throw bad(`Sandbox failed to start: ${outcome.failed}`);
     // The first toolbox call finds the agent without a lookup (its warm-up found it).
     if (agent && this.runtime.agentsOnThisHost) this.#endpoints.set(row.organizationId, row.id, { sandboxId: row.id, ...agent }, since);
+    this.#touched.set(row.id, Date.now()); // its row's activity stamp is this moment's
     return { ...row, state: "started" };
   }
 
@@ -393,8 +416,7 @@ export class SandboxManager {
       const rt = await this.runtimeOf(row);
       await this.#holdImage(row, rt);
       await rt.create(specOf(row));
-      await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
-      return {};
+      return { row: await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() }) };
     } catch (err) {
       return this.#fail(row.id, err);
     }
@@ -451,8 +473,7 @@ export class SandboxManager {
         return this.#fail(row.id, new Error("Sandbox has no runner and backup is not completed: its files are gone from this host"));
       }
       await rt.start(row.id);
-      await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() });
-      return {};
+      return { row: await this.store.update(row.id, { state: "started", errorReason: null, lastActivityAt: new Date() }) };
     } catch (err) {
       return this.#fail(row.id, err);
     }
@@ -513,8 +534,7 @@ export class SandboxManager {
   async driveStop(row: SandboxRecord, force = false): Promise<Outcome> {
     try {
       await (await this.runtimeOf(row)).stop(row.id, { force });
-      await this.store.update(row.id, { state: "stopped", errorReason: null, lastActivityAt: new Date() });
-      return {};
+      return { row: await this.store.update(row.id, { state: "stopped", errorReason: null, lastActivityAt: new Date() }) };
     } catch (err) {
       return this.#fail(row.id, err);
     }
@@ -818,7 +838,7 @@ export class SandboxManager {
     let timer: NodeJS.Timeout | undefined;
     const outcome = await Promise.race([op, new Promise<undefined>((r) => (timer = setTimeout(() => r(undefined), this.#waitMs)))]).finally(() => clearTimeout(timer));
     if (outcome?.failed !== undefined) throw make(`${what}: ${outcome.failed}`);
-    return this.#current(id);
+    return outcome?.row ?? this.#current(id);
   }
 
   /** Records the failure on the sandbox (state `error`) and reports it to the waiting caller. */

@@ -3,7 +3,7 @@ import { errors } from "@sandbar/protocol";
 import { SandboxRecord } from "../db/entities.ts";
 import { type Exec, execIn } from "../db/exec.ts";
 import { admit, type Demand } from "../organizations/usage.ts";
-import { recordSandboxCreated, recordSandboxStateChange, type StateColumns } from "../webhooks/sandbox-events.ts";
+import { recordSandboxCreated, recordSandboxStateChange } from "../webhooks/sandbox-events.ts";
 import type { ListFilter } from "./list-query.ts";
 import { lockForMount } from "../volumes/store.ts";
 
@@ -19,6 +19,12 @@ const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-
 
 /** Rows the API shows: not destroyed, and not an errored sandbox on its way out. */
 const VISIBLE = { state: { $ne: "destroyed" }, $not: { state: { $in: ["error", "build_failed"] }, desiredState: "destroyed" } } as const;
+
+/** Rows a write changed; with a change of state, the row as it committed. */
+interface Applied {
+  n: number;
+  row?: SandboxRecord;
+}
 
 const changesState = (patch: SandboxPatch) => patch.state !== undefined || patch.desiredState !== undefined;
 
@@ -38,8 +44,10 @@ export class SandboxStore {
   /**
    * Inserts a new sandbox once the organization's quota admits it (one transaction); `place`
    * picks its runner in that transaction (so two control processes never over-commit one).
+   * `held`, when given, is awaited before the commit (the row becomes visible to other processes
+   * only with the operation lock it names held); when it rejects, nothing is inserted.
    */
-  async insert(row: SandboxRecord, place?: (exec: Exec) => Promise<string>): Promise<void> {
+  async insert(row: SandboxRecord, place?: (exec: Exec) => Promise<string>, held?: Promise<void>): Promise<void> {
     try {
       await this.#em().transactional(async (em) => {
         await admit(execIn(em), row.organizationId, row.regionId, row);
@@ -47,6 +55,7 @@ export class SandboxStore {
         await lockForMount(execIn(em), [...new Set(row.volumes.map((v) => v.volumeId))]);
         await em.insert(SandboxRecord, row);
         await recordSandboxCreated(execIn(em), row);
+        await held;
       });
     } catch (err) {
       if ((err as { code?: string }).code === "23505" || /unique/i.test(String(err))) {
@@ -85,8 +94,12 @@ export class SandboxStore {
     return this.#em().findOne(SandboxRecord, { id, organizationId, desiredState: "destroyed", updatedAt: { $gte: new Date(Date.now() - graceMs) } });
   }
 
-  async update(id: string, patch: SandboxPatch): Promise<void> {
-    await this.#write(id, {}, patch);
+  /**
+   * A change of state answers the row as it committed (read under its row lock, the patch
+   * applied), which lets an operation answer without reading it again; other changes undefined.
+   */
+  async update(id: string, patch: SandboxPatch): Promise<SandboxRecord | undefined> {
+    return (await this.#write(id, {}, patch)).row;
   }
 
   /**
@@ -108,11 +121,11 @@ export class SandboxStore {
 
   /** Updates only while `where` holds; says whether it did. */
   async updateIf(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<boolean> {
-    return (await this.#write(id, where, patch)) > 0;
+    return (await this.#write(id, where, patch)).n > 0;
   }
 
   /** A change of state runs in a transaction of its own (for its event); others are one statement. */
-  async #write(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
+  async #write(id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<Applied> {
     try {
       if (!changesState(patch)) return await this.#apply(this.#em(), id, where, patch);
       return await this.#em().transactional((em) => this.#apply(em, id, where, patch));
@@ -121,20 +134,22 @@ export class SandboxStore {
     }
   }
 
-  async #apply(em: EntityManager, id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<number> {
+  async #apply(em: EntityManager, id: string, where: Record<string, unknown>, patch: SandboxPatch): Promise<Applied> {
     const exec = execIn(em);
-    let before: (StateColumns & { organizationId: string }) | undefined;
+    let before: SandboxRecord | undefined;
     if (changesState(patch)) {
-      const rows = (await exec(`select organization_id, state, desired_state from sandbox where id = ? for update`, [id])) as Array<{ organization_id: string; state: string; desired_state: string }>;
-      if (rows[0]) before = { organizationId: rows[0].organization_id, state: rows[0].state, desiredState: rows[0].desired_state };
+      // The whole row (one round trip either way): what the event names it left, and the row the change answers.
+      const rows = (await exec(`select * from sandbox where id = ? for update`, [id])) as Record<string, unknown>[];
+      if (rows[0]) before = em.map(SandboxRecord, rows[0] as never);
     }
     const updatedAt = new Date();
     const n = await em.nativeUpdate(SandboxRecord, { id, ...where }, { ...patch, updatedAt });
     if (n > 0 && before) {
       const after = { state: patch.state ?? before.state, desiredState: patch.desiredState ?? before.desiredState };
       await recordSandboxStateChange(exec, id, before.organizationId, before, after, updatedAt);
+      return { n, row: { ...before, ...patch, updatedAt } as SandboxRecord };
     }
-    return n;
+    return { n };
   }
 
   /** Activity stamp: no updatedAt change, and nothing for destroyed rows. */

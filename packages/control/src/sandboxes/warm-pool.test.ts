@@ -43,12 +43,16 @@ it("hands each create its own sandbox with its env, labels and user, none of ano
   expect(a.state).toBe("started");
   expect(a.labels).toEqual({ owner: "a" });
   expect(b.labels).toEqual({ owner: "b" });
-  // The first calls find the agent without a lookup (the claim knew it from the warm-up).
+  // The first calls find the agent without a lookup (the claim knew it from the warm-up), and
+  // write no activity stamp (the claim's row has a fresh one).
   const lookups = vi.spyOn(f.manager.store, "find");
+  const stamps = vi.spyOn(f.manager.store, "touch");
   expect((await execute(a.id, 'echo "$WHO ${ONLY_A:-none}" && id -un')).result).toBe("a 1\nsandbar\n");
   expect((await execute(b.id, 'echo "$WHO ${ONLY_A:-none}" && id -un')).result).toBe("b none\nsandbar\n");
   expect(lookups.mock.calls.filter(([, idOrName]) => idOrName === a.id || idOrName === b.id)).toEqual([]);
+  expect(stamps.mock.calls.filter(([id]) => id === a.id || id === b.id)).toEqual([]);
   lookups.mockRestore();
+  stamps.mockRestore();
   // Sessions and later processes see it too, and it survives a stop and start (the host record has it).
   expect((await f.call("POST", `/sandbox/${a.id}/stop`)).body.state).toBe("stopped");
   expect((await f.call("POST", `/sandbox/${a.id}/start`)).body.state).toBe("started");
@@ -65,6 +69,16 @@ it("makes a sandbox of another shape the ordinary way, and gives back a claim wh
   const before = new Set((await f.runtime.list()).map((s) => s.id));
   const big = await f.create({ cpu: 2 });
   expect(before.has(big.id)).toBe(false);
+  // Its agent is dialled while the answer goes out: the first call needs no lookup, and writes
+  // no activity stamp (the create's is fresh).
+  await new Promise((r) => setTimeout(r, 100));
+  const lookups = vi.spyOn(f.manager.store, "find");
+  const stamps = vi.spyOn(f.manager.store, "touch");
+  expect((await execute(big.id, "echo made")).result).toBe("made\n");
+  expect(lookups.mock.calls.filter(([, idOrName]) => idOrName === big.id)).toEqual([]);
+  expect(stamps.mock.calls.filter(([id]) => id === big.id)).toEqual([]);
+  lookups.mockRestore();
+  stamps.mockRestore();
   const named = await f.create({ name: "taken" });
   const ready = f.manager.pool!.stats().ready;
   const again = await f.call("POST", "/sandbox", { name: "taken" });
