@@ -3,7 +3,7 @@ import { readdir, readFile, rm } from "node:fs/promises";
 import http from "node:http";
 import * as path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { buildAgentBundle, startTestServer, type TestServer } from "@sandbar/control/testing";
+import { buildAgentBundle, bulkUpload, startTestServer, type TestServer } from "@sandbar/control/testing";
 
 // Large uploads back to back into a real sandbox (real control server, real agent, the home on
 // the sandbox's loop-mounted disk in direct I/O, its memory cgroup): the second runs into what
@@ -50,40 +50,14 @@ function chunk(i: number): Buffer {
 }
 
 /** A multipart bulk-upload of `mib` MiB streamed with back-pressure; resolves to the sent bytes' sha256. */
-function upload(id: string, dest: string, mib: number): Promise<string> {
-  const boundary = "----sandbarwb" + randomBytes(8).toString("hex");
-  const head = Buffer.from(
-    `--${boundary}\r\nContent-Disposition: form-data; name="files[0].path"\r\n\r\n${dest}\r\n` +
-      `--${boundary}\r\nContent-Disposition: form-data; name="files[0].file"; filename="f.bin"\r\nContent-Type: application/octet-stream\r\n\r\n`,
-  );
-  const tail = Buffer.from(`\r\n--${boundary}--\r\n`);
-  const url = new URL(t.url);
+async function upload(id: string, dest: string, mib: number): Promise<string> {
   const sent = createHash("sha256");
-  return new Promise((resolve, reject) => {
-    const req = http.request(
-      {
-        host: url.hostname, port: url.port, method: "POST", path: `/api/toolbox/${id}/toolbox/files/bulk-upload`,
-        headers: { authorization: `Bearer ${t.adminKey}`, "content-type": `multipart/form-data; boundary=${boundary}`, "content-length": head.length + mib * MiB + tail.length },
-      },
-      (res) => {
-        let text = "";
-        res.on("data", (c: Buffer) => (text += c.toString()));
-        res.on("end", () => (res.statusCode === 200 ? resolve(sent.digest("hex")) : reject(new Error(`upload answered ${res.statusCode}: ${text}`))));
-      },
-    );
-    req.on("error", reject);
-    let i = 0;
-    const pump = () => {
-      while (i < mib) {
-        const c = chunk(i++);
-        sent.update(c);
-        if (!req.write(c)) return void req.once("drain", pump);
-      }
-      req.end(tail);
-    };
-    req.write(head);
-    pump();
-  });
+  await bulkUpload({ url: t.url, key: t.adminKey, sandboxId: id, dest, mib, chunk: (i) => {
+    const c = chunk(i);
+    sent.update(c);
+    return c;
+  } });
+  return sent.digest("hex");
 }
 
 function downloadHash(id: string, file: string): Promise<{ bytes: number; sha256: string }> {

@@ -15,7 +15,7 @@ import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
 import { createReadStream, createWriteStream } from "node:fs";
 import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import { connect as netConnect, createServer } from "node:net";
+import { connect as netConnect } from "node:net";
 import { cpus, loadavg, tmpdir } from "node:os";
 import * as path from "node:path";
 import { pipeline } from "node:stream/promises";

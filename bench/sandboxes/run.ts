@@ -10,11 +10,10 @@
 //                                             commit; two servers; printed, writes nothing)
 //
 // --quick: 12 sequential / 12 parallel runs and a density cap of 40 (to check the bench works).
-import { execFile, spawn } from "node:child_process";
-import { chmod, mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { spawn } from "node:child_process";
+import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { promisify } from "node:util";
 import { execAgentBundle } from "../../packages/runner/src/linux/testing/harness.ts";
 import { TEST_SNAPSHOT_CACHE } from "../../packages/control/src/testing/server.ts";
 import type { LocalRuntime } from "../../packages/control/src/sandboxes/local-runtime.ts";
@@ -28,7 +27,6 @@ const PARALLEL = 4;
 const DENSITY_TARGET = QUICK ? 40 : 300;
 const DENSITY_CAP = QUICK ? 40 : 320;
 const FLOOR_UID = 1_690_500_000;
-const run = promisify(execFile);
 
 // ---- floor: overlay + setpriv + bwrap, as bench/runner drives it, over the default snapshot ----
 const FLOOR_SCRIPT = `set -e

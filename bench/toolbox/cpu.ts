@@ -13,10 +13,10 @@
 // p50 of each part and control's CPU per run.
 import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
 import { Session } from "node:inspector/promises";
-import http from "node:http";
 import * as path from "node:path";
 import { randomBytes } from "node:crypto";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+import { bulkUpload } from "../../packages/control/src/testing/bulk-upload.ts";
 import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
 import { loadAvg, log, ms, requireRoot, startBenchServer, stats } from "../sandboxes/support.ts";
 
@@ -56,38 +56,9 @@ async function startProfile(name: string): Promise<() => Promise<void>> {
 }
 
 /** One multipart bulk-upload of `mib` MiB, streamed with back-pressure; resolves when answered. */
-function upload(base: string, key: string, id: string, dest: string, mib: number): Promise<void> {
-  const boundary = "----sandbarcpu" + randomBytes(8).toString("hex");
-  const head = Buffer.from(
-    `--${boundary}\r\nContent-Disposition: form-data; name="files[0].path"\r\n\r\n${dest}\r\n` +
-      `--${boundary}\r\nContent-Disposition: form-data; name="files[0].file"; filename="x.bin"\r\nContent-Type: application/octet-stream\r\n\r\n`,
-  );
-  const tail = Buffer.from(`\r\n--${boundary}--\r\n`);
+async function upload(base: string, key: string, id: string, dest: string, mib: number): Promise<void> {
   const chunk = randomBytes(MIB);
-  const url = new URL(base);
-  return new Promise((resolve, reject) => {
-    const req = http.request(
-      {
-        host: url.hostname, port: url.port, method: "POST", path: `/api/toolbox/${id}/toolbox/files/bulk-upload`,
-        headers: { authorization: `Bearer ${key}`, "content-type": `multipart/form-data; boundary=${boundary}`, "content-length": head.length + mib * MIB + tail.length },
-      },
-      (res) => {
-        res.resume();
-        res.on("end", () => (res.statusCode === 200 ? resolve() : reject(new Error(`upload answered ${res.statusCode}`))));
-      },
-    );
-    req.on("error", reject);
-    let sent = 0;
-    const pump = () => {
-      while (sent < mib) {
-        sent++;
-        if (!req.write(chunk)) return void req.once("drain", pump);
-      }
-      req.end(tail);
-    };
-    req.write(head);
-    pump();
-  });
+  await bulkUpload({ url: base, key, sandboxId: id, dest, mib, chunk: () => chunk });
 }
 
 const warmAt = process.argv.indexOf("--warm");

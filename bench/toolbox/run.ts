@@ -13,6 +13,7 @@ import { createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
+import { bulkUpload } from "../../packages/control/src/testing/bulk-upload.ts";
 import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
 import type { AgentDial } from "../../packages/control/src/sandboxes/runtime.ts";
 import { loadAvg, log, machine, ms, requireRoot, startBenchServer, stats, type BenchServer, type Stat } from "../sandboxes/support.ts";
@@ -84,53 +85,12 @@ async function execRoundTrips(s: BenchServer, id: string, socket: AgentDial, sec
 }
 
 // ---- transfers ------------------------------------------------------------------------------
-function restUpload(s: BenchServer, id: string, dest: string, mib: number): Promise<number> {
-  const boundary = "----sandbarbench" + randomBytes(8).toString("hex");
-  const head = Buffer.from(
-    `--${boundary}\r\nContent-Disposition: form-data; name="files[0].path"\r\n\r\n${dest}\r\n` +
-      `--${boundary}\r\nContent-Disposition: form-data; name="files[0].file"; filename="bench.bin"\r\nContent-Type: application/octet-stream\r\n\r\n`,
-  );
-  const tail = Buffer.from(`\r\n--${boundary}--\r\n`);
-  const base = new URL(s.url);
-  return new Promise((resolve, reject) => {
-    const t0 = performance.now();
-    const req = http.request(
-      {
-        host: base.hostname,
-        port: base.port,
-        method: "POST",
-        path: `/api/toolbox/${id}/toolbox/files/bulk-upload`,
-        agent: s.rest.agent,
-        headers: {
-          authorization: `Bearer ${s.key}`,
-          "content-type": `multipart/form-data; boundary=${boundary}`,
-          "content-length": head.length + mib * MIB + tail.length,
-        },
-      },
-      (res) => {
-        let body = "";
-        res.on("data", (c: Buffer) => (body += c.toString()));
-        res.on("end", () => {
-          if (res.statusCode !== 200) return reject(new Error(`bulk-upload answered ${res.statusCode}: ${body}`));
-          const bytes = JSON.parse(body).files?.[0]?.bytes;
-          if (bytes !== mib * MIB) return reject(new Error(`bulk-upload stored ${bytes} bytes, sent ${mib * MIB}`));
-          resolve(performance.now() - t0);
-        });
-      },
-    );
-    req.on("error", reject);
-    // Streamed with back-pressure: never more than a few chunks in memory.
-    let sent = 0;
-    const pump = () => {
-      while (sent < mib) {
-        sent++;
-        if (!req.write(CHUNK)) return void req.once("drain", pump);
-      }
-      req.end(tail);
-    };
-    req.write(head);
-    pump();
-  });
+async function restUpload(s: BenchServer, id: string, dest: string, mib: number): Promise<number> {
+  const t0 = performance.now();
+  const body = await bulkUpload({ url: s.url, key: s.key, sandboxId: id, dest, mib, chunk: () => CHUNK, agent: s.rest.agent });
+  const bytes = JSON.parse(body).files?.[0]?.bytes;
+  if (bytes !== mib * MIB) throw new Error(`bulk-upload stored ${bytes} bytes, sent ${mib * MIB}`);
+  return performance.now() - t0;
 }
 
 function restDownload(s: BenchServer, id: string, file: string, expected: number): Promise<number> {

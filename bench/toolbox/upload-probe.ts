@@ -18,6 +18,7 @@ import http from "node:http";
 import { execFileSync } from "node:child_process";
 import * as path from "node:path";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
+import { bulkUpload } from "../../packages/control/src/testing/bulk-upload.ts";
 import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
 import type { AgentDial } from "../../packages/control/src/sandboxes/runtime.ts";
 import { loadAvg, log, requireRoot, startBenchServer } from "../sandboxes/support.ts";
@@ -87,36 +88,8 @@ async function waits(pids: number[]): Promise<string> {
 
 const mb = (b: number) => (b / 1e6).toFixed(0);
 
-function restUpload(base: string, key: string, id: string, dest: string, mib: number): Promise<void> {
-  const boundary = "----sandbarprobe" + randomBytes(8).toString("hex");
-  const head = Buffer.from(
-    `--${boundary}\r\nContent-Disposition: form-data; name="files[0].path"\r\n\r\n${dest}\r\n` +
-      `--${boundary}\r\nContent-Disposition: form-data; name="files[0].file"; filename="x.bin"\r\nContent-Type: application/octet-stream\r\n\r\n`,
-  );
-  const tail = Buffer.from(`\r\n--${boundary}--\r\n`);
-  const url = new URL(base);
-  return new Promise((resolve, reject) => {
-    const req = http.request(
-      {
-        host: url.hostname, port: url.port, method: "POST", path: `/api/toolbox/${id}/toolbox/files/bulk-upload`,
-        headers: { authorization: `Bearer ${key}`, "content-type": `multipart/form-data; boundary=${boundary}`, "content-length": head.length + mib * MIB + tail.length },
-      },
-      (res) => {
-        res.resume();
-        res.on("end", () => (res.statusCode === 200 ? resolve() : reject(new Error(`upload answered ${res.statusCode}`))));
-      },
-    );
-    req.on("error", reject);
-    let sent = 0;
-    const pump = () => {
-      while (sent < mib) {
-        if (!req.write(chunkAt(sent++))) return void req.once("drain", pump);
-      }
-      req.end(tail);
-    };
-    req.write(head);
-    pump();
-  });
+async function restUpload(base: string, key: string, id: string, dest: string, mib: number): Promise<void> {
+  await bulkUpload({ url: base, key, sandboxId: id, dest, mib, chunk: chunkAt });
 }
 
 /** Agent direct, in messages of `piece` bytes (control sends 256 KiB; run.ts's floor sent 1 MiB). */

@@ -4,7 +4,6 @@
  * reason it does not name another organization's resource: `bodyIdFields` lists the contract's
  * fields and the suite fails on one missing here.
  */
-import { randomUUID } from "node:crypto";
 import type { DescMessage, DescService } from "@bufbuild/protobuf";
 import { httpBindingsOf } from "@sandbar/protocol";
 import { paramsOf } from "./ids.ts";

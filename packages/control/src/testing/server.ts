@@ -81,3 +81,4 @@ export async function api(base: string, key: string | undefined, method: string,
 }
 
 export { buildAgentBundle } from "./agent-bundle.ts";
+export { bulkUpload } from "./bulk-upload.ts";
