@@ -339,7 +339,7 @@ The rest, from the same run's p50s (differences of medians, so approximate):
 |---|---|---|
 | control plane in a cold create | ${ms(get("  of which create", "sequential")!.p50 - profile.reduce((a, [, st]) => a + st.p50, 0))} | "of which create" minus the provider's phases: authentication, quota admission and the row in one transaction, the answer, HTTP |
 | agent start above the floor | ${ms((profile.find(([p]) => p === "socket")?.[1].p50 ?? 0) - get("floor/node", "sequential")!.p50 + get("floor/true", "sequential")!.p50)} | \`socket\` minus (floor/node minus floor/true): the real agent's own start beyond a stand-in that only listens, plus cgroup and init shell |
-| first exec, cold minus warm | ${ms(get("  of which 1st exec", "sequential")!.p50 - get("  of which 1st exec", "sequential warm")!.p50)} | what a new agent's first call still pays that a warmed one does not: node:http2, Connect, protobuf descriptors and the process service (loaded right after listening, \`--preload\`, racing the call), the first bash (cold: the spare shell exists only once executions began), the control plane's first HTTP/2 connection to the agent (a pool sandbox's warm-up made it) |
+| first exec, cold minus warm | ${ms(get("  of which 1st exec", "sequential")!.p50 - get("  of which 1st exec", "sequential warm")!.p50)} | what a new agent's first call still pays that a warmed one does not: node:http2, Connect, protobuf descriptors and the process service (loaded right after listening, \`--preload\`, racing the call), the first execution's own bash (subshell hosts start once it has answered; it joins the user cgroup), the control plane's first HTTP/2 connection to the agent (a pool sandbox's warm-up made it) |
 
 ## Density
 

@@ -1,6 +1,6 @@
 // The host's part of a cold create+start+destroy through LinuxProvider directly (no control plane,
 // the test exec agent): per-phase medians from the provider's trace hook, plus `create` (the disk
-// image), `start` and `destroy`. Usage: node bench/host/cold.ts [runs=30] [diskGiB=3]
+// image), `start` and `destroy`. Usage: node bench/runner/host-phases.ts [runs=30] [diskGiB=3]
 // A/B: BASE_SRC=<another checkout>/packages/runner/src/linux also loads that checkout's provider
 // and alternates the two round by round (same machine, same moment: the machine is shared).
 import { rm } from "node:fs/promises";
