@@ -61,8 +61,8 @@ export class ShellLauncher {
     this.idle.refresh();
     const host = this.host();
     if (!host) return this.own(script, cwd, envs);
-    let prelude = this.envPrelude(host);
-    if (cwd !== this.ctx.workDir) prelude += `cd -- ${shellQuote(cwd)} || exit 1\n`;
+    // Always cd: the host's own cwd may be a work dir that was removed and made again since.
+    let prelude = `${this.envPrelude(host)}cd -- ${shellQuote(cwd)} || exit 1\n`;
     for (const [k, v] of Object.entries(envs)) prelude += `export ${k}=${shellQuote(v)}\n`;
     // Undefined: the host died before running it (killed by the user, say); nothing ran.
     return (await host.run(`${prelude}${script}`)) ?? this.own(script, cwd, envs);

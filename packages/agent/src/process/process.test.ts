@@ -190,6 +190,14 @@ describe("execute", () => {
     }
   });
 
+  it("runs in the work dir as it is now, after it was removed and made again under a running host", async () => {
+    expect(await untilHost(proc)).toMatch(/^host/);
+    const root = agent.root;
+    expect(await proc.execute({ command: `rm -rf ${root} && mkdir ${root} && echo fresh > ${root}/marker && echo ok` })).toMatchObject({ exitCode: 0, result: "ok\n" });
+    expect(await untilHost(proc)).toMatch(/^host/);
+    expect(await proc.execute({ command: "cat marker; pwd" })).toMatchObject({ exitCode: 0, result: `fresh\n${root}\n` });
+  });
+
   it("refuses bad input with clear errors", async () => {
     expect(await codeOf(proc.execute({ command: "  " }))).toBe(Code.InvalidArgument);
     expect(await codeOf(proc.execute({ command: "true", cwd: "/no/such/dir" }))).toBe(Code.NotFound);
