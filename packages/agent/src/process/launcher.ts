@@ -16,6 +16,12 @@ const LOW_SLOTS = 4;
  * warm-up still runs its first execution in a subshell.
  */
 const IDLE_MS = 10 * 60_000;
+/**
+ * bash's read-only variables: a new bash takes them from its environment, a subshell cannot be
+ * given them. An execution setting one gets a shell of its own; an environment change setting one
+ * retires the hosts (the next ones start with it).
+ */
+const BASH_READ_ONLY = new Set(["BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"]);
 /** `$$`, `${$}` and `$PPID` name the host in a subshell: such scripts get a shell of their own. */
 const NEEDS_OWN_SHELL = /\$\{?\$|PPID|\0/;
 
@@ -58,11 +64,17 @@ export class ShellLauncher {
   /** A shell running script in cwd, with envs added to the agent's environment. */
   async launch(script: string, cwd: string, envs: Record<string, string>): Promise<LaunchedShell> {
     if (!this.hostable || script.length > HOST_SCRIPT_LIMIT || NEEDS_OWN_SHELL.test(script) || this.ctx.shutdown.aborted) return this.own(script, cwd, envs);
+    if (Object.keys(envs).some((k) => BASH_READ_ONLY.has(k))) return this.own(script, cwd, envs);
     this.idle.refresh();
     const host = this.host();
     if (!host) return this.own(script, cwd, envs);
+    const env = this.envPrelude(host);
+    if (env === undefined) {
+      this.stopHosts(); // started before a change no subshell can take
+      return this.own(script, cwd, envs);
+    }
     // Always cd: the host's own cwd may be a work dir that was removed and made again since.
-    let prelude = `${this.envPrelude(host)}cd -- ${shellQuote(cwd)} || exit 1\n`;
+    let prelude = `${env}cd -- ${shellQuote(cwd)} || exit 1\n`;
     for (const [k, v] of Object.entries(envs)) prelude += `export ${k}=${shellQuote(v)}\n`;
     // Undefined: the host died before running it (killed by the user, say); nothing ran.
     return (await host.run(`${prelude}${script}`)) ?? this.own(script, cwd, envs);
@@ -97,12 +109,17 @@ export class ShellLauncher {
     return new SubshellHost({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, prelude: userJoinPrelude(true) });
   }
 
-  private envPrelude(host: SubshellHost): string {
+  /** The exports bringing host's environment up to ctx.env; undefined if a subshell cannot take them. */
+  private envPrelude(host: SubshellHost): string | undefined {
     const cached = this.envPreludes.get(host);
     if (cached?.generation === this.ctx.envGeneration) return cached.text;
     let text = "";
     // EnvironmentService only adds and replaces variables.
-    for (const [k, v] of Object.entries(this.ctx.env)) if (v !== undefined && host.env[k] !== v) text += `export ${k}=${shellQuote(v)}\n`;
+    for (const [k, v] of Object.entries(this.ctx.env)) {
+      if (v === undefined || host.env[k] === v) continue;
+      if (BASH_READ_ONLY.has(k)) return undefined;
+      text += `export ${k}=${shellQuote(v)}\n`;
+    }
     this.envPreludes.set(host, { generation: this.ctx.envGeneration, text });
     return text;
   }
@@ -120,3 +137,4 @@ export class ShellLauncher {
     this.current = this.next = undefined;
   }
 }
+

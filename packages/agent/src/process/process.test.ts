@@ -198,6 +198,17 @@ describe("execute", () => {
     expect(await proc.execute({ command: "cat marker; pwd" })).toMatchObject({ exitCode: 0, result: `fresh\n${root}\n` });
   });
 
+  it("gives env named like bash's read-only variables what a new bash gives them, per call and set on the agent", async () => {
+    const command = 'echo "$FOO $UID"; env | grep -c "^UID=4242$"';
+    expect(await untilHost(proc)).toMatch(/^host/);
+    expect(await proc.execute({ command, envs: { UID: "4242", FOO: "bar" } })).toMatchObject({ exitCode: 0, result: "bar 4242\n1\n" });
+    // Set on the agent (a warm-pool claim): the hosts started before it are retired.
+    await agent.client(EnvironmentService).setEnvironment({ env: { UID: "4242", FOO: "baz" } });
+    for (let i = 0; i < 3; i++) expect(await proc.execute({ command })).toMatchObject({ exitCode: 0, result: "baz 4242\n1\n" });
+    expect(await untilHost(proc)).toMatch(/^host/);
+    expect(await proc.execute({ command })).toMatchObject({ exitCode: 0, result: "baz 4242\n1\n" });
+  });
+
   it("refuses bad input with clear errors", async () => {
     expect(await codeOf(proc.execute({ command: "  " }))).toBe(Code.InvalidArgument);
     expect(await codeOf(proc.execute({ command: "true", cwd: "/no/such/dir" }))).toBe(Code.NotFound);
