@@ -17,11 +17,12 @@ const LOW_SLOTS = 4;
  */
 const IDLE_MS = 10 * 60_000;
 /**
- * bash's read-only variables: a new bash takes them from its environment, a subshell cannot be
- * given them. An execution setting one gets a shell of its own; an environment change setting one
- * retires the hosts (the next ones start with it).
+ * Variables a new bash acts on as it starts that a subshell cannot be given: its read-only ones
+ * (taken from the environment at start, refused by an export) and BASH_ENV (sourced at start).
+ * An execution setting one gets a shell of its own; an environment change setting one retires the
+ * hosts (the next ones start with it).
  */
-const BASH_READ_ONLY = new Set(["BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID"]);
+const AT_START = new Set(["BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID", "BASH_ENV"]);
 /** `$$`, `${$}` and `$PPID` name the host in a subshell: such scripts get a shell of their own. */
 const NEEDS_OWN_SHELL = /\$\{?\$|PPID|\0/;
 
@@ -64,7 +65,7 @@ export class ShellLauncher {
   /** A shell running script in cwd, with envs added to the agent's environment. */
   async launch(script: string, cwd: string, envs: Record<string, string>): Promise<LaunchedShell> {
     if (!this.hostable || script.length > HOST_SCRIPT_LIMIT || NEEDS_OWN_SHELL.test(script) || this.ctx.shutdown.aborted) return this.own(script, cwd, envs);
-    if (Object.keys(envs).some((k) => BASH_READ_ONLY.has(k))) return this.own(script, cwd, envs);
+    if (Object.keys(envs).some((k) => AT_START.has(k))) return this.own(script, cwd, envs);
     this.idle.refresh();
     const host = this.host();
     if (!host) return this.own(script, cwd, envs);
@@ -117,7 +118,7 @@ export class ShellLauncher {
     // EnvironmentService only adds and replaces variables.
     for (const [k, v] of Object.entries(this.ctx.env)) {
       if (v === undefined || host.env[k] === v) continue;
-      if (BASH_READ_ONLY.has(k)) return undefined;
+      if (AT_START.has(k)) return undefined;
       text += `export ${k}=${shellQuote(v)}\n`;
     }
     this.envPreludes.set(host, { generation: this.ctx.envGeneration, text });

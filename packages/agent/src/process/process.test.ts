@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { CodeLanguage, ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { EnvironmentService } from "@sandbar/protocol/gen/sandbar/agent/v1/environment_pb.js";
-import { mkdir } from "node:fs/promises";
+import { mkdir, writeFile } from "node:fs/promises";
 import { readFileSync } from "node:fs";
 import * as path from "node:path";
 import { startAgentProcess } from "../testing/agent-process.ts";
@@ -207,6 +207,12 @@ describe("execute", () => {
     for (let i = 0; i < 3; i++) expect(await proc.execute({ command })).toMatchObject({ exitCode: 0, result: "baz 4242\n1\n" });
     expect(await untilHost(proc)).toMatch(/^host/);
     expect(await proc.execute({ command })).toMatchObject({ exitCode: 0, result: "baz 4242\n1\n" });
+  });
+
+  it("sources a BASH_ENV given with an execution, as a new bash does", async () => {
+    await writeFile(path.join(agent.root, "env.sh"), "greet() { echo hello-from-bash-env; }\n");
+    expect(await untilHost(proc)).toMatch(/^host/);
+    expect(await proc.execute({ command: "greet", envs: { BASH_ENV: path.join(agent.root, "env.sh") } })).toMatchObject({ exitCode: 0, result: "hello-from-bash-env\n" });
   });
 
   it("refuses bad input with clear errors", async () => {
