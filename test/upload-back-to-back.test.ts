@@ -1,9 +1,9 @@
 import { createHash, randomBytes } from "node:crypto";
-import { readdir, readFile, rm } from "node:fs/promises";
+import { readFile, rm } from "node:fs/promises";
 import http from "node:http";
 import * as path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { buildAgentBundle, bulkUpload, startTestServer, type TestServer } from "@sandbar/control/testing";
+import { buildAgentBundle, bulkUpload, sandboxCgroup, startTestServer, type TestServer } from "@sandbar/control/testing";
 
 // Large uploads back to back into a real sandbox (real control server, real agent, the home on
 // the sandbox's loop-mounted disk in direct I/O, its memory cgroup): the second runs into what
@@ -79,18 +79,6 @@ function downloadHash(id: string, file: string): Promise<{ bytes: number; sha256
   });
 }
 
-async function findDir(root: string, name: string, depth = 4): Promise<string | undefined> {
-  if (depth === 0) return undefined;
-  for (const e of await readdir(root, { withFileTypes: true }).catch(() => [])) {
-    if (!e.isDirectory()) continue;
-    const p = path.join(root, e.name);
-    if (e.name === name) return p;
-    const deeper = await findDir(p, name, depth - 1);
-    if (deeper) return deeper;
-  }
-  return undefined;
-}
-
 /** Dirty page-cache bytes charged to the sandbox (its memory cgroup and the groups under it). */
 async function dirtyBytes(memcg: string): Promise<number> {
   const stat = await readFile(path.join(memcg, "memory.stat"), "utf8");
@@ -116,7 +104,7 @@ describe("large uploads back to back", () => {
     expect(created.status).toBe(200);
     const id = (JSON.parse(created.text) as { id: string }).id;
     try {
-      const memcg = (await findDir("/sys/fs/cgroup/memory", id)) ?? (await findDir("/sys/fs/cgroup", id));
+      const memcg = (await sandboxCgroup("/sys/fs/cgroup/memory", id)) ?? (await sandboxCgroup("/sys/fs/cgroup", id));
       expect(memcg, "the sandbox's memory cgroup").toBeDefined();
       expect(await loopDio(id)).toBe("1");
       const home = (JSON.parse((await call("POST", `/toolbox/${id}/toolbox/process/execute`, { command: 'printf %s "$HOME"' })).text) as { result: string }).result;

@@ -11,12 +11,13 @@
 // GiB moved (the profile then covers the last upload, as <dir>/upload.cpuprofile).
 // --warm <runs>: instead, warm-pool create -> first exec (pool of 1, refilled untimed between runs),
 // p50 of each part and control's CPU per run.
-import { mkdir, readdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { Session } from "node:inspector/promises";
 import * as path from "node:path";
 import { randomBytes } from "node:crypto";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { bulkUpload } from "../../packages/control/src/testing/bulk-upload.ts";
+import { sandboxCgroup } from "../../packages/control/src/testing/sandbox-cgroup.ts";
 import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
 import { loadAvg, log, ms, requireRoot, startBenchServer, stats } from "../sandboxes/support.ts";
 
@@ -24,18 +25,6 @@ requireRoot("bench/toolbox/cpu");
 const CALLS = Number(process.argv[2] ?? 300) || 300;
 const profileAt = process.argv.indexOf("--profile");
 const PROFILE_DIR = profileAt > 0 ? process.argv[profileAt + 1] : undefined;
-
-async function findCgroup(root: string, id: string, depth = 3): Promise<string | undefined> {
-  if (depth === 0) return undefined;
-  for (const e of await readdir(root, { withFileTypes: true }).catch(() => [])) {
-    if (!e.isDirectory()) continue;
-    const p = path.join(root, e.name);
-    if (e.name.includes(id)) return p;
-    const deeper = await findCgroup(p, id, depth - 1);
-    if (deeper) return deeper;
-  }
-  return undefined;
-}
 
 const uploadAt = process.argv.indexOf("--upload");
 const UPLOAD_MIB = uploadAt > 0 ? Number(process.argv[uploadAt + 1]) : 0;
@@ -104,7 +93,7 @@ try {
   const sb = await s.rest.ok("POST", "/sandbox", {});
   const dial = await s.server.server.sandboxes.manager.agentFor(sb.organizationId, sb.id);
   const { secret } = dial;
-  const cg = await findCgroup("/sys/fs/cgroup/cpuacct", sb.id);
+  const cg = await sandboxCgroup("/sys/fs/cgroup/cpuacct", sb.id);
   const sandboxNs = async () => (cg ? Number(await readFile(path.join(cg, "cpuacct.usage"), "utf8")) : NaN);
   if (UPLOAD_MIB > 0) {
     for (let round = 0; round < 3; round++) {

@@ -19,6 +19,7 @@ import { execFileSync } from "node:child_process";
 import * as path from "node:path";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { bulkUpload } from "../../packages/control/src/testing/bulk-upload.ts";
+import { sandboxCgroup } from "../../packages/control/src/testing/sandbox-cgroup.ts";
 import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
 import type { AgentDial } from "../../packages/control/src/sandboxes/runtime.ts";
 import { loadAvg, log, requireRoot, startBenchServer } from "../sandboxes/support.ts";
@@ -48,18 +49,6 @@ async function memInfo(): Promise<Record<string, number>> {
     if (m) out[m[1]] = Number(m[2]) * 1024;
   }
   return out;
-}
-
-async function findDir(root: string, id: string, depth = 4): Promise<string | undefined> {
-  if (depth === 0) return undefined;
-  for (const e of await readdir(root, { withFileTypes: true }).catch(() => [])) {
-    if (!e.isDirectory()) continue;
-    const p = path.join(root, e.name);
-    if (e.name.includes(id)) return p;
-    const deeper = await findDir(p, id, depth - 1);
-    if (deeper) return deeper;
-  }
-  return undefined;
 }
 
 async function memcgStat(dir: string | undefined): Promise<Record<string, number>> {
@@ -127,7 +116,7 @@ try {
   const sb = await s.rest.ok("POST", "/sandbox", { disk: 5 });
   const dial = await s.server.server.sandboxes.manager.agentFor(sb.organizationId, sb.id);
   const home = (await s.rest.ok("POST", `/toolbox/${sb.id}/toolbox/process/execute`, { command: 'printf %s "$HOME"' })).result as string;
-  const memcg = await findDir("/sys/fs/cgroup/memory", sb.id);
+  const memcg = await sandboxCgroup("/sys/fs/cgroup/memory", sb.id);
   // The sandbox's loop device: the mount whose mount point names the sandbox.
   const mi = (await readFile("/proc/self/mountinfo", "utf8")).split("\n").find((l) => l.includes(sb.id) && / - ext4 \/dev\/loop/.test(l));
   const loop = mi ? /\/dev\/(loop\d+)/.exec(mi)![1] : undefined;

@@ -82,3 +82,4 @@ export async function api(base: string, key: string | undefined, method: string,
 
 export { buildAgentBundle } from "./agent-bundle.ts";
 export { bulkUpload } from "./bulk-upload.ts";
+export { sandboxCgroup } from "./sandbox-cgroup.ts";
