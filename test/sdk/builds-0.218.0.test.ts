@@ -44,13 +44,15 @@ afterAll(async () => {
 it("snapshot.create({name, image: Image.base().runCommands().addLocalFile()}, {onLogs}) builds; a sandbox boots from it", async () => {
   const local = join(scratch, "notes.txt");
   await writeFile(local, "from my laptop\n");
-  const image = sdk.Image.base(base).runCommands("echo built > /built.txt").addLocalFile(local, "/app/notes.txt").env({ BUILT: "yes" });
+  // The client follows the logs only once a poll (every 1 s) sees `building`: the build lasts longer
+  // than that, or an idle machine finishes it before the first poll and there is nothing to follow.
+  const image = sdk.Image.base(base).addLocalFile("/usr/bin/sleep", "/bin/sleep").runCommands("echo built > /built.txt", "sleep 2").addLocalFile(local, "/app/notes.txt").env({ BUILT: "yes" });
   const logs: string[] = [];
   const snap = await daytona.snapshot.create({ name: "sdk-build", image }, { onLogs: (l) => logs.push(l), timeout: 60 });
   expect(snap).toMatchObject({ name: "sdk-build", state: "active" });
   expect(snap.imageName).toMatch(/^daytona-[0-9a-f]{64}:daytona$/);
   expect(snap.buildInfo?.dockerfileContent).toContain(`COPY ${local} /app/notes.txt`);
-  expect(snap.buildInfo?.contextHashes).toHaveLength(1);
+  expect(snap.buildInfo?.contextHashes).toHaveLength(2);
   const text = logs.join("\n");
   expect(text).toContain("RUN echo built > /built.txt"); // buildah's own output, followed
   expect(logs.at(-1)).toBe("Created snapshot sdk-build (active)");

@@ -279,16 +279,21 @@ export class LinuxProvider implements SandboxProvider {
       // siblings making a shared parent); `mounts` keeps the spec's order, which bubblewrap applies.
       const mounts: BwrapMount[] = [];
       const points: Promise<void>[] = [ensureUser(root, user, owner)];
-      const addMount = (source: string, target: string, readonly: boolean) => {
+      const addMount = (source: string, target: string, readonly: boolean, ready: Promise<void> = Promise.resolve()) => {
         mounts.push({ source, target, readonly });
-        points.push(stat(source).then((st) => ensureMountPoint(root, target, st.isDirectory(), { ownedBelow: user.home, owner })));
+        points.push(ready.then(() => stat(source)).then((st) => ensureMountPoint(root, target, st.isDirectory(), { ownedBelow: user.home, owner })));
       };
       for (const m of spec.mounts ?? []) addMount(m.source, m.target, m.readonly !== false);
+      // Volumes are bound one after another (two may share a volume root), in the points' batch:
+      // a refused volume fails the start only once nothing else is still working on the root.
+      let volumes = Promise.resolve();
       for (const [i, v] of (spec.volumes ?? []).entries()) {
-        await prepareVolumeRoot(v.root, this.#volumeGid);
         const at = path.join(L.runtime(id), "volumes", String(i));
-        await bindVolume(v, at, this.#volumeGid);
-        addMount(at, v.target, false);
+        volumes = volumes.then(async () => {
+          await prepareVolumeRoot(v.root, this.#volumeGid);
+          await bindVolume(v, at, this.#volumeGid);
+        });
+        addMount(at, v.target, false, volumes);
       }
       addMount(L.runDir(id), SANDBOX_PATHS.runDir, false);
       // The user leaf's procs files (one per v1 hierarchy), writable by the sandbox uid only: the
