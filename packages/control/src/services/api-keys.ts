@@ -9,7 +9,7 @@ import type { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permis
 import { Credentials } from "../auth/credentials.ts";
 import { generateApiKey, hashApiKey, keyEnds, maskApiKey } from "../auth/key-material.ts";
 import { authContextKey, callerOf, organizationOf, type Principal } from "../auth/principal.ts";
-import { ALL_SCOPES, permissionOf, scopeOf } from "../auth/scopes.ts";
+import { permissionOf, scopeOf } from "../auth/scopes.ts";
 import { ApiKeyRecord, Organization } from "../db/entities.ts";
 import { execIn } from "../db/exec.ts";
 import { Checks } from "./validate.ts";

@@ -322,7 +322,6 @@ export class ImageStore {
     await mkdir(tmp, { mode: 0o700 });
     try {
       const layout = path.join(tmp, "oci");
-      const t0 = Date.now();
       progress(`pulling ${ref.canonical}${registry !== ref.registry ? ` from ${registry}` : ""}`);
       await skopeoCopy(source, layout, "image", { registry, credentials: o.credentials, insecure, scratch: tmp, signal: o.signal, onSpawn: o.onSkopeo });
       const fetched = Date.now();
