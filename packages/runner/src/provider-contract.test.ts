@@ -1,5 +1,4 @@
 import { randomInt } from "node:crypto";
-import { rm } from "node:fs/promises";
 import { LinuxProvider } from "./linux/provider.ts";
 import { afterAll, beforeAll, describe, inject } from "vitest";
 import { dockerdUnavailable, sharedDockerd } from "./docker/testing/dockerd.ts";
@@ -7,6 +6,7 @@ import { dockerFixture } from "./docker/testing/fixture.ts";
 import { fixture as linuxFixture, sandboxInit } from "./linux/testing/harness.ts";
 import type { SandboxProvider } from "./provider.ts";
 import { prepareContractRootfs, providerContract, type ProviderFixture } from "./testing/provider-contract.ts";
+import { disposeFixture } from "./testing/dispose.ts";
 
 // The provider contract (testing/provider-contract.ts) on every provider this host can run: the
 // linux provider, the docker provider on an engine the test setup starts (test/setup/dockerd.ts),
@@ -23,11 +23,7 @@ function suite(name: string, make: () => Promise<ProviderFixture>, skip: string 
       f = await make();
       await prepareContractRootfs(f.rootfs);
     });
-    afterAll(async () => {
-      for (const id of created) await f?.provider.destroy(id).catch(() => undefined);
-      await f?.provider.close();
-      if (f) await rm(f.dataDir, { recursive: true, force: true });
-    });
+    afterAll(() => disposeFixture(f, created));
     providerContract(() => f!, created, options);
   });
 }

@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { readFile, rm } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
 import { run } from "../linux/command.ts";
@@ -10,6 +10,7 @@ import type { ProviderFixture } from "../testing/provider-contract.ts";
 import type { DockerProvider } from "./provider.ts";
 import { dockerdUnavailable, sharedDockerd } from "./testing/dockerd.ts";
 import { dockerFixture } from "./testing/fixture.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // Egress of docker sandboxes: the container starts with the engine's network "none" and the
 // provider attaches the linux provider's veth and nftables policy to its namespace (network.ts).
@@ -40,10 +41,8 @@ describe.skipIf(skip !== undefined)("docker sandbox networks", () => {
   });
 
   afterAll(async () => {
-    for (const id of ids) await f?.provider.destroy(id).catch(() => undefined);
     await net?.close();
-    await f?.provider.close();
-    if (f) await rm(f.dataDir, { recursive: true, force: true });
+    await disposeFixture(f, ids);
   });
 
   it("none has loopback only; full reaches outside but never the host; an allow list reaches only its CIDRs", async () => {

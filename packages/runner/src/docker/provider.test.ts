@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { mkdir, readdir, rm } from "node:fs/promises";
+import { mkdir, readdir } from "node:fs/promises";
 import path from "node:path";
 import { Code } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, inject, it } from "vitest";
@@ -8,6 +8,7 @@ import { expectCode, type ProviderFixture } from "../testing/provider-contract.t
 import { DockerProvider } from "./provider.ts";
 import { dockerdUnavailable, sharedDockerd } from "./testing/dockerd.ts";
 import { dockerFixture } from "./testing/fixture.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // What only the docker provider has to get right (the shared cases are in provider-contract.ts):
 // the engine's containers against its records after crashes and outside interference, and the
@@ -32,11 +33,7 @@ describe.skipIf(skip !== undefined)("docker provider", () => {
     f = await dockerFixture(await sharedDockerd(inject("dockerdDir")));
   });
 
-  afterAll(async () => {
-    for (const id of ids) await f?.provider.destroy(id).catch(() => undefined);
-    await f?.provider.close();
-    if (f) await rm(f.dataDir, { recursive: true, force: true });
-  });
+  afterAll(() => disposeFixture(f, ids));
 
   it("limits the container as the spec says: cpu, memory without swap, pids, no capabilities, no network", async () => {
     const id = await make("shape", { cpu: 0.5, memoryGiB: 0.25, pidsLimit: 100 });

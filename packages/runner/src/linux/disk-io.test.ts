@@ -1,7 +1,8 @@
-import { readFile, rm } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, sh, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // The loop device under a disk-capped sandbox's image does direct I/O (no second copy of the
 // sandbox's writes in the host's cache of the image file), from its first start, after a
@@ -14,11 +15,7 @@ beforeAll(async () => {
   f = await fixture();
 });
 
-afterAll(async () => {
-  for (const id of created) await f?.provider.destroy(id);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
-});
+afterAll(() => disposeFixture(f, created));
 
 /** The loop device mounted at the sandbox's disk mount point, from the kernel's mount table. */
 async function loopOf(id: string): Promise<string> {

@@ -1,9 +1,10 @@
-import { mkdir, open, readdir, rm, writeFile } from "node:fs/promises";
+import { mkdir, open, readdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LinuxProvider } from "./provider.ts";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, retry, sh, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // The disk pool behind a real provider: a create takes a ready image, the cap holds on it, two
 // sandboxes never share one, and a provider opened after a crash removes half-made images.
@@ -18,11 +19,7 @@ beforeAll(async () => {
   f = await fixture({ diskPool: { perSize: 2, refillDelayMs: 0 } });
 });
 
-afterAll(async () => {
-  for (const id of created) await f?.provider.destroy(id);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
-});
+afterAll(() => disposeFixture(f, created));
 
 async function uuid(image: string): Promise<string> {
   const fh = await open(image, "r");

@@ -9,6 +9,7 @@ import type { SandboxSpec } from "../provider.ts";
 import { sleep } from "./cgroups/types.ts";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, sandboxAgent, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // Hostile workloads against real sandboxes running the real agent: after each, the sandbox's
 // next toolbox call (an execute through the agent) must succeed within 5 s, and the sandbox
@@ -29,9 +30,7 @@ beforeAll(async () => {
 }, 120_000);
 
 afterAll(async () => {
-  for (const id of created) await f?.provider.destroy(id).catch(() => undefined);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
+  await disposeFixture(f, created);
   if (bundle) await rm(bundle, { recursive: true, force: true });
   console.log(`hostile workloads, time to the next successful toolbox call (ms): ${JSON.stringify(figures)}`);
 });

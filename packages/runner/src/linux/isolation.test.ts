@@ -1,8 +1,9 @@
-import { chmod, lstat, mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { chmod, lstat, mkdir, readFile, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, request, sh, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // What a process inside a sandbox can see and do: real sandboxes on the host-/usr rootfs.
 
@@ -27,11 +28,7 @@ beforeAll(async () => {
   await Promise.all([f.provider.start(a), f.provider.start(b), f.provider.start(r)]);
 });
 
-afterAll(async () => {
-  for (const id of [a, b, r]) await f?.provider.destroy(id);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
-});
+afterAll(() => disposeFixture(f, [a, b, r]));
 
 describe("linux sandbox isolation", () => {
   it("ps sees only the sandbox's own processes, with the agent under pid 1", async () => {

@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LinuxProvider } from "./provider.ts";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, leftovers, processesOfUid, retry, sandboxInit, sh, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // create / start / stop / destroy, the writable layer's pack and restore, and picking sandboxes
 // up again from disk.
@@ -23,11 +24,7 @@ beforeAll(async () => {
   await import("node:fs/promises").then((fs) => Promise.all([fs.chmod(path.join(f.rootfs, "srv/shared"), 0o777), fs.chmod(path.join(f.rootfs, "srv/shared/dir"), 0o777)]));
 });
 
-afterAll(async () => {
-  for (const id of created) await f?.provider.destroy(id);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
-});
+afterAll(() => disposeFixture(f, created));
 
 async function make(prefix: string, over: Parameters<Fixture["spec"]>[1] = {}, start = true): Promise<string> {
   const id = uniqueId(prefix);

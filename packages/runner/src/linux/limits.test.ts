@@ -1,8 +1,9 @@
-import { readFile, rm } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { sleep } from "./cgroups/types.ts";
 import type { Fixture } from "./testing/harness.ts";
 import { exec, fixture, processesOfUid, sh, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // Resource limits enforced by the cgroup and the disk image, observed from the cgroup's counters.
 
@@ -13,11 +14,7 @@ beforeAll(async () => {
   f = await fixture();
 });
 
-afterAll(async () => {
-  for (const id of created) await f?.provider.destroy(id);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
-});
+afterAll(() => disposeFixture(f, created));
 
 async function started(prefix: string, over: Parameters<Fixture["spec"]>[1]): Promise<string> {
   const id = uniqueId(prefix);

@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { readFile, rm } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import path from "node:path";
@@ -10,6 +10,7 @@ import type { NetworkLease } from "./network.ts";
 import { type FakeInternet, fakeInternet } from "./testing/fake-internet.ts";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, leftovers, sh, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // Egress policy with real namespaces, veth pairs and nftables. No traffic leaves the machine:
 // "the internet" is a network namespace this test creates (testing/fake-internet.ts). The host's
@@ -76,9 +77,7 @@ beforeAll(async () => {
 }, 60_000);
 
 afterAll(async () => {
-  for (const id of [allow, full, none]) await f?.provider.destroy(id).catch(() => undefined);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
+  await disposeFixture(f, [allow, full, none]);
   hostServer?.close();
   await net?.close();
 });

@@ -1,4 +1,4 @@
-import { readFile, rm } from "node:fs/promises";
+import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Code, ConnectError } from "@sandbar/protocol";
@@ -6,6 +6,7 @@ import { sleep } from "./cgroups/types.ts";
 import { USER_LEAF } from "./cgroups/types.ts";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, sh, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // Resize on real sandboxes: cpu and memory through the running sandbox's cgroup (read back from
 // the kernel's files and felt by a process that was already running), the disk image grown while
@@ -19,11 +20,7 @@ beforeAll(async () => {
   f = await fixture();
 });
 
-afterAll(async () => {
-  for (const id of created) await f?.provider.destroy(id);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
-});
+afterAll(() => disposeFixture(f, created));
 
 async function started(prefix: string, over: Parameters<Fixture["spec"]>[1]): Promise<string> {
   const id = uniqueId(prefix);

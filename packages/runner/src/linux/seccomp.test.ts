@@ -1,5 +1,5 @@
 import { execFileSync } from "node:child_process";
-import { rm } from "node:fs/promises";
+import { disposeFixture } from "../testing/dispose.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { blockedSyscalls } from "./syscall-filter.ts";
 import type { Fixture } from "./testing/harness.ts";
@@ -25,11 +25,7 @@ beforeAll(async () => {
   await f.provider.start(id);
 });
 
-afterAll(async () => {
-  await f?.provider.destroy(id);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
-});
+afterAll(() => disposeFixture(f, [id]));
 
 describe.skipIf(!asRoot)("seccomp", () => {
   it("refuses every blocked system call with EPERM", async () => {

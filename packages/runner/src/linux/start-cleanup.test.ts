@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { mountDiskImage, unmount } from "./mounts.ts";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, leftovers, sh, uniqueId } from "./testing/harness.ts";
+import { disposeFixture } from "../testing/dispose.ts";
 
 // A start prepares several things at once (the cgroup and the disk mount alongside the runtime
 // dirs): one that fails midway must still leave nothing mounted and no cgroup, whichever branch
@@ -17,11 +18,7 @@ beforeAll(async () => {
   f = await fixture();
 });
 
-afterAll(async () => {
-  for (const id of created) await f?.provider.destroy(id);
-  await f?.provider.close();
-  if (f) await rm(f.dataDir, { recursive: true, force: true });
-});
+afterAll(() => disposeFixture(f, created));
 
 /** What a failed start must not leave (the sandbox's own dir and files stay: it still exists). */
 async function startLeftovers(id: string, hostUid: number): Promise<string[]> {
