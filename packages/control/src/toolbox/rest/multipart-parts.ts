@@ -76,12 +76,58 @@ export async function* formParts(req: IncomingMessage): AsyncGenerator<FormPart>
   }
 }
 
-/** A file part's bytes; a body that breaks off mid-part is the client's error. */
+/** How many bytes of a file part may wait for its consumer before the part is paused. */
+const PART_WATERMARK = 256 * 1024;
+
+/**
+ * A file part's bytes, in the pieces the parser cut them (slices of the body's reads, never
+ * joined: the stream's own iterator would concatenate whatever waits, a copy of every byte);
+ * the part is paused while a quarter MiB waits, which holds back the request body. A body that
+ * breaks off mid-part is the client's error.
+ */
 export async function* fileChunks(stream: Readable): AsyncGenerator<Buffer> {
+  const waiting: Buffer[] = [];
+  let bytes = 0;
+  let ended = false;
+  let failure: Error | undefined;
+  let wake: (() => void) | undefined;
+  const notify = () => {
+    const w = wake;
+    wake = undefined;
+    w?.();
+  };
+  const onData = (chunk: Buffer) => {
+    waiting.push(chunk);
+    bytes += chunk.length;
+    if (bytes >= PART_WATERMARK) stream.pause();
+    notify();
+  };
+  const onEnd = () => {
+    ended = true;
+    notify();
+  };
+  const onError = (err: Error) => {
+    failure ??= err;
+    notify();
+  };
+  stream.on("data", onData).on("end", onEnd).on("error", onError);
   try {
-    for await (const chunk of stream as AsyncIterable<Buffer>) yield chunk;
-  } catch (err) {
-    throw errors.invalidArgument(`Malformed multipart/form-data body: ${(err as Error).message}`);
+    for (;;) {
+      const chunk = waiting.shift();
+      if (chunk) {
+        bytes -= chunk.length;
+        if (bytes < PART_WATERMARK && stream.isPaused()) stream.resume();
+        yield chunk;
+        continue;
+      }
+      if (failure) throw errors.invalidArgument(`Malformed multipart/form-data body: ${failure.message}`);
+      if (ended) return;
+      await new Promise<void>((resolve) => (wake = resolve));
+    }
+  } finally {
+    stream.off("data", onData).off("end", onEnd).off("error", onError);
+    // Stopped early (an error): the rest of the part is not wanted.
+    if (!ended) stream.destroy();
   }
 }
 

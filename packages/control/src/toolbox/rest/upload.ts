@@ -11,15 +11,6 @@ type UploadMessage = MessageInitShape<typeof UploadFilesRequestSchema> & Message
 const FIELD = /^files\[(\d+)\]\.(path|file)$/;
 
 /**
- * Size of the data messages an upload is sent to the agent in. The body arrives in socket reads
- * of 64 KiB or less; a message each would cost the whole per-message path (generators, the
- * guard's check, protobuf, a gRPC frame, the agent's decode and write) 16 times per MiB. A quarter
- * MiB keeps most of that saving while each message holds its reads and their copy only briefly
- * (with 1 MiB the flat-memory transfer test saw 29 MiB of live buffers once on a loaded machine).
- */
-export const UPLOAD_MESSAGE_BYTES = 256 * 1024;
-
-/**
  * `POST …/files/bulk-upload`: per file a text field `files[i].path` (the destination) before the
  * file field `files[i].file`, any number of files, streamed into the agent's upload as they arrive.
  */
@@ -82,18 +73,12 @@ async function* content(part: FormPart): AsyncGenerator<UploadMessage> {
     if (part.value !== "") yield { part: { case: "data", value: Buffer.from(part.value, "utf8") } };
     return;
   }
-  let held: Buffer[] = [];
-  let size = 0;
+  // A message per read as it came: the agent's transport joins them into frames of
+  // UPLOAD_FRAME_BYTES (upload-frames.ts) without copying them twice.
   for await (const chunk of fileChunks(part.stream)) {
     noteMoved(chunk.length);
-    held.push(chunk);
-    size += chunk.length;
-    if (size < UPLOAD_MESSAGE_BYTES) continue;
-    yield { part: { case: "data", value: held.length === 1 ? held[0] : Buffer.concat(held, size) } };
-    held = [];
-    size = 0;
+    yield { part: { case: "data", value: chunk } };
   }
-  if (size > 0) yield { part: { case: "data", value: held.length === 1 ? held[0] : Buffer.concat(held, size) } };
 }
 
 /**
