@@ -1,7 +1,7 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
 import { FileService, type UploadFileRequestSchema, type UploadFilesRequestSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
-import { fileChunks, formParts, partText, type FormPart } from "./multipart-parts.ts";
+import { formParts, type FormPart } from "./multipart-parts.ts";
 import { noteMoved } from "./gc-pacer.ts";
 import { sendJson } from "./http.ts";
 import type { RestHandler } from "./routes.ts";
@@ -33,8 +33,7 @@ export async function* bulkUploadMessages(parts: AsyncIterable<FormPart>): Async
   for await (const part of parts) {
     const m = FIELD.exec(part.name);
     if (!m) {
-      if (part.kind === "file") part.stream.resume(); // Not ours: skipped, as the reference does.
-      continue;
+      continue; // Not ours: skipped (unread), as the reference does.
     }
     const [, index, what] = m;
     if (what === "path") {
@@ -55,15 +54,28 @@ async function* singleUploadMessages(parts: AsyncIterable<FormPart>, path: strin
   if (path.trim() === "") throw errors.invalidArgument("path is required");
   let sent = false;
   for await (const part of parts) {
-    if (part.name !== "file" || sent) {
-      if (part.kind === "file") part.stream.resume();
-      continue;
-    }
+    if (part.name !== "file" || sent) continue;
     sent = true;
     yield { part: { case: "header", value: { path } } };
     yield* content(part);
   }
   if (!sent) throw errors.invalidArgument('the multipart field "file" is missing');
+}
+
+/** A small part's whole content as text (a path sent as a file part). */
+async function partText(part: FormPart, limit = 64 * 1024): Promise<string> {
+  if (part.kind === "field") {
+    if (part.truncated) throw errors.invalidArgument(`${part.name} is too long`);
+    return part.value;
+  }
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of part.chunks) {
+    size += chunk.length;
+    if (size > limit) throw errors.invalidArgument(`${part.name} is too long`);
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks).toString("utf8");
 }
 
 async function* content(part: FormPart): AsyncGenerator<UploadMessage> {
@@ -75,7 +87,7 @@ async function* content(part: FormPart): AsyncGenerator<UploadMessage> {
   }
   // A message per read as it came: the agent's transport joins them into frames of
   // UPLOAD_FRAME_BYTES (upload-frames.ts) without copying them twice.
-  for await (const chunk of fileChunks(part.stream)) {
+  for await (const chunk of part.chunks) {
     noteMoved(chunk.length);
     yield { part: { case: "data", value: chunk } };
   }
