@@ -33,9 +33,18 @@ export function framedDataField(input: DescMessage): DescField | undefined {
  *
  * The agent sees the same stream as before: it appends data messages in order, so joined data is
  * the same content.
+ *
+ * Joined frames are made in two buffers, in turn, for the whole stream: a fresh quarter MiB per
+ * frame cost more than the copy (allocation, first-touch page faults, external memory for the
+ * GC: 0.25 s of CPU per GiB against 0.03 reused). A buffer is filled again two frames after it
+ * was given out; connect's HTTP/2 client (node-universal-client's sinkRequest) asks for the
+ * next piece of a body only in the write callback of the one before, which HTTP/2 calls once
+ * nghttp2 has written the bytes to the socket, so by then both earlier frames are sent.
  */
 export async function* uploadFrames<I extends DescMessage>(schema: I, field: DescField, input: AsyncIterable<MessageInitShape<I>>): AsyncGenerator<Uint8Array> {
   const tag = (field.number << 3) | 2;
+  const buffers: Buffer[] = [];
+  let turn = 0;
   let batch: Buffer | undefined;
   let size = 0;
   let joined = 0;
@@ -44,6 +53,7 @@ export async function* uploadFrames<I extends DescMessage>(schema: I, field: Des
     const start = MAX_HEAD - head(batch, MAX_HEAD, tag, size);
     const frame = batch.subarray(start, MAX_HEAD + size);
     batch = undefined;
+    turn ^= 1;
     size = 0;
     joined = 0;
     return frame;
@@ -66,7 +76,7 @@ export async function* uploadFrames<I extends DescMessage>(schema: I, field: Des
       continue;
     }
     if (batch && size + data.length > UPLOAD_FRAME_BYTES) yield flush()!;
-    batch ??= Buffer.allocUnsafe(MAX_HEAD + UPLOAD_FRAME_BYTES);
+    batch ??= buffers[turn] ??= Buffer.allocUnsafe(MAX_HEAD + UPLOAD_FRAME_BYTES);
     batch.set(data, MAX_HEAD + size);
     size += data.length;
     joined++;
