@@ -80,7 +80,7 @@ async function partText(part: FormPart, limit = 64 * 1024): Promise<string> {
 
 async function* content(part: FormPart): AsyncGenerator<UploadMessage> {
   if (part.kind === "field") {
-    // A client that sent the content without a filename: busboy took it for a text field.
+    // A client that sent the content without a filename (nor octet-stream): a text field.
     if (part.truncated) throw errors.invalidArgument(`${part.name} is too large for a text field: send it as a file`);
     if (part.value !== "") yield { part: { case: "data", value: Buffer.from(part.value, "utf8") } };
     return;
