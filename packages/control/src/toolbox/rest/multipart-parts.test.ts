@@ -97,6 +97,10 @@ describe("formParts", () => {
     const expected = await theirs(contentType, body);
     expect(expected.map((p) => p.name)).toEqual(["files[0].path", "files[0].file", "files[1].file", "raw", "text"]);
     expect(await ours(contentType, [body])).toEqual(expected);
+    // The boundary quoted, after another parameter, the type in capitals.
+    const quoted = `Multipart/Form-Data; charset=utf-8; boundary="${boundary}"`;
+    expect(await theirs(quoted, body)).toEqual(expected);
+    expect(await ours(quoted, [body])).toEqual(expected);
     // Every cut around each delimiter and CR, one at a time, then random reads of 1 byte to 64 KiB.
     const marks: number[] = [];
     for (let i = body.indexOf("\r"); i >= 0; i = body.indexOf("\r", i + 1)) marks.push(i);
@@ -156,6 +160,8 @@ describe("formParts", () => {
     expect(await fail(contentType, [body.subarray(0, body.length - 1000)])).toEqual({ code: 3, message: expect.stringMatching(/Malformed multipart\/form-data body: Unexpected end of form/) });
     expect(await fail(contentType, [body.subarray(0, body.length - 1000)], false)).toEqual({ code: 3, message: expect.stringMatching(/Malformed multipart\/form-data body: (Unexpected end of form|the upload was interrupted)/) });
     expect(await fail(contentType, [Buffer.from(`--${boundary}\r\nno colon here\r\n\r\nx\r\n--${boundary}--`)])).toEqual({ code: 3, message: expect.stringMatching(/Malformed part header/) });
+    // A part without headers: busboy refused it too.
+    expect(await fail(contentType, [Buffer.from(`--${boundary}\r\n\r\nx\r\n--${boundary}--`)])).toEqual({ code: 3, message: expect.stringMatching(/Malformed part header/) });
     expect(await fail(contentType, [Buffer.from(`--${boundary}\r\nX-Long: ${"a".repeat(20_000)}\r\n\r\nx\r\n--${boundary}--`)])).toEqual({ code: 3, message: expect.stringMatching(/Malformed part header/) });
     expect(await fail("application/json", [Buffer.from("{}")])).toEqual({ code: 3, message: expect.stringMatching(/Expected a multipart\/form-data body/) });
     expect(await fail("multipart/form-data", [Buffer.from("{}")])).toEqual({ code: 3, message: expect.stringMatching(/Boundary not found/) });
