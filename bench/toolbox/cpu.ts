@@ -8,15 +8,16 @@
 // --profile: a CPU profile of this process (control server and clients) over the REST calls
 // of the second round only (no start-up, no warm-up), as <dir>/rest.cpuprofile.
 // --upload <MiB>: instead, REST bulk-uploads of that size (3 rounds), with the same CPU figures per
-// GiB moved (the profile then covers the last upload, as <dir>/upload.cpuprofile).
+// GiB moved (the profile then covers the last upload, as <dir>/upload.cpuprofile). The client runs
+// in a process of its own (upload-client.ts): "control" is the control process alone.
 // --warm <runs>: instead, warm-pool create -> first exec (pool of 1, refilled untimed between runs),
 // p50 of each part and control's CPU per run.
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { Session } from "node:inspector/promises";
 import * as path from "node:path";
-import { randomBytes } from "node:crypto";
+import { execFile } from "node:child_process";
+import { promisify } from "node:util";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
-import { bulkUpload } from "../../packages/control/src/testing/bulk-upload.ts";
 import { sandboxCgroup } from "../../packages/control/src/testing/sandbox-cgroup.ts";
 import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
 import { loadAvg, log, ms, requireRoot, startBenchServer, stats } from "../sandboxes/support.ts";
@@ -29,6 +30,7 @@ const PROFILE_DIR = profileAt > 0 ? process.argv[profileAt + 1] : undefined;
 const uploadAt = process.argv.indexOf("--upload");
 const UPLOAD_MIB = uploadAt > 0 ? Number(process.argv[uploadAt + 1]) : 0;
 const MIB = 2 ** 20;
+const run = promisify(execFile);
 
 async function startProfile(name: string): Promise<() => Promise<void>> {
   if (!PROFILE_DIR) return async () => undefined;
@@ -44,10 +46,11 @@ async function startProfile(name: string): Promise<() => Promise<void>> {
   };
 }
 
-/** One multipart bulk-upload of `mib` MiB, streamed with back-pressure; resolves when answered. */
-async function upload(base: string, key: string, id: string, dest: string, mib: number): Promise<void> {
-  const chunk = randomBytes(MIB);
-  await bulkUpload({ url: base, key, sandboxId: id, dest, mib, chunk: () => chunk });
+/** One multipart bulk-upload of `mib` MiB by a client process; resolves to that client's CPU time. */
+async function upload(base: string, key: string, id: string, dest: string, mib: number): Promise<NodeJS.CpuUsage> {
+  const client = path.join(import.meta.dirname, "upload-client.ts");
+  const { stdout } = await run(process.execPath, [client, base, key, id, dest, String(mib)], { maxBuffer: 1 << 20 });
+  return JSON.parse(stdout.trim().split("\n").pop()!) as NodeJS.CpuUsage;
 }
 
 const warmAt = process.argv.indexOf("--warm");
@@ -101,13 +104,14 @@ try {
       const c0 = process.cpuUsage();
       const s0 = await sandboxNs();
       const t0 = performance.now();
-      await upload(s.url, s.key, sb.id, `/home/sandbar/up.bin`, UPLOAD_MIB);
+      const client = await upload(s.url, s.key, sb.id, `/home/sandbar/up.bin`, UPLOAD_MIB);
       const secs = (performance.now() - t0) / 1000;
       const c = process.cpuUsage(c0);
       await stop();
       const gib = UPLOAD_MIB / 1024;
+      const perGib = (us: number) => (us / 1e6 / gib).toFixed(2);
       console.log(
-        `upload ${UPLOAD_MIB} MiB: ${((UPLOAD_MIB * MIB) / 1e6 / secs).toFixed(0)} MB/s  control+client cpu/GiB: user ${(c.user / 1e6 / gib).toFixed(2)} sys ${(c.system / 1e6 / gib).toFixed(2)} s  sandbox cpu/GiB: ${(((await sandboxNs()) - s0) / 1e9 / gib).toFixed(2)} s`,
+        `upload ${UPLOAD_MIB} MiB: ${((UPLOAD_MIB * MIB) / 1e6 / secs).toFixed(0)} MB/s  control cpu/GiB: user ${perGib(c.user)} sys ${perGib(c.system)} total ${perGib(c.user + c.system)} s  client ${perGib(client.user + client.system)} s  sandbox cpu/GiB: ${(((await sandboxNs()) - s0) / 1e9 / gib).toFixed(2)} s`,
       );
     }
     await s.rest.ok("DELETE", `/sandbox/${sb.id}`);

@@ -1,7 +1,8 @@
 import type { DescService } from "@bufbuild/protobuf";
 import { createClient, type Client } from "@connectrpc/connect";
-import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { Http2SessionManager } from "@connectrpc/connect-node";
 import type { AgentDial } from "../sandboxes/runtime.ts";
+import { createAgentTransport } from "./agent-transport.ts";
 
 /** Open connections kept to agents; the least recently used beyond this are closed. */
 const MAX_AGENTS = 512;
@@ -34,7 +35,7 @@ export class AgentClients {
     this.entries.set(socket, entry);
     let client = entry.clients.get(service.typeName);
     if (!client) {
-      const transport = createGrpcTransport({ baseUrl: "http://agent", sessionManager: entry.manager });
+      const transport = createAgentTransport(entry.manager);
       client = createClient(service, transport) as unknown as Client<DescService>;
       entry.clients.set(service.typeName, client);
     }

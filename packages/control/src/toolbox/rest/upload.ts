@@ -1,7 +1,7 @@
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
 import { FileService, type UploadFileRequestSchema, type UploadFilesRequestSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
-import { fileChunks, formParts, partText, type FormPart } from "./multipart-parts.ts";
+import { formParts, type FormPart } from "./multipart-parts.ts";
 import { noteMoved } from "./gc-pacer.ts";
 import { sendJson } from "./http.ts";
 import type { RestHandler } from "./routes.ts";
@@ -9,15 +9,6 @@ import type { RestHandler } from "./routes.ts";
 type UploadMessage = MessageInitShape<typeof UploadFilesRequestSchema> & MessageInitShape<typeof UploadFileRequestSchema>;
 
 const FIELD = /^files\[(\d+)\]\.(path|file)$/;
-
-/**
- * Size of the data messages an upload is sent to the agent in. The body arrives in socket reads
- * of 64 KiB or less; a message each would cost the whole per-message path (generators, the
- * guard's check, protobuf, a gRPC frame, the agent's decode and write) 16 times per MiB. A quarter
- * MiB keeps most of that saving while each message holds its reads and their copy only briefly
- * (with 1 MiB the flat-memory transfer test saw 29 MiB of live buffers once on a loaded machine).
- */
-export const UPLOAD_MESSAGE_BYTES = 256 * 1024;
 
 /**
  * `POST …/files/bulk-upload`: per file a text field `files[i].path` (the destination) before the
@@ -42,8 +33,7 @@ export async function* bulkUploadMessages(parts: AsyncIterable<FormPart>): Async
   for await (const part of parts) {
     const m = FIELD.exec(part.name);
     if (!m) {
-      if (part.kind === "file") part.stream.resume(); // Not ours: skipped, as the reference does.
-      continue;
+      continue; // Not ours: skipped (unread), as the reference does.
     }
     const [, index, what] = m;
     if (what === "path") {
@@ -64,10 +54,7 @@ async function* singleUploadMessages(parts: AsyncIterable<FormPart>, path: strin
   if (path.trim() === "") throw errors.invalidArgument("path is required");
   let sent = false;
   for await (const part of parts) {
-    if (part.name !== "file" || sent) {
-      if (part.kind === "file") part.stream.resume();
-      continue;
-    }
+    if (part.name !== "file" || sent) continue;
     sent = true;
     yield { part: { case: "header", value: { path } } };
     yield* content(part);
@@ -75,25 +62,35 @@ async function* singleUploadMessages(parts: AsyncIterable<FormPart>, path: strin
   if (!sent) throw errors.invalidArgument('the multipart field "file" is missing');
 }
 
+/** A small part's whole content as text (a path sent as a file part). */
+async function partText(part: FormPart, limit = 64 * 1024): Promise<string> {
+  if (part.kind === "field") {
+    if (part.truncated) throw errors.invalidArgument(`${part.name} is too long`);
+    return part.value;
+  }
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of part.chunks) {
+    size += chunk.length;
+    if (size > limit) throw errors.invalidArgument(`${part.name} is too long`);
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks).toString("utf8");
+}
+
 async function* content(part: FormPart): AsyncGenerator<UploadMessage> {
   if (part.kind === "field") {
-    // A client that sent the content without a filename: busboy took it for a text field.
+    // A client that sent the content without a filename (nor octet-stream): a text field.
     if (part.truncated) throw errors.invalidArgument(`${part.name} is too large for a text field: send it as a file`);
     if (part.value !== "") yield { part: { case: "data", value: Buffer.from(part.value, "utf8") } };
     return;
   }
-  let held: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of fileChunks(part.stream)) {
+  // A message per read as it came: the agent's transport joins them into frames of
+  // UPLOAD_FRAME_BYTES (upload-frames.ts) without copying them twice.
+  for await (const chunk of part.chunks) {
     noteMoved(chunk.length);
-    held.push(chunk);
-    size += chunk.length;
-    if (size < UPLOAD_MESSAGE_BYTES) continue;
-    yield { part: { case: "data", value: held.length === 1 ? held[0] : Buffer.concat(held, size) } };
-    held = [];
-    size = 0;
+    yield { part: { case: "data", value: chunk } };
   }
-  if (size > 0) yield { part: { case: "data", value: held.length === 1 ? held[0] : Buffer.concat(held, size) } };
 }
 
 /**

@@ -1,0 +1,80 @@
+import type { DescMessage, DescMethodStreaming, MessageInitShape } from "@bufbuild/protobuf";
+import { createContextValues, type ContextValues, type StreamResponse, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport, createNodeHttpClient, type Http2SessionManager } from "@connectrpc/connect-node";
+import { createMethodSerializationLookup, createMethodUrl, pipe, runStreamingCall, transformParseEnvelope, transformSplitEnvelope } from "@connectrpc/connect/protocol";
+import { requestHeaderWithCompression, validateResponseWithCompression, validateTrailer } from "@connectrpc/connect/protocol-grpc";
+import { framedDataField, uploadFrames } from "./upload-frames.ts";
+
+const BASE_URL = "http://agent";
+
+/**
+ * The gRPC transport to one agent: connect's, except that a client stream of file content
+ * (`FileService.UploadFile`, `UploadFiles`) sends its data messages as frames written by hand
+ * (uploadFrames: no serialization or envelope copies; an upload is CPU-bound, and those copies
+ * were a third of control's JS time). The rest of that call is connect's own: its HTTP/2 client
+ * on the same session (headers, abort and reset handling), its response and trailer validation,
+ * its error mapping; the bytes on the wire are standard gRPC frames either way.
+ */
+export function createAgentTransport(sessionManager: Http2SessionManager): Transport {
+  const connect = createGrpcTransport({ baseUrl: BASE_URL, sessionManager });
+  const httpClient = createNodeHttpClient({ httpVersion: "2", sessionProvider: () => sessionManager });
+  return {
+    unary: (method, signal, timeoutMs, header, message, contextValues) => connect.unary(method, signal, timeoutMs, header, message, contextValues),
+    stream<I extends DescMessage, O extends DescMessage>(
+      method: DescMethodStreaming<I, O>,
+      signal: AbortSignal | undefined,
+      timeoutMs: number | undefined,
+      header: ConstructorParameters<typeof Headers>[0],
+      input: AsyncIterable<MessageInitShape<I>>,
+      contextValues?: ContextValues,
+    ): Promise<StreamResponse<I, O>> {
+      const field = method.methodKind === "client_streaming" ? framedDataField(method.input) : undefined;
+      if (!field) return connect.stream(method, signal, timeoutMs, header, input, contextValues);
+      const serialization = createMethodSerializationLookup(method, undefined, undefined, { readMaxBytes: 0xffffffff, writeMaxBytes: 0xffffffff });
+      timeoutMs = timeoutMs === undefined || timeoutMs <= 0 ? undefined : timeoutMs;
+      return runStreamingCall<I, O>({
+        signal,
+        timeoutMs,
+        req: {
+          stream: true,
+          service: method.parent,
+          method,
+          requestMethod: "POST",
+          url: createMethodUrl(BASE_URL, method),
+          // No accepted compression: the one answer is a few bytes.
+          header: requestHeaderWithCompression(true, timeoutMs, header, [], null),
+          contextValues: contextValues ?? createContextValues(),
+          message: input,
+        },
+        next: async (req) => {
+          const body = uploadFrames(method.input, field, req.message);
+          // A call that ends before the input does (the agent refused it, a reset): the input is
+          // closed, so its source (the request body's parser) stops too.
+          const closeInput = () => void body.return(undefined).catch(() => undefined);
+          let uRes;
+          try {
+            uRes = await httpClient({ url: req.url, method: "POST", header: req.header, signal: req.signal, body });
+          } catch (err) {
+            closeInput();
+            throw err;
+          }
+          const { foundStatus, headerError } = validateResponseWithCompression([], uRes.status, uRes.header);
+          if (headerError) {
+            closeInput();
+            throw headerError;
+          }
+          const { trailer } = uRes;
+          const message = pipe(uRes.body, transformSplitEnvelope(0xffffffff), transformParseEnvelope(serialization.getO(true)), async function* (messages) {
+            try {
+              yield* messages;
+              if (!foundStatus) validateTrailer(trailer, uRes.header);
+            } finally {
+              closeInput();
+            }
+          }, { propagateDownStreamError: true });
+          return { ...req, header: uRes.header, trailer, message };
+        },
+      });
+    },
+  };
+}
