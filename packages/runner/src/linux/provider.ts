@@ -30,6 +30,7 @@ import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
 import { settleAll } from "./settle.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
+import { startSpawner } from "./spawner.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -150,6 +151,7 @@ export class LinuxProvider implements SandboxProvider {
     const volumeGid = options.volumeGid ?? uids.base + uids.count - 1;
     if (volumeGid >= uids.base && volumeGid < uids.base + uids.count) uids.markUsed(volumeGid);
     const networks = await SandboxNetworks.create({ netnsPrefix: `sandbar-${layout.key}-`, ...options.network });
+    startSpawner(); // ready long before a first start needs it
     const diskPool = await DiskImagePool.open(path.join(layout.dataDir, "disk-pool"), { ...options.diskPool, log: options.log });
     const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, diskPool, { ...options, volumeGid });
     for (const id of await listRecordIds(layout)) {
@@ -324,7 +326,7 @@ export class LinuxProvider implements SandboxProvider {
       phase("network");
       const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: spec.workdir ?? user.home, mounts, shmBytes, shareNet: netns !== undefined });
       this.#exits.delete(id);
-      const child = launch({
+      const child = await launch({
         bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command,
         logFile: L.initLog(id), seccompFile: this.#tools.seccompFile, netns, oomScoreAdj: AGENT_OOM_SCORE_ADJ, ...(spec.volumes?.length ? { groups: [this.#volumeGid], umask: 0o002 } : {}),
       });
