@@ -6,7 +6,8 @@ import { spawn } from "node:child_process";
 import { closeSync, openSync, writeFileSync } from "node:fs";
 
 const CAP = 65536;
-const send = (m) => process.connected && process.send(m);
+// An answer the runner can no longer take (it exited) is dropped; the channel's close ends this process.
+const send = (m) => process.connected && process.send(m, () => undefined);
 
 function run({ id, cmd, args, cwd, env, input }) {
   let child;

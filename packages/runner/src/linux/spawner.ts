@@ -63,11 +63,11 @@ class Spawner {
     this.started = new Promise((resolve) => (this.#started = resolve));
     // A small heap keeps the helper's own forks cheap.
     this.#child = spawn(process.execPath, ["--max-semi-space-size=1", HELPER], { stdio: ["ignore", "ignore", "inherit", "ipc"], env: process.env });
-    this.#child.unref();
-    this.#unrefChannel();
+    this.#child.unref(); // the channel stays referenced until it is ready: one waiting for it waits
     this.#child.on("message", (m: Message & { ready?: boolean }) => {
       if (m.ready) {
         this.#ready = true;
+        this.#unrefIfIdle();
         return this.#started(true);
       }
       if (m.exit) {
