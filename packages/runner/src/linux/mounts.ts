@@ -28,7 +28,20 @@ export interface OverlayDirs {
   linkDir: string;
 }
 
-export async function mountOverlay(d: OverlayDirs): Promise<void> {
+/**
+ * A sandbox's root in one shell: with `disk`, its image attached and mounted (as mountDiskImage)
+ * and the overlay's upper and work directories made on it, then the overlay.
+ * One process for what was two (and two node round trips for the directories): each process the
+ * runner starts costs more than one sh execs. What it mounted before a failure stays mounted:
+ * the caller's teardown unmounts it.
+ */
+export async function mountRoot(d: OverlayDirs, disk?: { image: string; target: string }): Promise<void> {
+  const opts = await overlayOptions(d);
+  await run("sh", ["-c", MOUNT_ROOT, "sandbar-mount", disk?.image ?? "", disk?.target ?? "", d.upper, d.work, opts, d.target], { cwd: d.linkDir });
+}
+
+/** The overlay's mount options, naming the layers by short links in `linkDir` (made here). */
+async function overlayOptions(d: OverlayDirs): Promise<string> {
   await mkdir(d.linkDir, { recursive: true, mode: 0o700 });
   const alias = async (name: string, target: string) => {
     const at = path.join(d.linkDir, name);
@@ -37,10 +50,9 @@ export async function mountOverlay(d: OverlayDirs): Promise<void> {
     return name;
   };
   const [upper, work, ...lowers] = await Promise.all([alias("upper", checkMountPath(d.upper)), alias("work", checkMountPath(d.work)), ...d.lowers.map((l, i) => alias(`l${i}`, checkMountPath(l)))]);
-  const opts = `lowerdir=${lowers.join(":")},upperdir=${upper},workdir=${work}`;
   // nosuid + nodev: a restored archive may carry setuid files or device nodes; neither works here.
   // Relative names resolve against mount(8)'s working directory: the link dir.
-  await run("mount", ["-t", "overlay", "overlay", "-o", `nosuid,nodev,${opts}`, d.target], { cwd: d.linkDir });
+  return `nosuid,nodev,lowerdir=${lowers.join(":")},upperdir=${upper},workdir=${work}`;
 }
 
 /**
@@ -96,14 +108,26 @@ export async function mountDiskImage(image: string, target: string, readonly = f
   await run("sh", ["-c", ATTACH_AND_MOUNT, "sandbar-mount", image, target, readonly ? "--read-only" : "", `nosuid,nodev${readonly ? ",ro" : ""}`]);
 }
 
-const ATTACH_AND_MOUNT = `
-for try in 1 2 3 4 5; do
-  dev=$(losetup --find --show --nooverlap --direct-io=on $3 "$1") && break
-  [ $try = 5 ] && exit 1
-  sleep 0.05
-done
-mount -t ext4 -o "$4" "$dev" "$2" || { s=$?; losetup --detach "$dev"; exit $s; }
-losetup --detach "$dev"
+/** attach_and_mount <image> <target> <losetup's --read-only or ""> <mount options> */
+const ATTACH = `
+attach_and_mount() {
+  for try in 1 2 3 4 5; do
+    dev=$(losetup --find --show --nooverlap --direct-io=on $3 "$1") && break
+    [ $try = 5 ] && return 1
+    sleep 0.05
+  done
+  mount -t ext4 -o "$4" "$dev" "$2" || { s=$?; losetup --detach "$dev"; return $s; }
+  losetup --detach "$dev"
+}
+`;
+const ATTACH_AND_MOUNT = `${ATTACH}attach_and_mount "$@"`;
+/** <image or ""> <disk mount> <upper> <work> <overlay options> <root> */
+const MOUNT_ROOT = `${ATTACH}
+if [ -n "$1" ]; then
+  attach_and_mount "$1" "$2" "" nosuid,nodev || exit
+  mkdir -p -m 755 "$3" && mkdir -p -m 700 "$4" || exit
+fi
+exec mount -t overlay overlay -o "$5" "$6"
 `;
 
 export async function unmount(target: string): Promise<void> {
