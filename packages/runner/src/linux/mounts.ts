@@ -2,6 +2,7 @@ import { mkdir, open, readFile, rm, symlink } from "node:fs/promises";
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { CommandError, run } from "./command.ts";
+import { settleAll } from "./settle.ts";
 
 // Host-side mounts of a sandbox: the overlay root and, with a disk cap, the loop-mounted ext4
 // image that holds the overlay's upper and work directories.
@@ -61,14 +62,21 @@ async function overlayOptions(d: OverlayDirs): Promise<string> {
  */
 export async function makeDiskImage(image: string, bytes: number, options: { nice?: boolean } = {}): Promise<void> {
   const fh = await open(image, "wx", 0o600);
+  // The overlay's upper and work dirs (Layout.upper/work) made by mkfs (-d: the file system's
+  // root populated from a directory), so a first start has none to make.
+  const root = path.join(path.dirname(image), `.${path.basename(image)}.root`);
   try {
     await fh.truncate(bytes);
+    await mkdir(root, { mode: 0o755 });
+    await settleAll([mkdir(path.join(root, "upper"), { mode: 0o755 }), mkdir(path.join(root, "work"), { mode: 0o700 })]);
+    const mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", "-d", root, image];
+    await (options.nice ? run("nice", ["-n", "19", ...mkfs]) : run(mkfs[0]!, mkfs.slice(1)));
   } finally {
     await fh.close();
+    await rm(root, { recursive: true, force: true });
   }
-  const mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", image];
-  await (options.nice ? run("nice", ["-n", "19", ...mkfs]) : run(mkfs[0]!, mkfs.slice(1)));
 }
+
 
 /**
  * Grows an unmounted ext4 image to `bytes`: the file first (sparse), then the filesystem over it.
@@ -125,7 +133,9 @@ const ATTACH_AND_MOUNT = `${ATTACH}attach_and_mount "$@"`;
 const MOUNT_ROOT = `${ATTACH}
 if [ -n "$1" ]; then
   attach_and_mount "$1" "$2" "" nosuid,nodev || exit
-  mkdir -p -m 755 "$3" && mkdir -p -m 700 "$4" || exit
+  # Made by mkfs (makeDiskImage); an image of an older runner may lack them.
+  [ -d "$3" ] || mkdir -p -m 755 "$3" || exit
+  [ -d "$4" ] || mkdir -p -m 700 "$4" || exit
 fi
 exec mount -t overlay overlay -o "$5" "$6"
 `;

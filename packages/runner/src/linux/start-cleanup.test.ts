@@ -85,7 +85,10 @@ describe("a start that fails between the disk's mount and the overlay's (one she
         await unmount(L.diskMount(id));
       }
     };
-    await onDisk(() => writeFile(L.upper(id, true), "not a directory"));
+    await onDisk(async () => {
+      await rm(L.upper(id, true), { recursive: true }); // made by mkfs
+      await writeFile(L.upper(id, true), "not a directory");
+    });
     const err = await f.provider.start(id).then(() => undefined, (e: unknown) => e);
     expect(err).toBeInstanceOf(ConnectError);
     expect((err as ConnectError).code).toBe(Code.FailedPrecondition);
