@@ -6,6 +6,7 @@ import { afterAll, beforeAll, expect, it } from "vitest";
 import { CommandError, run, which } from "./command.ts";
 import { launch } from "./launcher.ts";
 import { readySpawner, spawner } from "./spawner.ts";
+import { fixture, leftovers, sh, uniqueId } from "./testing/harness.ts";
 
 // The runner's spawner process (spawner.ts): commands and launches started by it answer as they
 // do when started here (output, stdin, exit codes, failures to start, exits of what was launched),
@@ -77,4 +78,35 @@ it("a helper that dies fails what it was asked, callers then spawn here, and a n
   expect(second).toBeDefined();
   expect(second!.pid).not.toBe(first.pid);
   expect(Number((await run("sh", ["-c", "echo $PPID"])).stdout.trim())).toBe(second!.pid);
+});
+
+it("a sandbox the helper launched outlives the helper: it answers, stops and starts again, leaving nothing behind", async () => {
+  const f = await fixture();
+  try {
+    await readySpawner();
+    const helper = spawner()!;
+    const id = uniqueId("spawned");
+    const { hostUid } = await f.provider.create(f.spec(id, { diskGiB: 1 }));
+    await f.provider.start(id);
+    // The sandbox's first process (the launcher, bwrap by now) is the helper's child.
+    const first = (await f.provider.cgroups.pids(id))[0]!;
+    const ppidOf = async (pid: number) => Number(/^PPid:\s+(\d+)$/m.exec(await readFile(`/proc/${pid}/status`, "utf8"))![1]);
+    const launcher = await (async () => {
+      for (let pid = first; pid > 1; pid = await ppidOf(pid)) if ((await ppidOf(pid)) === helper.pid) return pid;
+      return undefined;
+    })();
+    expect(launcher).toBeDefined();
+    helper.kill();
+    await new Promise((r) => setTimeout(r, 100));
+    expect((await sh(f.provider, id, "echo alive")).stdout).toBe("alive\n");
+    expect((await f.provider.inspect(id)).state).toBe("started");
+    await f.provider.stop(id, { force: true });
+    await f.provider.start(id); // launched from here or from a new helper
+    expect((await sh(f.provider, id, "echo again")).stdout).toBe("again\n");
+    await f.provider.destroy(id);
+    expect(await leftovers(f.provider, id, hostUid)).toEqual([]);
+  } finally {
+    await f.provider.close();
+    await rm(f.dataDir, { recursive: true, force: true });
+  }
 });
