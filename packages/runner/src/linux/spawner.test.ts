@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, readlink, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
@@ -28,6 +28,20 @@ it("runs commands from the helper process, not from this one", async () => {
   const { stdout } = await run("sh", ["-c", "echo $PPID"]);
   expect(Number(stdout.trim())).toBe(helper.pid);
   expect(Number(stdout.trim())).not.toBe(process.pid);
+});
+
+it("what it starts does not inherit its channel to the runner (a sandbox could speak for the helper)", async () => {
+  const helper = spawner()!;
+  const sockets = async (pid: number | string) => {
+    const dir = `/proc/${pid}/fd`;
+    const links = await Promise.all((await readdir(dir)).map((fd) => readlink(path.join(dir, fd)).catch(() => "")));
+    return links.filter((l) => l.startsWith("socket:"));
+  };
+  const own = await sockets(helper.pid!);
+  expect(own.length).toBeGreaterThan(0); // its IPC channel
+  const { stdout } = await run("sh", ["-c", 'for f in /proc/$$/fd/*; do readlink "$f" || true; done']);
+  const inherited = stdout.split("\n").filter((l) => own.includes(l));
+  expect(inherited).toEqual([]);
 });
 
 it("passes stdin, cwd and env, and returns the whole output (bytes checked by hash)", async () => {

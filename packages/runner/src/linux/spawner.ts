@@ -4,11 +4,12 @@ import { fileURLToPath } from "node:url";
 
 // Commands started by a small helper process instead of this one (spawner-process.mjs). node
 // forks to spawn, and a fork copies the forking process's page tables: 7-8 ms from a control
-// server of a few hundred MB, 1.5-2 ms from a bare node. A cold start spawns three or four times
-// (the disk's and the overlay's mounts, the launcher), a destroy two (umounts).
-// One helper per runner process, started at the provider's open; until it answers it is ready
-// (and whenever it is gone) callers spawn for themselves, so nothing waits for it. It exits when
-// this process does (its IPC channel closes); what it launched is detached and stays.
+// server of a few hundred MB, 1.5-2 ms from a bare node (bench/runner/spawn-cost.ts). A cold
+// start spawns twice (the root's mounts, the launcher), a destroy twice (umounts).
+// One helper per runner process, started at the provider's open; until it says it is ready (and
+// whenever it is gone) callers spawn for themselves, so nothing waits for it. It exits when this
+// process does (its IPC channel closes); what it launched is detached and stays. What it starts
+// does not inherit the channel (node opens it close-on-exec; spawner.test.ts checks).
 
 const HELPER = fileURLToPath(new URL("./spawner-process.mjs", import.meta.url));
 
