@@ -1,4 +1,4 @@
-import { mkdir, open, readFile, realpath, rm, symlink } from "node:fs/promises";
+import { mkdir, open, readFile, rm, symlink } from "node:fs/promises";
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { CommandError, run } from "./command.ts";
@@ -38,8 +38,7 @@ export interface OverlayDirs {
  */
 export async function mountRoot(d: OverlayDirs, disk?: { image: string; target: string }): Promise<void> {
   const opts = await overlayOptions(d);
-  const real = disk ? await realpath(disk.image) : "";
-  await run("sh", ["-c", MOUNT_ROOT, "sandbar-mount", disk?.image ?? "", disk?.target ?? "", d.upper, d.work, opts, d.target, real], { cwd: d.linkDir });
+  await run("sh", ["-c", MOUNT_ROOT, "sandbar-mount", disk?.image ?? "", disk?.target ?? "", d.upper, d.work, opts, d.target], { cwd: d.linkDir });
 }
 
 /** The overlay's mount options, naming the layers by short links in `linkDir` (made here). */
@@ -114,25 +113,14 @@ export async function mountDiskImage(image: string, target: string, readonly = f
   // Detaching a mounted device only marks it autoclear: it goes with the unmount, as with
   // mount -o loop; after a failed mount it goes at once. Two setups racing for one free device:
   // the loser fails busy, and tries again.
-  await run("sh", ["-c", ATTACH_AND_MOUNT, "sandbar-mount", image, target, readonly ? "--read-only" : "", `nosuid,nodev${readonly ? ",ro" : ""}`, await realpath(image)]);
+  await run("sh", ["-c", ATTACH_AND_MOUNT, "sandbar-mount", image, target, readonly ? "--read-only" : "", `nosuid,nodev${readonly ? ",ro" : ""}`]);
 }
 
-/**
- * attach_and_mount <image> <target> <losetup's --read-only or ""> <mount options> <image's real path>.
- * An image already attached is given its device (losetup's --nooverlap, without its cost: that
- * opens every bound loop device, 2.7 ms of CPU and ~10 ms on a host with 300 of them; here the
- * shell reads the bound ones' backing file names, which the kernel gives as real paths).
- */
+/** attach_and_mount <image> <target> <losetup's --read-only or ""> <mount options> */
 const ATTACH = `
 attach_and_mount() {
-  dev=
-  for f in /sys/block/loop*/loop/backing_file; do
-    read -r b 2>/dev/null < "$f" || continue
-    if [ "$b" = "$5" ]; then n=\${f#/sys/block/}; dev=/dev/\${n%%/*}; break; fi
-  done
   for try in 1 2 3 4 5; do
-    [ -n "$dev" ] && break
-    dev=$(losetup --find --show --direct-io=on $3 "$1") && break
+    dev=$(losetup --find --show --nooverlap --direct-io=on $3 "$1") && break
     [ $try = 5 ] && return 1
     sleep 0.05
   done
@@ -141,10 +129,10 @@ attach_and_mount() {
 }
 `;
 const ATTACH_AND_MOUNT = `${ATTACH}attach_and_mount "$@"`;
-/** <image or ""> <disk mount> <upper> <work> <overlay options> <root> <image's real path> */
+/** <image or ""> <disk mount> <upper> <work> <overlay options> <root> */
 const MOUNT_ROOT = `${ATTACH}
 if [ -n "$1" ]; then
-  attach_and_mount "$1" "$2" "" nosuid,nodev "$7" || exit
+  attach_and_mount "$1" "$2" "" nosuid,nodev || exit
   # Made by mkfs (makeDiskImage); an image of an older runner may lack them.
   [ -d "$3" ] || mkdir -p -m 755 "$3" || exit
   [ -d "$4" ] || mkdir -p -m 700 "$4" || exit
