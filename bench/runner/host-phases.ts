@@ -6,6 +6,7 @@
 // `CPU ms per create+start+destroy`: this process, the processes it waited for, and the runner's
 // spawner process with those it waited for (spawner.ts, where the checkout has one). The sandbox's
 // own processes are the launcher's children: the stand-in agent's CPU is in it, alike both sides.
+// Usage: [DISK_POOL=0] [BASE_SRC=...] node bench/runner/host-phases.ts [runs] [diskGiB]
 // Far less moved by the neighbours' load than the wall times.
 import { readFileSync } from "node:fs";
 import { rm } from "node:fs/promises";
@@ -43,7 +44,9 @@ for (const [name, src] of sources) {
   const sp = (await import(path.join(src, "spawner.ts")).catch(() => undefined)) as SpawnerModule | undefined;
   const helper = await sp?.readySpawner();
   const spawnerPid = () => helper?.pid;
-  const f = await h.fixture();
+  // DISK_POOL=0: every create formats its own image (a pool's background mkfs would be counted in
+  // whichever side's round reaps it).
+  const f = await h.fixture(process.env.DISK_POOL === "0" ? { diskPool: { perSize: 0 } } : {});
   const times = new Map<string, number[]>();
   const add = (k: string, ms: number) => void (times.get(k) ?? times.set(k, []).get(k)!).push(ms);
   const host = new Map<string, number>();
