@@ -30,7 +30,7 @@ export interface OverlayDirs {
 }
 
 /**
- * A sandbox's root in one shell: with `disk`, its image attached and mounted (as mountDiskImage)
+ * A sandbox's root: with `disk`, in one shell, its image attached and mounted (as mountDiskImage)
  * and the overlay's upper and work directories made on it, then the overlay.
  * One process for what was two (and two node round trips for the directories): each process the
  * runner starts costs more than one sh execs. What it mounted before a failure stays mounted:
@@ -38,7 +38,8 @@ export interface OverlayDirs {
  */
 export async function mountRoot(d: OverlayDirs, disk?: { image: string; target: string }): Promise<void> {
   const opts = await overlayOptions(d);
-  await run("sh", ["-c", MOUNT_ROOT, "sandbar-mount", disk?.image ?? "", disk?.target ?? "", d.upper, d.work, opts, d.target], { cwd: d.linkDir });
+  if (!disk) await run("mount", ["-t", "overlay", "overlay", "-o", opts, d.target], { cwd: d.linkDir });
+  else await run("sh", ["-c", MOUNT_ROOT, "sandbar-mount", disk.image, disk.target, d.upper, d.work, opts, d.target], { cwd: d.linkDir });
 }
 
 /** The overlay's mount options, naming the layers by short links in `linkDir` (made here). */
@@ -67,6 +68,7 @@ export async function makeDiskImage(image: string, bytes: number, options: { nic
   const root = path.join(path.dirname(image), `.${path.basename(image)}.root`);
   try {
     await fh.truncate(bytes);
+    await rm(root, { recursive: true, force: true }); // a crash's, in a sandbox dir made again
     await mkdir(root, { mode: 0o755 });
     await settleAll([mkdir(path.join(root, "upper"), { mode: 0o755 }), mkdir(path.join(root, "work"), { mode: 0o700 })]);
     const mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", "-d", root, image];
@@ -76,7 +78,6 @@ export async function makeDiskImage(image: string, bytes: number, options: { nic
     await rm(root, { recursive: true, force: true });
   }
 }
-
 
 /**
  * Grows an unmounted ext4 image to `bytes`: the file first (sparse), then the filesystem over it.
@@ -129,14 +130,12 @@ attach_and_mount() {
 }
 `;
 const ATTACH_AND_MOUNT = `${ATTACH}attach_and_mount "$@"`;
-/** <image or ""> <disk mount> <upper> <work> <overlay options> <root> */
+/** <image> <disk mount> <upper> <work> <overlay options> <root> */
 const MOUNT_ROOT = `${ATTACH}
-if [ -n "$1" ]; then
-  attach_and_mount "$1" "$2" "" nosuid,nodev || exit
-  # Made by mkfs (makeDiskImage); an image of an older runner may lack them.
-  [ -d "$3" ] || mkdir -p -m 755 "$3" || exit
-  [ -d "$4" ] || mkdir -p -m 700 "$4" || exit
-fi
+attach_and_mount "$1" "$2" "" nosuid,nodev || exit
+# Made by mkfs (makeDiskImage); an image of an older runner may lack them.
+[ -d "$3" ] || mkdir -p -m 755 "$3" || exit
+[ -d "$4" ] || mkdir -p -m 700 "$4" || exit
 exec mount -t overlay overlay -o "$5" "$6"
 `;
 
