@@ -1,9 +1,11 @@
 import { spawn } from "node:child_process";
 import { accessSync, constants } from "node:fs";
 import path from "node:path";
+import { spawner } from "./spawner.ts";
 
 // Runs the host tools the provider orchestrates (mount, mkfs, tar, ...) and turns their
-// failures into errors that quote the command and its stderr.
+// failures into errors that quote the command and its stderr. They are started by the runner's
+// spawner process when it runs (spawner.ts: a fork of a small process is cheaper).
 
 export class CommandError extends Error {
   readonly code: number | null;
@@ -22,7 +24,13 @@ export interface RunResult {
 }
 
 /** Runs a command to completion; rejects with CommandError when it fails. Output is kept small. */
-export function run(cmd: string, args: readonly string[], options: { env?: NodeJS.ProcessEnv; cwd?: string; /** Written to stdin. */ input?: string } = {}): Promise<RunResult> {
+export async function run(cmd: string, args: readonly string[], options: { env?: NodeJS.ProcessEnv; cwd?: string; /** Written to stdin. */ input?: string } = {}): Promise<RunResult> {
+  const helper = spawner();
+  if (helper) {
+    const r = await helper.run({ cmd, args, cwd: options.cwd, env: options.env ?? process.env, input: options.input });
+    if (r.code === 0) return { stdout: r.stdout, stderr: r.stderr };
+    throw new CommandError(cmd, args, r.code, r.signal, r.stderr);
+  }
   return new Promise((resolve, reject) => {
     const child = spawn(cmd, args, { stdio: [options.input === undefined ? "ignore" : "pipe", "pipe", "pipe"], env: options.env ?? process.env, cwd: options.cwd });
     if (options.input !== undefined) child.stdin?.end(options.input);

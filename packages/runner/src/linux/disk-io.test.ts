@@ -1,4 +1,7 @@
-import { readFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, symlink } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { mountDiskImage, unmount } from "./mounts.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, sh, uniqueId } from "./testing/harness.ts";
@@ -56,4 +59,41 @@ describe("sandbox disk I/O", () => {
     expect(after.stderr).toBe("");
     expect(after.stdout).toBe(`rc=0\n${sum}`);
   }, 180_000);
+
+  it("an image already attached is given its device, never a second one, even through a path with a symlink; the device goes with the last unmount", async () => {
+    const id = uniqueId("overlap");
+    created.push(id);
+    await f.provider.create(f.spec(id, { diskGiB: 0.25 }));
+    await f.provider.start(id); // the disk mounted at its usual place
+    const dev = await loopOf(id);
+    const image = f.provider.layout.diskImage(id);
+    const backing = async () => {
+      const out: string[] = [];
+      for (const d of await readdir("/sys/block")) {
+        const b = await readFile(`/sys/block/${d}/loop/backing_file`, "utf8").catch(() => "");
+        if (b.trim() === image) out.push(`/dev/${d}`);
+      }
+      return out;
+    };
+    expect(await backing()).toEqual([dev]);
+    // A second mount of the same image (a pack's, say), named through a symlinked directory.
+    const scratch = await mkdtemp(path.join(os.tmpdir(), "sandbar-overlap-"));
+    try {
+      await symlink(path.dirname(image), path.join(scratch, "via"));
+      await mkdir(path.join(scratch, "mnt"));
+      await mountDiskImage(path.join(scratch, "via", path.basename(image)), path.join(scratch, "mnt"));
+      try {
+        const again = (await readFile("/proc/self/mountinfo", "utf8")).split("\n").find((l) => l.split(" ")[4] === path.join(scratch, "mnt"));
+        expect(again?.split(" - ")[1]?.split(" ")[1]).toBe(dev);
+        expect(await backing()).toEqual([dev]);
+        expect(await sh(f.provider, id, "echo seen > ~/through-the-device && sync && echo ok").then((r) => r.stdout)).toBe("ok\n");
+      } finally {
+        await unmount(path.join(scratch, "mnt"));
+      }
+    } finally {
+      await rm(scratch, { recursive: true, force: true });
+    }
+    await f.provider.stop(id);
+    expect(await backing()).toEqual([]);
+  }, 60_000);
 });

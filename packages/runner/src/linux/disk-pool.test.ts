@@ -3,6 +3,7 @@ import os from "node:os";
 import path from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { DiskImagePool } from "./disk-pool.ts";
+import { mountDiskImage, unmount } from "./mounts.ts";
 
 // The pool of formatted disk images, with real mkfs.ext4 on sparse files in a scratch dir.
 
@@ -149,12 +150,37 @@ describe("disk image pool", () => {
     expect(await ready(pool, 16 * MiB)).toHaveLength(1); // untouched, no refill
   });
 
+  it("images come with the overlay's upper (0755) and work (0700) dirs, and leave no template behind", async () => {
+    const d = await scratch();
+    const pool = await openPool(path.join(d, "pool"), { perSize: 1 });
+    const inPlace = path.join(d, "a.img");
+    await pool.claim(inPlace, 16 * MiB); // formatted for the claim
+    await pool.idle();
+    const pooled = path.join(d, "b.img");
+    await pool.claim(pooled, 16 * MiB); // formatted by a refill
+    await pool.idle();
+    expect((await readdir(d)).sort()).toEqual(["a.img", "b.img", "pool"]);
+    expect(await readdir(path.join(pool.dir, String(16 * MiB)))).toHaveLength(1);
+    for (const image of [inPlace, pooled]) {
+      const at = path.join(d, "mnt");
+      await mkdir(at, { recursive: true });
+      await mountDiskImage(image, at, true);
+      try {
+        const modes = await Promise.all(["upper", "work"].map(async (n) => (await stat(path.join(at, n))).mode & 0o7777));
+        expect(modes).toEqual([0o755, 0o700]);
+      } finally {
+        await unmount(at);
+      }
+    }
+  });
+
   it("close stops refilling", async () => {
     const d = await scratch();
-    const pool = await openPool(path.join(d, "pool"), { perSize: 2, refillDelayMs: 100 });
+    // The delay outlasts the claim's own mkfs even on a loaded machine (at 100 ms it did not always).
+    const pool = await openPool(path.join(d, "pool"), { perSize: 2, refillDelayMs: 400 });
     await pool.claim(path.join(d, "a.img"), 16 * MiB);
     await pool.close();
-    await new Promise((r) => setTimeout(r, 300));
+    await new Promise((r) => setTimeout(r, 600));
     expect(await ready(pool, 16 * MiB)).toHaveLength(0);
   });
 });

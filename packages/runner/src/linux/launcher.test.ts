@@ -23,7 +23,7 @@ afterAll(async () => {
 /** Runs `script` as the first process of a bare bwrap sandbox (the host's / read-only); its output. */
 async function firstProcess(script: string, extra: Partial<LaunchOptions> = {}): Promise<{ output: string; oomScoreDenied: boolean }> {
   const logFile = path.join(dir, `log-${Math.random().toString(36).slice(2)}`);
-  const child = launch({
+  const child = await launch({
     bwrap: which("bwrap")!,
     setpriv: which("setpriv")!,
     hostUid: UID,

@@ -1,4 +1,3 @@
-import type { ChildProcess } from "node:child_process";
 import { spawn } from "node:child_process";
 import { closeSync, constants as fsConstants, openSync, watch, writeFileSync } from "node:fs";
 import type { FileHandle } from "node:fs/promises";
@@ -8,6 +7,7 @@ import path from "node:path";
 import type { Writable } from "node:stream";
 import { encodeArgs } from "./bwrap.ts";
 import { sleep } from "./cgroups/types.ts";
+import { spawner } from "./spawner.ts";
 
 // Starts a sandbox's first process:  sh (joins the cgroups) -> setpriv (drops to the sandbox's
 // host uid, no new privileges) -> bwrap (namespaces) -> the agent.
@@ -45,31 +45,48 @@ export interface LaunchOptions {
   oomScoreAdj?: number;
 }
 
-/** The launched chain's first process; `oomScoreDenied`: the host may not set the asked oom_score_adj. */
-export type LaunchedProcess = ChildProcess & { readonly oomScoreDenied: boolean };
+/**
+ * The launched chain's first process (what the provider uses of it: its pid and "exit" events);
+ * `oomScoreDenied`: the host may not set the asked oom_score_adj.
+ */
+export interface LaunchedProcess {
+  readonly pid?: number | undefined;
+  readonly exitCode: number | null;
+  readonly signalCode: NodeJS.Signals | null;
+  readonly oomScoreDenied: boolean;
+  on(event: "exit", listener: ExitListener): unknown;
+  once(event: "exit", listener: ExitListener): unknown;
+  off(event: "exit", listener: ExitListener): unknown;
+}
+type ExitListener = (code: number | null, signal: NodeJS.Signals | null) => void;
 
-export function launch(o: LaunchOptions): LaunchedProcess {
+/** Starts the chain: from the runner's spawner process when it runs (spawner.ts), else from here. */
+export async function launch(o: LaunchOptions): Promise<LaunchedProcess> {
+  const args = [
+    "-c", o.umask === undefined ? JOIN : `umask ${o.umask.toString(8).padStart(3, "0")}; ${JOIN}`, "sandbar-launch", ...o.procsFiles, "--",
+    ...(o.netns ? [o.netns.nsenter, `--net=${o.netns.path}`, "--"] : []),
+    o.setpriv, `--reuid=${o.hostUid}`, `--regid=${o.hostGid}`, ...(o.groups?.length ? [`--groups=${o.groups.join(",")}`] : ["--clear-groups"]), "--no-new-privs",
+    o.bwrap, "--args", "3", "--", ...o.command,
+  ];
+  const options = encodeArgs(o.seccompFile === undefined ? o.bwrapOptions : [...o.bwrapOptions, "--seccomp", "4"]);
+  const helper = spawner();
+  if (helper) return helper.launch({ cmd: "/bin/sh", args, logFile: o.logFile, seccompFile: o.seccompFile, pipe3: options, oomScoreAdj: o.oomScoreAdj });
+  return launchHere(args, options, o);
+}
+
+function launchHere(args: string[], bwrapOptions: Buffer, o: LaunchOptions): LaunchedProcess {
   const log = openSync(o.logFile, "w", 0o600);
   // fd 4 of bwrap: it reads the filter from there (an inherited descriptor survives sh and setpriv).
   const filter = o.seccompFile ? openSync(o.seccompFile, "r") : undefined;
   try {
-    const child = spawn(
-      "/bin/sh",
-      [
-        "-c", o.umask === undefined ? JOIN : `umask ${o.umask.toString(8).padStart(3, "0")}; ${JOIN}`, "sandbar-launch", ...o.procsFiles, "--",
-        ...(o.netns ? [o.netns.nsenter, `--net=${o.netns.path}`, "--"] : []),
-        o.setpriv, `--reuid=${o.hostUid}`, `--regid=${o.hostGid}`, ...(o.groups?.length ? [`--groups=${o.groups.join(",")}`] : ["--clear-groups"]), "--no-new-privs",
-        o.bwrap, "--args", "3", "--", ...o.command,
-      ],
-      { stdio: ["ignore", log, log, "pipe", filter ?? "ignore"], detached: true, env: {} },
-    );
+    const child = spawn("/bin/sh", args, { stdio: ["ignore", log, log, "pipe", filter ?? "ignore"], detached: true, env: {} });
     // The score goes on the launcher (still sh, or setpriv, or bwrap by now: one pid throughout)
     // before bwrap gets its options, which it reads before it forks anything: the init and the
     // agent inherit it from their first instruction, and no pid list is read after the start.
     const oomScoreDenied = o.oomScoreAdj !== undefined && child.pid !== undefined && !setOomScoreAdj(child.pid, o.oomScoreAdj);
     const argsPipe = child.stdio[3] as Writable;
     argsPipe.on("error", () => undefined); // bwrap died before reading: reported via exit
-    argsPipe.end(encodeArgs(filter === undefined ? o.bwrapOptions : [...o.bwrapOptions, "--seccomp", "4"]));
+    argsPipe.end(bwrapOptions);
     child.unref();
     return Object.assign(child, { oomScoreDenied });
   } finally {
@@ -85,7 +102,7 @@ export function launch(o: LaunchOptions): LaunchedProcess {
  * Waits on inotify for the socket to appear (no busy polling while node boots, which matters when
  * several sandboxes start at once), then retries the connect briefly for the bind-to-listen gap.
  */
-export async function waitForSocket(socket: string, child: ChildProcess, timeoutMs: number, logFile: string, restartsFile?: string): Promise<void> {
+export async function waitForSocket(socket: string, child: LaunchedProcess, timeoutMs: number, logFile: string, restartsFile?: string): Promise<void> {
   let exited: string | undefined;
   let wake = () => undefined as void;
   let pending = false;

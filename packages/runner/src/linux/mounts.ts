@@ -2,6 +2,7 @@ import { mkdir, open, readFile, rm, symlink } from "node:fs/promises";
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { CommandError, run } from "./command.ts";
+import { settleAll } from "./settle.ts";
 
 // Host-side mounts of a sandbox: the overlay root and, with a disk cap, the loop-mounted ext4
 // image that holds the overlay's upper and work directories.
@@ -28,7 +29,21 @@ export interface OverlayDirs {
   linkDir: string;
 }
 
-export async function mountOverlay(d: OverlayDirs): Promise<void> {
+/**
+ * A sandbox's root: with `disk`, in one shell, its image attached and mounted (as mountDiskImage)
+ * and the overlay's upper and work directories made on it, then the overlay.
+ * One process for what was two (and two node round trips for the directories): each process the
+ * runner starts costs more than one sh execs. What it mounted before a failure stays mounted:
+ * the caller's teardown unmounts it.
+ */
+export async function mountRoot(d: OverlayDirs, disk?: { image: string; target: string }): Promise<void> {
+  const opts = await overlayOptions(d);
+  if (!disk) await run("mount", ["-t", "overlay", "overlay", "-o", opts, d.target], { cwd: d.linkDir });
+  else await run("sh", ["-c", MOUNT_ROOT, "sandbar-mount", disk.image, disk.target, d.upper, d.work, opts, d.target], { cwd: d.linkDir });
+}
+
+/** The overlay's mount options, naming the layers by short links in `linkDir` (made here). */
+async function overlayOptions(d: OverlayDirs): Promise<string> {
   await mkdir(d.linkDir, { recursive: true, mode: 0o700 });
   const alias = async (name: string, target: string) => {
     const at = path.join(d.linkDir, name);
@@ -37,10 +52,9 @@ export async function mountOverlay(d: OverlayDirs): Promise<void> {
     return name;
   };
   const [upper, work, ...lowers] = await Promise.all([alias("upper", checkMountPath(d.upper)), alias("work", checkMountPath(d.work)), ...d.lowers.map((l, i) => alias(`l${i}`, checkMountPath(l)))]);
-  const opts = `lowerdir=${lowers.join(":")},upperdir=${upper},workdir=${work}`;
   // nosuid + nodev: a restored archive may carry setuid files or device nodes; neither works here.
   // Relative names resolve against mount(8)'s working directory: the link dir.
-  await run("mount", ["-t", "overlay", "overlay", "-o", `nosuid,nodev,${opts}`, d.target], { cwd: d.linkDir });
+  return `nosuid,nodev,lowerdir=${lowers.join(":")},upperdir=${upper},workdir=${work}`;
 }
 
 /**
@@ -49,13 +63,20 @@ export async function mountOverlay(d: OverlayDirs): Promise<void> {
  */
 export async function makeDiskImage(image: string, bytes: number, options: { nice?: boolean } = {}): Promise<void> {
   const fh = await open(image, "wx", 0o600);
+  // The overlay's upper and work dirs (Layout.upper/work) made by mkfs (-d: the file system's
+  // root populated from a directory), so a first start has none to make.
+  const root = path.join(path.dirname(image), `.${path.basename(image)}.root`);
   try {
     await fh.truncate(bytes);
+    await rm(root, { recursive: true, force: true }); // a crash's, in a sandbox dir made again
+    await mkdir(root, { mode: 0o755 });
+    await settleAll([mkdir(path.join(root, "upper"), { mode: 0o755 }), mkdir(path.join(root, "work"), { mode: 0o700 })]);
+    const mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", "-d", root, image];
+    await (options.nice ? run("nice", ["-n", "19", ...mkfs]) : run(mkfs[0]!, mkfs.slice(1)));
   } finally {
     await fh.close();
+    await rm(root, { recursive: true, force: true });
   }
-  const mkfs = ["mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", image];
-  await (options.nice ? run("nice", ["-n", "19", ...mkfs]) : run(mkfs[0]!, mkfs.slice(1)));
 }
 
 /**
@@ -96,14 +117,26 @@ export async function mountDiskImage(image: string, target: string, readonly = f
   await run("sh", ["-c", ATTACH_AND_MOUNT, "sandbar-mount", image, target, readonly ? "--read-only" : "", `nosuid,nodev${readonly ? ",ro" : ""}`]);
 }
 
-const ATTACH_AND_MOUNT = `
-for try in 1 2 3 4 5; do
-  dev=$(losetup --find --show --nooverlap --direct-io=on $3 "$1") && break
-  [ $try = 5 ] && exit 1
-  sleep 0.05
-done
-mount -t ext4 -o "$4" "$dev" "$2" || { s=$?; losetup --detach "$dev"; exit $s; }
-losetup --detach "$dev"
+/** attach_and_mount <image> <target> <losetup's --read-only or ""> <mount options> */
+const ATTACH = `
+attach_and_mount() {
+  for try in 1 2 3 4 5; do
+    dev=$(losetup --find --show --nooverlap --direct-io=on $3 "$1") && break
+    [ $try = 5 ] && return 1
+    sleep 0.05
+  done
+  mount -t ext4 -o "$4" "$dev" "$2" || { s=$?; losetup --detach "$dev"; return $s; }
+  losetup --detach "$dev"
+}
+`;
+const ATTACH_AND_MOUNT = `${ATTACH}attach_and_mount "$@"`;
+/** <image> <disk mount> <upper> <work> <overlay options> <root> */
+const MOUNT_ROOT = `${ATTACH}
+attach_and_mount "$1" "$2" "" nosuid,nodev || exit
+# Made by mkfs (makeDiskImage); an image of an older runner may lack them.
+[ -d "$3" ] || mkdir -p -m 755 "$3" || exit
+[ -d "$4" ] || mkdir -p -m 700 "$4" || exit
+exec mount -t overlay overlay -o "$5" "$6"
 `;
 
 export async function unmount(target: string): Promise<void> {

@@ -21,7 +21,7 @@ import { SandboxNetworks } from "./network.ts";
 import { AGENT_OOM_SCORE_ADJ, launch, readRestarts, waitForSocket, type LaunchedProcess } from "./launcher.ts";
 import { Layout } from "./layout.ts";
 import { bindVolume, prepareVolumeRoot } from "./volume-binds.ts";
-import { growDiskImage, isMountpoint, mountDiskImage, mountOverlay, mountPoints, mountsUnder, unmount } from "./mounts.ts";
+import { growDiskImage, isMountpoint, mountDiskImage, mountPoints, mountRoot, mountsUnder, unmount } from "./mounts.ts";
 import type { SandboxRecord } from "./record.ts";
 import { listRecordIds, readAllRecords, readRecord, writeRecord } from "./record.ts";
 import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
@@ -30,6 +30,7 @@ import { endSandboxProcesses } from "./terminate.ts";
 import { UidAllocator } from "./uids.ts";
 import { settleAll } from "./settle.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
+import { startSpawner } from "./spawner.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -114,7 +115,7 @@ export class LinuxProvider implements SandboxProvider {
     this.trace = options.trace ?? (() => undefined);
   }
 
-  /** The tools layers some sandbox's overlay links to (its `layers/l0`, made by mountOverlay). */
+  /** The tools layers some sandbox's overlay links to (its `layers/l0`, made by mountRoot). */
   async #toolsLayersLinked(): Promise<Set<string>> {
     const linked = new Set<string>();
     for (const id of await listRecordIds(this.layout)) {
@@ -150,6 +151,7 @@ export class LinuxProvider implements SandboxProvider {
     const volumeGid = options.volumeGid ?? uids.base + uids.count - 1;
     if (volumeGid >= uids.base && volumeGid < uids.base + uids.count) uids.markUsed(volumeGid);
     const networks = await SandboxNetworks.create({ netnsPrefix: `sandbar-${layout.key}-`, ...options.network });
+    startSpawner(); // ready long before a first start needs it
     const diskPool = await DiskImagePool.open(path.join(layout.dataDir, "disk-pool"), { ...options.diskPool, log: options.log });
     const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, diskPool, { ...options, volumeGid });
     for (const id of await listRecordIds(layout)) {
@@ -245,7 +247,7 @@ export class LinuxProvider implements SandboxProvider {
     const L = this.layout;
     const hasDisk = spec.diskGiB !== undefined;
     const owner = { uid: hostUid, gid: hostUid };
-    // The cgroup and the tools layer need nothing of the mounts: made while mount(8) runs.
+    // The cgroup and the tools layer need nothing of the mounts: made while the mounts are.
     const limits = this.#applyLimits(spec, hostUid);
     limits.catch(() => undefined); // awaited below; a failure before then must not go unhandled
     try {
@@ -260,16 +262,13 @@ export class LinuxProvider implements SandboxProvider {
           await settleAll([mkdir(L.rootMount(id), { recursive: true }), mkdir(L.runDir(id), { recursive: true, mode: 0o700 }).then(() => chown(L.runDir(id), hostUid, hostUid))]);
           await rm(L.socket(id), { force: true });
         })(),
-        (async () => {
-          if (!hasDisk) return;
-          await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
-          await mountDiskImage(L.diskImage(id), L.diskMount(id));
-          await settleAll([mkdir(L.upper(id, true), { recursive: true, mode: 0o755 }), mkdir(L.work(id, true), { recursive: true, mode: 0o700 })]);
-        })(),
+        hasDisk ? mkdir(L.diskMount(id), { recursive: true, mode: 0o700 }) : Promise.resolve(),
       ]);
       phase("dirs");
       const { dir: toolsDir, agentEntry } = await tools;
-      await mountOverlay({ lowers: [toolsDir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") });
+      // The disk image (its upper and work dirs made on it) and the overlay, in one process.
+      const overlay = { lowers: [toolsDir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") };
+      await mountRoot(overlay, hasDisk ? { image: L.diskImage(id), target: L.diskMount(id) } : undefined);
 
       phase("overlay");
       const root = L.rootMount(id);
@@ -324,7 +323,7 @@ export class LinuxProvider implements SandboxProvider {
       phase("network");
       const options = bwrapOptions({ root, hostname: id, uid: user.uid, gid: user.gid, env, cwd: spec.workdir ?? user.home, mounts, shmBytes, shareNet: netns !== undefined });
       this.#exits.delete(id);
-      const child = launch({
+      const child = await launch({
         bwrap: this.#tools.bwrap, setpriv: this.#tools.setpriv, hostUid, hostGid: hostUid, procsFiles: this.cgroups.procsFiles(id), bwrapOptions: options, command,
         logFile: L.initLog(id), seccompFile: this.#tools.seccompFile, netns, oomScoreAdj: AGENT_OOM_SCORE_ADJ, ...(spec.volumes?.length ? { groups: [this.#volumeGid], umask: 0o002 } : {}),
       });

@@ -1,4 +1,4 @@
-import { mkdir, rm, symlink } from "node:fs/promises";
+import { mkdir, rm, symlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { Code, ConnectError } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -64,4 +64,38 @@ describe("a start that fails while preparing the root", () => {
       expect(await startLeftovers(id, hostUid)).toEqual([]);
     });
   }
+});
+
+describe("a start that fails between the disk's mount and the overlay's (one shell does both)", () => {
+  it("leaves the disk unmounted and its loop device gone, and starts once fixed", async () => {
+    const id = uniqueId("failroot");
+    created.add(id);
+    const { hostUid } = await f.provider.create(f.spec(id, { diskGiB: 1 }));
+    const L = f.provider.layout;
+    // A file where the overlay's upper directory goes: its mkdir fails with the disk mounted.
+    const onDisk = async (fn: () => Promise<void>) => {
+      await mkdir(L.diskMount(id), { recursive: true });
+      await mountDiskImage(L.diskImage(id), L.diskMount(id));
+      try {
+        await fn();
+      } finally {
+        await unmount(L.diskMount(id));
+      }
+    };
+    await onDisk(async () => {
+      await rm(L.upper(id, true), { recursive: true }); // made by mkfs
+      await writeFile(L.upper(id, true), "not a directory");
+    });
+    const err = await f.provider.start(id).then(() => undefined, (e: unknown) => e);
+    expect(err).toBeInstanceOf(ConnectError);
+    expect((err as ConnectError).code).toBe(Code.FailedPrecondition);
+    expect((err as ConnectError).message).toContain("upper");
+    expect(await startLeftovers(id, hostUid)).toEqual([]);
+
+    await onDisk(() => rm(L.upper(id, true)));
+    await f.provider.start(id);
+    expect((await sh(f.provider, id, "echo ok")).stdout).toBe("ok\n");
+    await f.provider.stop(id, { force: true });
+    expect(await startLeftovers(id, hostUid)).toEqual([]);
+  });
 });
