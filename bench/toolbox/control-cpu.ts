@@ -122,7 +122,7 @@ if (isMainThread) {
   const direct = med(p50.get("agent direct")!);
   const lines = paths.map(([name]) => {
     const p = med(p50.get(name)!);
-    return `${name.padEnd(15)} control cpu/call ${ms(med(cpu.get(name)!))} ms (rounds ${cpu.get(name)!.map(ms).join(" ")})  p50 ${ms(p)} ms  over direct ${ms(p - direct)} ms`;
+    return `${name.padEnd(15)} control cpu/call ${ms(med(cpu.get(name)!))} ms (min ${ms(Math.min(...cpu.get(name)!))}; rounds ${cpu.get(name)!.map(ms).join(" ")})  p50 ${ms(p)} ms  over direct ${ms(p - direct)} ms`;
   });
   agents.close();
   rest.close();

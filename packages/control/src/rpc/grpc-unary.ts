@@ -7,6 +7,10 @@ import { clientAddress, clientAddressKey } from "../server/client-address.ts";
 
 type Impl = (input: unknown, ctx: HandlerContext) => unknown;
 
+// Reasons given to the aborts every call makes as it ends (an abort without one builds a DOMException with its stack, per call).
+const CLOSED = new ConnectError("the stream closed", Code.Canceled);
+const ENDED = new ConnectError("the call ended", Code.Canceled);
+
 /**
  * Unary gRPC calls of the given services (the toolbox's: exec among them) served without
  * Connect's handler pipeline (async iterables, envelope transforms, response adapters: about
@@ -44,7 +48,7 @@ export function grpcUnaryFastPath(services: DescService[], implOf: (service: Des
 async function call(method: DescMethodUnary, impl: Impl, req: Http2ServerRequest, res: Http2ServerResponse, readMaxBytes: number): Promise<void> {
   const abort = new AbortController();
   // As Connect's adapter: the call's signal is aborted once the stream closes (the client went away, or done).
-  req.once("close", () => abort.abort());
+  req.once("close", () => abort.abort(CLOSED));
   const timeout = parseTimeout(headerValue(req.headers["grpc-timeout"]), Number.MAX_SAFE_INTEGER);
   const ctx = createHandlerContext({
     service: method.parent,
@@ -73,7 +77,7 @@ async function call(method: DescMethodUnary, impl: Impl, req: Http2ServerRequest
     body = undefined;
     setTrailerStatus(ctx.responseTrailer, err instanceof ConnectError ? err : new ConnectError("internal error", Code.Internal, undefined, undefined, err));
   } finally {
-    ctx.abort(); // clears the deadline timer, as Connect does when a call ends
+    ctx.abort(ENDED); // clears the deadline timer, as Connect does when a call ends
   }
   if (res.stream.destroyed || res.headersSent) return;
   res.writeHead(200, nodeHeaders(ctx.responseHeader));
