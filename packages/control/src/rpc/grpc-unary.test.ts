@@ -150,6 +150,46 @@ describe("grpcUnaryFastPath", () => {
     expect((await plain().execute({ command: "ok" })).exitCode).toBe(7);
   });
 
+  it("survives a stream reset halfway through its message, and calls nothing", async () => {
+    seen.clear();
+    const before = fast;
+    const session = http2.connect(url);
+    const stream = session.request({ ":method": "POST", ":path": "/sandbar.agent.v1.ProcessService/Execute", "content-type": "application/grpc" });
+    const prefix = Buffer.from([0, 0, 0, 0, 100]);
+    stream.write(Buffer.concat([prefix, Buffer.alloc(10, 1)]));
+    await expect.poll(() => fast).toBe(before + 1);
+    await new Promise<void>((resolve) => stream.close(http2.constants.NGHTTP2_CANCEL, resolve));
+    session.close();
+    expect(seen.size).toBe(0);
+    expect((await plain().execute({ command: "ok" })).exitCode).toBe(7);
+  });
+
+  it("refuses a truncated or doubled message as Connect does", async () => {
+    const raw = async (body: Buffer, encoding?: string) => {
+      const session = http2.connect(url);
+      try {
+        const stream = session.request({ ":method": "POST", ":path": "/sandbar.agent.v1.ProcessService/Execute", "content-type": "application/grpc", ...(encoding ? { "grpc-encoding": encoding } : {}) });
+        const trailers = new Promise<http2.IncomingHttpHeaders>((resolve) => stream.on("trailers", resolve));
+        stream.resume();
+        stream.end(body);
+        return await trailers;
+      } finally {
+        session.close();
+      }
+    };
+    const one = Buffer.from([0, 0, 0, 0, 4, 0x0a, 0x02, 0x6f, 0x6b]); // command: "ok"
+    expect((await raw(one))["grpc-status"]).toBe("0");
+    expect((await raw(one.subarray(0, 7)))["grpc-status"]).toBe(String(Code.InvalidArgument));
+    expect((await raw(Buffer.concat([one, one])))["grpc-status"]).toBe(String(Code.Unimplemented));
+    expect((await raw(Buffer.alloc(0)))["grpc-status"]).toBe(String(Code.Unimplemented));
+    // Connect's answers to the same bodies (a gzip request goes to Connect; these envelopes are not compressed).
+    const before = fast;
+    for (const body of [one, one.subarray(0, 7), Buffer.concat([one, one]), Buffer.alloc(0)]) {
+      expect((await raw(body, "gzip"))["grpc-status"]).toBe((await raw(body))["grpc-status"]);
+    }
+    expect(fast).toBe(before + 4);
+  });
+
   it("leaves other protocols and compressed requests to Connect", async () => {
     const before = fast;
     const { createConnectTransport } = await import("@connectrpc/connect-node");

@@ -40,7 +40,7 @@ export function grpcUnaryFastPath(services: DescService[], implOf: (service: Des
     const h = req.headers;
     if (h["content-type"] !== "application/grpc" && h["content-type"] !== "application/grpc+proto") return false;
     if (h["grpc-encoding"] !== undefined && h["grpc-encoding"] !== "identity") return false;
-    void call(target.method, target.impl, req, res, readMaxBytes);
+    call(target.method, target.impl, req, res, readMaxBytes).catch(() => res.stream.destroy());
     return true;
   };
 }
@@ -79,11 +79,15 @@ async function call(method: DescMethodUnary, impl: Impl, req: Http2ServerRequest
   } finally {
     ctx.abort(ENDED); // clears the deadline timer, as Connect does when a call ends
   }
-  if (res.stream.destroyed || res.headersSent) return;
-  res.writeHead(200, nodeHeaders(ctx.responseHeader));
-  if (body) res.write(body);
-  res.addTrailers(nodeHeaders(ctx.responseTrailer));
-  res.end();
+  if (res.stream.destroyed || res.stream.closed || res.headersSent) return;
+  try {
+    res.writeHead(200, nodeHeaders(ctx.responseHeader));
+    if (body) res.write(body);
+    res.addTrailers(nodeHeaders(ctx.responseTrailer));
+    res.end();
+  } catch {
+    res.stream.destroy(); // the stream went away as the answer was written: nobody to tell
+  }
 }
 
 /** The request body: envelopes, up to one message of readMaxBytes (the size is known from the first envelope's prefix). */
@@ -110,6 +114,8 @@ function readEnvelopes(req: Http2ServerRequest, readMaxBytes: number): Promise<B
     req.on("data", onData);
     req.once("end", () => resolve(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks)));
     req.once("error", (err) => reject(ConnectError.from(err, Code.Aborted)));
+    // A stream reset before its end: no "end" comes (rejecting after a resolve changes nothing).
+    req.once("close", () => reject(CLOSED));
   });
 }
 
