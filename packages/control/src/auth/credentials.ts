@@ -157,7 +157,9 @@ export class Credentials {
       const batch = this.syncWaiters;
       this.syncWaiters = [];
       try {
-        await this.listener?.query("select 1");
+        // An empty query: no parse, plan or row to describe, yet answered (ReadyForQuery) only
+        // after the notifications that came before it, like any query.
+        await this.listener?.query("");
       } catch {
         this.keys.clear(); // notifications may have been lost: re-read everything
         this.members.clear();

@@ -37,6 +37,7 @@ import { RunnerService } from "@sandbar/protocol/gen/sandbar/control/v1/runner_p
 import { bootstrap } from "../bootstrap.ts";
 import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
 import { openDatabase } from "../db/orm.ts";
+import { grpcUnaryFastPath } from "../rpc/grpc-unary.ts";
 import { createGateway, type ImplIndex } from "../gateway/handler.ts";
 import { MAX_JSON_BODY } from "../gateway/http-io.ts";
 import { RouteTable } from "../gateway/route-table.ts";
@@ -178,6 +179,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
     upgrades: [...rest.upgrades, ...preview.routes.upgrades],
   });
   const gateway = createGateway(routes, impls, API_BASE);
+  // The toolbox's unary gRPC calls in their plain form skip Connect's pipeline (same secured implementations).
+  const grpcUnary = grpcUnaryFastPath(toolbox.services, (s) => impls.get(s.typeName) as never, MAX_JSON_BODY);
 
   const listener = await listenOnePort(
     (req, res) => {
@@ -188,7 +191,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
       else if (identity.owns(url)) identity.handle(req as never, res as never);
       // The S3 endpoint of build contexts: its own protocol and signatures (object-storage/s3-proxy.ts).
       else if (objectStorage.proxy.owns(url)) void objectStorage.proxy.handle(req as never, res as never);
-      else rpc(req as never, res as never);
+      else if (!grpcUnary(req, res)) rpc(req as never, res as never);
     },
     settings.port,
     settings.host,

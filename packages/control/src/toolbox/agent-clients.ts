@@ -20,6 +20,22 @@ export class AgentClients {
   private readonly entries = new Map<string, Entry>();
 
   client<S extends DescService>(service: S, agent: Pick<AgentDial, "key" | "api">): Client<S> {
+    const entry = this.entry(agent);
+    let client = entry.clients.get(service.typeName);
+    if (!client) {
+      const transport = createAgentTransport(entry.manager);
+      client = createClient(service, transport) as unknown as Client<DescService>;
+      entry.clients.set(service.typeName, client);
+    }
+    return client as unknown as Client<S>;
+  }
+
+  /** The agent's HTTP/2 session, for calls made without a Connect client (agent-unary.ts). */
+  session(agent: Pick<AgentDial, "key" | "api">): Http2SessionManager {
+    return this.entry(agent).manager;
+  }
+
+  private entry(agent: Pick<AgentDial, "key" | "api">): Entry {
     const socket = agent.key;
     let entry = this.entries.get(socket);
     if (entry) {
@@ -33,13 +49,7 @@ export class AgentClients {
       if (this.entries.size >= MAX_AGENTS) this.forget(this.entries.keys().next().value!);
     }
     this.entries.set(socket, entry);
-    let client = entry.clients.get(service.typeName);
-    if (!client) {
-      const transport = createAgentTransport(entry.manager);
-      client = createClient(service, transport) as unknown as Client<DescService>;
-      entry.clients.set(service.typeName, client);
-    }
-    return client as unknown as Client<S>;
+    return entry;
   }
 
   forget(key: string): void {

@@ -1,10 +1,11 @@
-import type { DescMethod, DescService } from "@bufbuild/protobuf";
+import type { DescMethod, DescMethodUnary, DescService } from "@bufbuild/protobuf";
 import type { CallOptions, HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { organizationOf } from "../auth/principal.ts";
 import { sandboxIdKey } from "../gateway/rest-route.ts";
 import type { AgentClients } from "./agent-clients.ts";
-import type { AgentLocator } from "./agent-locator.ts";
+import type { AgentEndpoint, AgentLocator } from "./agent-locator.ts";
+import { agentUnary } from "./agent-unary.ts";
 
 /** The metadata naming the sandbox of a toolbox call made over gRPC/Connect (REST has it in the path). */
 export const SANDBOX_ID_HEADER = "x-sandbar-sandbox-id";
@@ -25,11 +26,7 @@ export function forwardingImpl<S extends DescService>(service: S, locator: Agent
 
 function forwarder(service: DescService, method: DescMethod, locator: AgentLocator, clients: AgentClients): Forwarder {
   const target = async (ctx: HandlerContext) => {
-    // REST: the path's sandbox (a typed value of the call); gRPC: the caller's metadata.
-    const idOrName = ctx.values.get(sandboxIdKey) ?? ctx.requestHeader.get(SANDBOX_ID_HEADER);
-    if (!idOrName) throw errors.invalidArgument(`the sandbox is missing: send its id in the ${SANDBOX_ID_HEADER} header`);
-    const agent = await locator.agentFor(organizationOf(ctx), idOrName);
-    locator.touch(agent.sandboxId);
+    const agent = await locate(ctx, locator);
     const call = (clients.client(service, agent) as unknown as Record<string, ClientMethod>)[method.localName];
     const options: CallOptions = {
       headers: { authorization: `Bearer ${agent.secret}` },
@@ -44,7 +41,31 @@ function forwarder(service: DescService, method: DescMethod, locator: AgentLocat
       yield* (await target(ctx))(input) as AsyncIterable<unknown>;
     };
   }
+  if (method.methodKind === "unary") {
+    // Unary calls (exec among them) skip Connect's client: one HTTP/2 stream on the same session.
+    const unary = method as DescMethodUnary;
+    return async (input: unknown, ctx: HandlerContext) => {
+      const agent = await locate(ctx, locator);
+      return agentUnary(clients.session(agent), unary, boundTimeouts(method, input) as never, {
+        headers: { authorization: `Bearer ${agent.secret}` },
+        signal: ctx.signal,
+        timeoutMs: ctx.timeoutMs(),
+        onHeader: (h) => {
+          for (const k in h) if (k.startsWith("x-sandbar-")) ctx.responseHeader.set(k, String(h[k]));
+        },
+      });
+    };
+  }
   return async (input: unknown, ctx: HandlerContext) => (await target(ctx))(input);
+}
+
+/** The sandbox's agent (REST: the path's sandbox, a typed value of the call; gRPC: the caller's metadata); counts as activity. */
+async function locate(ctx: HandlerContext, locator: AgentLocator): Promise<AgentEndpoint> {
+  const idOrName = ctx.values.get(sandboxIdKey) ?? ctx.requestHeader.get(SANDBOX_ID_HEADER);
+  if (!idOrName) throw errors.invalidArgument(`the sandbox is missing: send its id in the ${SANDBOX_ID_HEADER} header`);
+  const agent = await locator.agentFor(organizationOf(ctx), idOrName);
+  locator.touch(agent.sandboxId);
+  return agent;
 }
 
 /**
