@@ -1,9 +1,10 @@
 import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { requireSecret } from "./auth.ts";
+import { requireSecret, secretCheck } from "./auth.ts";
 import type { AgentContext } from "./context.ts";
 import { serviceLoaders } from "./services.ts";
 import type { Areas } from "./services.ts";
+import { resolvePath } from "./util/paths.ts";
 
 /** Most bytes of one request message (upload chunks, replace bodies). */
 const READ_MAX_BYTES = 32 * 1024 * 1024;
@@ -39,7 +40,23 @@ export function createRpcHandler(ctx: AgentContext, areas: Areas, secret: string
     }
     return h;
   };
+  const authorized = secretCheck(secret);
+  let uploads: Promise<typeof import("./files/grpc-upload.ts")> | undefined;
   const handle = (req: Http2ServerRequest, res: Http2ServerResponse) => {
+    // Large uploads over gRPC skip Connect's per-message pipeline (files/grpc-upload.ts).
+    if (req.method === "POST" && req.url.startsWith("/sandbar.agent.v1.FileService/Upload")) {
+      uploads ??= import("./files/grpc-upload.ts");
+      uploads.then(
+        (u) => {
+          if (!u.isDirectUpload(req)) return handlerFor("sandbar.agent.v1.FileService").then((h) => h(req, res));
+          return u.serveDirectUpload(req, res, { authorized, resolve: (p) => resolvePath(ctx.workDir, p), readMaxBytes: READ_MAX_BYTES });
+        },
+      ).catch((err: unknown) => {
+        ctx.log("upload failed to load", err);
+        if (!res.headersSent) res.writeHead(500).end();
+      });
+      return;
+    }
     // Paths are /<package>.<Service>/<Method>.
     const service = req.url.slice(1, req.url.indexOf("/", 1));
     if (!Object.hasOwn(serviceLoaders, service)) {
