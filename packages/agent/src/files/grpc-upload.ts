@@ -1,9 +1,9 @@
 import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import { errors } from "@sandbar/protocol";
 import { UploadFileRequestSchema, UploadFileResponseSchema, UploadFilesResponseSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
+import { errorTrailers, isPlainGrpc } from "../util/plain-grpc.ts";
 import { UploadReceiver } from "./upload-receiver.ts";
 
 /**
@@ -26,11 +26,7 @@ const METHODS: Record<string, boolean> = {
 
 /** Whether this request is an upload this decoder takes (plain gRPC, binary, uncompressed). */
 export function isDirectUpload(req: Http2ServerRequest): boolean {
-  if (req.method !== "POST" || !Object.hasOwn(METHODS, req.url)) return false;
-  const type = req.headers["content-type"]?.toLowerCase();
-  if (type !== "application/grpc" && type !== "application/grpc+proto") return false;
-  const encoding = req.headers["grpc-encoding"];
-  return encoding === undefined || encoding === "identity";
+  return Object.hasOwn(METHODS, req.url) && isPlainGrpc(req);
 }
 
 export interface DirectUploadOptions {
@@ -58,8 +54,7 @@ export async function serveDirectUpload(req: Http2ServerRequest, res: Http2Serve
       : toBinary(UploadFileResponseSchema, create(UploadFileResponseSchema, { file: files[0] }));
   } catch (err) {
     await receiver.abandon();
-    const e = err instanceof ConnectError ? err : new ConnectError("internal error", Code.Internal, undefined, undefined, err);
-    respond(res, undefined, Object.fromEntries(setTrailerStatus(new Headers(), e)));
+    respond(res, undefined, errorTrailers(err));
     return;
   }
   const body = new Uint8Array(5 + answer.length);

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { randomBytes } from "node:crypto";
 import * as http2 from "node:http2";
 import { connect as netConnect } from "node:net";
-import { readFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import * as path from "node:path";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
@@ -15,6 +15,7 @@ import {
 } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { InfoService } from "@sandbar/protocol/gen/sandbar/agent/v1/info_pb.js";
 import { startAgentProcess } from "../testing/agent-process.ts";
+import { CHUNK_SIZE } from "./transfer.ts";
 import type { AgentProcess } from "../testing/agent-process.ts";
 
 // gRPC uploads are decoded by the agent straight from the HTTP/2 stream (grpc-upload.ts), not by
@@ -138,6 +139,17 @@ function message(a: Answer): Buffer {
   return a.body.subarray(5);
 }
 
+/** A client of the agent over the Connect protocol (which the agent leaves to Connect). */
+function connectProtocolFiles() {
+  const transport = createConnectTransport({
+    baseUrl: "http://localhost",
+    httpVersion: "2",
+    nodeOptions: { createConnection: () => netConnect(agent.socketPath) },
+    interceptors: [(next) => (req) => (req.header.set("authorization", `Bearer ${agent.secret}`), next(req))],
+  });
+  return createClient(FileService, transport);
+}
+
 describe("gRPC uploads read from the stream", () => {
   for (const [name, sizes] of [
     ["one write", [1 << 30]],
@@ -221,13 +233,7 @@ describe("gRPC uploads read from the stream", () => {
   });
 
   it("leaves other protocols to Connect: the same upload over the Connect protocol", async () => {
-    const transport = createConnectTransport({
-      baseUrl: "http://localhost",
-      httpVersion: "2",
-      nodeOptions: { createConnection: () => netConnect(agent.socketPath) },
-      interceptors: [(next) => (req) => (req.header.set("authorization", `Bearer ${agent.secret}`), next(req))],
-    });
-    const fs = createClient(FileService, transport);
+    const fs = connectProtocolFiles();
     const msgs = messages("connect/one.bin");
     const res = await fs.uploadFile(
       (async function* () {
@@ -237,5 +243,62 @@ describe("gRPC uploads read from the stream", () => {
     const want = expected(msgs);
     expect(res.file?.bytes).toBe(BigInt(want.length));
     expect((await readFile(path.join(agent.root, "connect/one.bin"))).equals(want)).toBe(true);
+  });
+});
+
+describe("gRPC downloads framed from the file", () => {
+  /** Every message of a download, as a client decodes them. */
+  async function download(fs: ReturnType<typeof connectProtocolFiles>, p: string) {
+    const msgs = [];
+    for await (const m of fs.downloadFile({ path: p })) msgs.push(m);
+    return msgs;
+  }
+
+  it("sends the file's info, then its bytes in messages whose lengths take 1 to 3 varint bytes, as Connect would", async () => {
+    const grpcFiles = agent.client(FileService);
+    const connectFiles = connectProtocolFiles();
+    for (const size of [0, 1, 127, 128, 16_383, 16_384, CHUNK_SIZE, CHUNK_SIZE + 1, 3 * CHUNK_SIZE + 12_345]) {
+      const bytes = randomBytes(size);
+      await writeFile(path.join(agent.root, `down-${size}.bin`), bytes);
+      const direct = await download(grpcFiles, `down-${size}.bin`);
+      const viaConnect = await download(connectFiles, `down-${size}.bin`);
+      expect(direct[0].part.case).toBe("info");
+      expect(direct[0].part.value).toEqual(viaConnect[0].part.value);
+      expect(direct[0].part.value).toMatchObject({ name: `down-${size}.bin`, size: BigInt(size) });
+      const data = direct.slice(1).map((m) => {
+        expect(m.part.case).toBe("data");
+        return m.part.value as Uint8Array;
+      });
+      expect(data.length).toBe(Math.ceil(size / CHUNK_SIZE));
+      expect(Buffer.concat(data).equals(bytes), `${size} bytes`).toBe(true);
+      expect(Buffer.concat(viaConnect.slice(1).map((m) => m.part.value as Uint8Array)).equals(bytes)).toBe(true);
+    }
+  });
+
+  it("answers errors as gRPC statuses: another secret, a missing file, a directory, a bad request", async () => {
+    const grpcFiles = agent.client(FileService);
+    const codeOf = (p: Promise<unknown>) => p.then(() => 0, (e: unknown) => ConnectError.from(e).code);
+    expect(await codeOf(download(grpcFiles, "no-such-file"))).toBe(Code.NotFound);
+    expect(await codeOf(download(grpcFiles, "."))).toBe(Code.InvalidArgument);
+    expect(await codeOf(download(grpcFiles, ""))).toBe(Code.InvalidArgument);
+    const req = (body: Buffer, headers: http2.OutgoingHttpHeaders = {}) =>
+      new Promise<string | undefined>((resolve, reject) => {
+        const session = http2.connect("http://localhost", { createConnection: () => netConnect(agent.socketPath) });
+        const r = session.request({ ":method": "POST", ":path": "/sandbar.agent.v1.FileService/DownloadFile", "content-type": "application/grpc", authorization: `Bearer ${agent.secret}`, ...headers });
+        let status: string | undefined;
+        r.on("response", (h) => (status = h["grpc-status"] as string | undefined));
+        r.on("trailers", (t) => (status = t["grpc-status"] as string | undefined));
+        r.on("data", () => undefined);
+        r.on("end", () => (session.close(), resolve(status)));
+        r.on("error", reject);
+        r.end(body);
+      });
+    await writeFile(path.join(agent.root, "small.bin"), "x");
+    const ok = envelope(Buffer.from([0x0a, 0x09, ...Buffer.from("small.bin")]));
+    expect(await req(ok)).toBe("0");
+    expect(await req(ok, { authorization: "Bearer nope" })).toBe(String(Code.Unauthenticated));
+    expect(await req(ok.subarray(0, ok.length - 1))).toBe(String(Code.InvalidArgument));
+    expect(await req(Buffer.concat([ok, ok]))).toBe(String(Code.InvalidArgument));
+    expect(await req(Buffer.from([1, ...ok.subarray(1)]))).toBe(String(Code.Internal));
   });
 });
