@@ -1,21 +1,22 @@
 // The agent's CPU per GiB moved by FileService.UploadFile / DownloadFile, for A/B work on the
 // transfer path on a shared machine: the agent runs as a plain process (the bundle, as sandboxes
-// run it, or the sources with --src) on a temporary directory, the control server's client of agents
-// (AgentClients) in this process sends 256 KiB messages (what control sends) and reads the download; the figures are the agent's own
-// CPU (utime and stime from /proc/<pid>/stat: user space and the kernel work done on its behalf,
-// e.g. copying into the page cache), per GiB, and the wall-clock MB/s beside them.
+// run it, or the sources with --src) on a temporary directory, the control server's client of
+// agents (AgentClients) in this process sends 256 KiB messages (what control sends) and reads the
+// download, checked by SHA-256; the figures are the agent's own CPU (utime and stime from /proc/<pid>/stat: user space and the kernel work done on its behalf,
+// e.g. copying into the page cache), per GiB, split by thread, and the wall-clock MB/s beside them.
 //
-//   node bench/agent/transfer-cpu.ts [MiB=256] [rounds=3] [--dist <dir>] [--src] [--profile <dir>]
+//   node bench/agent/transfer-cpu.ts [MiB=256] [rounds=3] [--dist <dir>] [--src] [--up] [--profile <dir>]
 //
+// --up: uploads only.
 // --dist: another build of the agent (e.g. a copy of packages/agent/dist from another commit),
 // for interleaved A/B runs. --profile: the agent started with --cpu-prof into that directory.
 // Prints only; every file it writes is removed.
 import { createHash } from "node:crypto";
 import { readdir, readFile, rm } from "node:fs/promises";
 import * as path from "node:path";
+import { connect } from "node:net";
 import { fileURLToPath } from "node:url";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
-import { connect } from "node:net";
 import { startAgentProcess } from "../../packages/agent/src/testing/agent-process.ts";
 import { AgentClients } from "../../packages/control/src/toolbox/agent-clients.ts";
 
@@ -30,7 +31,7 @@ const flag = (name: string) => {
 const DIST = flag("--dist") ?? fileURLToPath(new URL("../../packages/agent/dist", import.meta.url));
 const PROFILE = flag("--profile");
 const SRC = args.includes("--src");
-const UP_ONLY = args.includes("--up"); // uploads only (for a profile of them)
+const UP_ONLY = args.includes("--up");
 const nums = args.filter((a) => !a.startsWith("--")).map(Number);
 const MIB = nums[0] || 256;
 const ROUNDS = nums[1] || 3;
@@ -39,10 +40,9 @@ const CHUNK = 256 * 1024;
 const TICK = 100; // USER_HZ
 
 const node = [process.execPath, ...(PROFILE ? ["--cpu-prof", `--cpu-prof-dir=${PROFILE}`] : [])];
-const wrap = process.env.BENCH_WRAP?.split(" ") ?? []; // e.g. "strace -f -c -o /tmp/s"
-const agent = await startAgentProcess({ command: [...wrap, ...(SRC ? [...node, path.join(path.dirname(DIST), "src/main.ts")] : [...node, path.join(DIST, "agent.mjs")])] });
+const agent = await startAgentProcess({ command: [...node, SRC ? path.join(path.dirname(DIST), "src/main.ts") : path.join(DIST, "agent.mjs")] });
 const pid = agent.child.pid!;
-// BENCH_PERF=<file>: `perf record` of the agent over the transfers (not committed figures: a tool).
+// BENCH_PERF=<file>: a `perf record -g` of the agent over the transfers (which native code, which thread).
 const perf = process.env.BENCH_PERF
   ? (await import("node:child_process")).spawn("perf", ["record", "-F", "999", "-g", "-p", String(pid), "-o", process.env.BENCH_PERF], { stdio: "ignore" })
   : undefined;
