@@ -222,6 +222,16 @@ describe("gRPC uploads read from the stream", () => {
       .catch((e: unknown) => e);
     expect(ConnectError.from(err).code).toBe(Code.ResourceExhausted);
     expect(ConnectError.from(err).rawMessage).toContain("no space left on device");
+    // Smaller than a write batch: written only as the upload ends, and failed there.
+    const small = await fs
+      .uploadFile(
+        (async function* () {
+          yield { part: { case: "header" as const, value: { path: "/dev/full" } } };
+          yield { part: { case: "data" as const, value: Buffer.from("ten bytes!") } };
+        })(),
+      )
+      .catch((e: unknown) => e);
+    expect(ConnectError.from(small).code).toBe(Code.ResourceExhausted);
     const after = await fs.uploadFile(
       (async function* () {
         yield { part: { case: "header" as const, value: { path: "after-full.bin" } } };

@@ -50,6 +50,9 @@ export async function* readChunks(fh: FileHandle, signal?: AbortSignal): AsyncGe
 /** Bytes of an upload that may be on their way to disk while the next chunks arrive. */
 const WRITE_AHEAD = 4 * 1024 * 1024;
 
+/** Bytes queued before a write starts (the rest at close): fewer, larger writes. */
+const WRITE_BATCH = 1024 * 1024;
+
 /** Most chunks in one writev(2) (Linux's IOV_MAX is 1024). */
 const MAX_IOV = 256;
 
@@ -108,14 +111,14 @@ export class UploadTarget {
     this.queuedBytes += n;
     this.bytes += BigInt(n);
     noteMoved(n);
-    this.flushing ??= this.flush();
+    if (this.queuedBytes >= WRITE_BATCH) this.flushing ??= this.flush();
     while (this.queuedBytes > WRITE_AHEAD && this.flushing) await new Promise<void>((r) => this.waiting.push(r));
     if (this.failed !== undefined) throw fsError(this.failed, this.path);
   }
 
   /** Writes the queue in order until it is empty; the first error stops it and is kept. */
   private async flush(): Promise<void> {
-    const fh = this.fh!;
+    const fh = this.fh!; // Taken before close() lets go of it.
     try {
       while (this.queue.length > 0 && this.failed === undefined) {
         const bufs = this.queue.length <= MAX_IOV ? this.queue : this.queue.slice(0, MAX_IOV);
@@ -147,8 +150,9 @@ export class UploadTarget {
   /** Waits for every write, then closes the file, surfacing close errors (they matter on network file systems). */
   async close(): Promise<void> {
     const fh = this.fh;
-    this.fh = undefined;
     if (!fh) return;
+    if (this.queue.length > 0) this.flushing ??= this.flush();
+    this.fh = undefined;
     await this.flushing;
     try {
       if (this.failed !== undefined) throw this.failed;
