@@ -12,6 +12,10 @@
 // in a process of its own (upload-client.ts): "control" is the control process alone.
 // --warm <runs>: instead, warm-pool create -> first exec (pool of 1, refilled untimed between runs),
 // p50 of each part and control's CPU per run.
+// --download: with --upload, then REST downloads (GET …/files/download, drained) of the uploaded file,
+// 3 rounds, with the same CPU figures per GiB.
+// --agent <dir>: sandboxes run that agent bundle (e.g. a copy of packages/agent/dist from another
+// commit, for interleaved A/B runs) instead of one built from this tree.
 import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { Session } from "node:inspector/promises";
 import * as path from "node:path";
@@ -56,7 +60,8 @@ async function upload(base: string, key: string, id: string, dest: string, mib: 
 const warmAt = process.argv.indexOf("--warm");
 const WARM_RUNS = warmAt > 0 ? Number(process.argv[warmAt + 1]) : 0;
 
-const s = await startBenchServer({ warmPool: WARM_RUNS > 0 ? 1 : 0 });
+const agentAt = process.argv.indexOf("--agent");
+const s = await startBenchServer({ warmPool: WARM_RUNS > 0 ? 1 : 0, ...(agentAt > 0 ? { agentBundle: process.argv[agentAt + 1] } : {}) });
 if (WARM_RUNS > 0) {
   const pool = s.server.server.sandboxes.manager.pool!;
   const creates: number[] = [];
@@ -113,6 +118,23 @@ try {
       console.log(
         `upload ${UPLOAD_MIB} MiB: ${((UPLOAD_MIB * MIB) / 1e6 / secs).toFixed(0)} MB/s  control cpu/GiB: user ${perGib(c.user)} sys ${perGib(c.system)} total ${perGib(c.user + c.system)} s  client ${perGib(client.user + client.system)} s  sandbox cpu/GiB: ${(((await sandboxNs()) - s0) / 1e9 / gib).toFixed(2)} s`,
       );
+    }
+    if (process.argv.includes("--download")) {
+      for (let round = 0; round < 3; round++) {
+        const c0 = process.cpuUsage();
+        const s0 = await sandboxNs();
+        const t0 = performance.now();
+        const res = await fetch(`${s.url}/api/toolbox/${sb.id}/toolbox/files/download?path=${encodeURIComponent("/home/sandbar/up.bin")}`, { headers: { authorization: `Bearer ${s.key}` } });
+        let bytes = 0;
+        for await (const c of res.body!) bytes += (c as Uint8Array).length;
+        const secs = (performance.now() - t0) / 1000;
+        const c = process.cpuUsage(c0);
+        if (res.status !== 200 || bytes !== UPLOAD_MIB * MIB) throw new Error(`download: ${res.status}, ${bytes} bytes`);
+        const gib = UPLOAD_MIB / 1024;
+        console.log(
+          `download ${UPLOAD_MIB} MiB: ${((UPLOAD_MIB * MIB) / 1e6 / secs).toFixed(0)} MB/s  control+client cpu/GiB: user ${(c.user / 1e6 / gib).toFixed(2)} sys ${(c.system / 1e6 / gib).toFixed(2)} s  sandbox cpu/GiB: ${(((await sandboxNs()) - s0) / 1e9 / gib).toFixed(2)} s`,
+        );
+      }
     }
     await s.rest.ok("DELETE", `/sandbox/${sb.id}`);
     process.exitCode = 0;

@@ -9,10 +9,15 @@ const digest = (s: string) => createHash("sha256").update(s).digest();
  * Compares digests in constant time, so neither content nor length leaks.
  */
 export function requireSecret(secret: string): Interceptor {
-  const expected = digest(`Bearer ${secret}`);
+  const authorized = secretCheck(secret);
   return (next) => async (req) => {
-    const given = req.header.get("authorization");
-    if (given === null || !timingSafeEqual(digest(given), expected)) throw errors.unauthenticated();
+    if (!authorized(req.header.get("authorization"))) throw errors.unauthenticated();
     return next(req);
   };
+}
+
+/** Whether an `authorization` value is `Bearer <secret>` (the same constant-time check, for calls served outside Connect). */
+export function secretCheck(secret: string): (authorization: string | null | undefined) => boolean {
+  const expected = digest(`Bearer ${secret}`);
+  return (given) => typeof given === "string" && timingSafeEqual(digest(given), expected);
 }

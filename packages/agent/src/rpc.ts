@@ -1,12 +1,20 @@
 import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { requireSecret } from "./auth.ts";
+import { requireSecret, secretCheck } from "./auth.ts";
 import type { AgentContext } from "./context.ts";
 import { serviceLoaders } from "./services.ts";
 import type { Areas } from "./services.ts";
+import { resolvePath } from "./util/paths.ts";
 
 /** Most bytes of one request message (upload chunks, replace bodies). */
 const READ_MAX_BYTES = 32 * 1024 * 1024;
+
+/** Calls that files/grpc-upload.ts and grpc-download.ts may answer (plain gRPC only). */
+const TRANSFERS = new Set([
+  "/sandbar.agent.v1.FileService/UploadFile",
+  "/sandbar.agent.v1.FileService/UploadFiles",
+  "/sandbar.agent.v1.FileService/DownloadFile",
+]);
 
 export interface RpcHandler {
   (req: Http2ServerRequest, res: Http2ServerResponse): void;
@@ -39,7 +47,25 @@ export function createRpcHandler(ctx: AgentContext, areas: Areas, secret: string
     }
     return h;
   };
+  const authorized = secretCheck(secret);
+  let transfers: Promise<[typeof import("./files/grpc-upload.ts"), typeof import("./files/grpc-download.ts")]> | undefined;
+  const direct = { authorized, resolve: (p: string) => resolvePath(ctx.workDir, p), readMaxBytes: READ_MAX_BYTES };
   const handle = (req: Http2ServerRequest, res: Http2ServerResponse) => {
+    // Large file transfers over gRPC skip Connect's per-message pipeline (files/grpc-upload.ts, grpc-download.ts).
+    if (TRANSFERS.has(req.url)) {
+      transfers ??= Promise.all([import("./files/grpc-upload.ts"), import("./files/grpc-download.ts")]);
+      transfers
+        .then(([up, down]) => {
+          if (up.isDirectUpload(req)) return up.serveDirectUpload(req, res, direct);
+          if (down.isDirectDownload(req)) return down.serveDirectDownload(req, res, direct);
+          return handlerFor("sandbar.agent.v1.FileService").then((h) => h(req, res));
+        })
+        .catch((err: unknown) => {
+          ctx.log("cannot serve a transfer", err);
+          if (!res.headersSent) res.writeHead(500).end();
+        });
+      return;
+    }
     // Paths are /<package>.<Service>/<Method>.
     const service = req.url.slice(1, req.url.indexOf("/", 1));
     if (!Object.hasOwn(serviceLoaders, service)) {

@@ -12,7 +12,8 @@ import { compileGlob } from "./glob.ts";
 import { lookupGid, lookupUid, parseMode } from "./owners.ts";
 import { replaceInFile } from "./replace.ts";
 import { searchFiles } from "./search.ts";
-import { openForDownload, readChunks, UploadTarget } from "./transfer.ts";
+import { openForDownload, readChunks } from "./transfer.ts";
+import { UploadReceiver, type Uploaded } from "./upload-receiver.ts";
 
 const DEFAULT_LIMIT = 10_000;
 const MAX_LIMIT = 100_000;
@@ -193,53 +194,29 @@ export function createFileService(ctx: AgentContext): ServiceImpl<typeof FileSer
     },
 
     async uploadFile(requests) {
-      let target: UploadTarget | undefined;
-      try {
-        for await (const req of requests) {
-          if (req.part.case === "header") {
-            if (target) throw errors.invalidArgument("an upload carries one header; use UploadFiles for several files");
-            target = await UploadTarget.create(resolve(req.part.value.path), req.part.value.path);
-          } else if (req.part.case === "data") {
-            if (!target) throw errors.invalidArgument("the first message of an upload must be its header");
-            await target.write(req.part.value);
-          }
-        }
-        if (!target) throw errors.invalidArgument("the upload had no header naming its path");
-        await target.close();
-        return { file: { path: target.shownPath, bytes: target.bytes } };
-      } catch (err) {
-        await target?.abandon();
-        throw err;
-      }
+      const [file] = await receiveUpload(requests, new UploadReceiver(resolve, false));
+      return { file };
     },
 
     async uploadFiles(requests) {
-      const files: { path: string; bytes: bigint }[] = [];
-      let target: UploadTarget | undefined;
-      try {
-        for await (const req of requests) {
-          if (req.part.case === "header") {
-            if (target) {
-              await target.close();
-              files.push({ path: target.shownPath, bytes: target.bytes });
-            }
-            const dest = req.part.value.path.trim();
-            target = undefined;
-            target = await UploadTarget.create(resolve(dest), dest);
-          } else if (req.part.case === "data") {
-            if (!target) throw errors.invalidArgument("file data came before a header naming its path");
-            await target.write(req.part.value);
-          }
-        }
-        if (target) {
-          await target.close();
-          files.push({ path: target.shownPath, bytes: target.bytes });
-        }
-        return { files };
-      } catch (err) {
-        await target?.abandon();
-        throw err;
-      }
+      return { files: await receiveUpload(requests, new UploadReceiver(resolve, true)) };
     },
   };
+}
+
+/** Feeds an upload's decoded messages to its receiver; a failure abandons the open file. */
+async function receiveUpload(
+  requests: AsyncIterable<{ part: { case: "header"; value: { path: string } } | { case: "data"; value: Uint8Array } | { case: undefined; value?: undefined } }>,
+  receiver: UploadReceiver,
+): Promise<Uploaded[]> {
+  try {
+    for await (const req of requests) {
+      if (req.part.case === "header") await receiver.header(req.part.value.path);
+      else if (req.part.case === "data") await receiver.data([req.part.value]);
+    }
+    return await receiver.finish();
+  } catch (err) {
+    await receiver.abandon();
+    throw err;
+  }
 }
