@@ -43,8 +43,13 @@ export interface LaunchedShell {
  * scripts a subshell cannot run as `bash -c` would, the agent starts a shell of its own.
  */
 export class ShellLauncher {
+  /** Takes executions one at a time, one fork each: the first choice while it is free. */
+  private sequential: SubshellHost | undefined;
+  /** Job-running hosts (two forks each, any number at once): for executions side by side. */
   private current: SubshellHost | undefined;
   private next: SubshellHost | undefined;
+  /** An execution found the sequential host busy: job-running hosts are kept from then on. */
+  private concurrent = false;
   private readonly idle: NodeJS.Timeout;
   private readonly ctx: AgentContext;
   private readonly hostable: boolean;
@@ -67,7 +72,9 @@ export class ShellLauncher {
     if (!this.hostable || script.length > HOST_SCRIPT_LIMIT || NEEDS_OWN_SHELL.test(script) || this.ctx.shutdown.aborted) return this.own(script, cwd, envs);
     if (Object.keys(envs).some((k) => AT_START.has(k))) return this.own(script, cwd, envs);
     this.idle.refresh();
-    const host = this.host();
+    const sequential = this.sequential?.free && !this.sequential.busy ? this.sequential : undefined;
+    if (this.sequential?.busy) this.concurrent = true;
+    const host = sequential ?? this.host();
     if (!host) return this.own(script, cwd, envs);
     const env = this.envPrelude(host);
     if (env === undefined) {
@@ -87,9 +94,13 @@ export class ShellLauncher {
    */
   refillSoon(): void {
     if (!this.hostable || this.ctx.shutdown.aborted) return;
-    if (this.current?.free && (this.current.free >= LOW_SLOTS || this.next?.free)) return;
+    const sequentialReady = !!this.sequential?.free;
+    if (sequentialReady && (!this.concurrent || (this.current?.free && (this.current.free >= LOW_SLOTS || this.next?.free)))) return;
     setImmediate(() => {
       if (this.ctx.shutdown.aborted) return;
+      // A used-up sequential host is replaced after its last execution has answered.
+      if (!this.sequential?.free) this.sequential = this.start(true);
+      if (!this.concurrent) return;
       if (!this.host()) this.current = this.start();
       else if (this.current!.free < LOW_SLOTS && !this.next?.free) this.next = this.start();
     });
@@ -104,10 +115,10 @@ export class ShellLauncher {
     return this.current?.free ? this.current : undefined;
   }
 
-  private start(): SubshellHost {
+  private start(sequential = false): SubshellHost {
     // The host joins the user cgroup itself and its subshells are born there; one that cannot
     // join (the user's pids are full) ends, and executions start shells of their own meanwhile.
-    return new SubshellHost({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, prelude: userJoinPrelude(true) });
+    return new SubshellHost({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, prelude: userJoinPrelude(true), sequential });
   }
 
   /** The exports bringing host's environment up to ctx.env; undefined if a subshell cannot take them. */
@@ -133,9 +144,10 @@ export class ShellLauncher {
   }
 
   private stopHosts(): void {
+    this.sequential?.retire();
     this.current?.stop();
     this.next?.stop();
-    this.current = this.next = undefined;
+    this.sequential = this.current = this.next = undefined;
   }
 }
 

@@ -37,11 +37,12 @@ function alive(pid: number): boolean {
 describe("execute", () => {
   /**
    * Shell code printing "host <pid>" when the execution runs in a subshell of a host (its
-   * parent is the job, whose parent is the host bash), else "own". No `$$` or PPID in it: those
+   * parent is the host bash, or a job whose parent is the host bash), else "own". No `$$` or PPID in it: those
    * send a script to a shell of its own. ($BASHPID is read outside `$(...)`, which is a subshell.)
    */
   const whereItRuns =
     'me=$BASHPID; job=$(awk \'{print $4}\' /proc/$me/stat); host=$(awk \'{print $4}\' /proc/$job/stat); ' +
+    'if grep -qa __sandbar_slot /proc/$job/cmdline; then host=$job; fi; ' +
     'if grep -qa __sandbar_slot /proc/$host/cmdline; then echo "host $host"; else echo own; fi';
   const hostOf = async (client: typeof proc) => (await client.execute({ command: whereItRuns })).result.trim();
   const untilHost = async (client: typeof proc) => {
