@@ -153,6 +153,20 @@ describe("execute", () => {
     expect(sockets.map((l) => l.split(" ")[0])).toEqual(["1", "2"]);
   });
 
+  it("runs executions one after another as children of a host (one fork each), and one side by side with a running one at once", async () => {
+    expect(await untilHost(proc)).toMatch(/^host/);
+    const parent = "me=$BASHPID; p=$(awk '{print $4}' /proc/$me/stat); grep -qa __sandbar_slot /proc/$p/cmdline && echo child-of-host";
+    for (let i = 0; i < 3; i++) expect((await proc.execute({ command: parent })).result).toBe("child-of-host\n");
+    // The sequential host is busy with the long one: the other must not wait for it.
+    const started = Date.now();
+    const long = proc.execute({ command: "sleep 1; echo long" });
+    await new Promise((r) => setTimeout(r, 100));
+    const quick = await proc.execute({ command: "echo quick" });
+    expect(quick).toMatchObject({ exitCode: 0, result: "quick\n" });
+    expect(Date.now() - started).toBeLessThan(800);
+    expect(await long).toMatchObject({ exitCode: 0, result: "long\n" });
+  });
+
   it("runs more executions side by side than a host has slots, each with its own output and status", async () => {
     await untilHost(proc);
     const runs = await Promise.all(Array.from({ length: 40 }, (_, i) => proc.execute({ command: `sleep 0.$((${i} % 3)); echo out-${i}; echo err-${i} >&2; exit ${i % 7}` })));

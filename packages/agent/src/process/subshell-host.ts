@@ -74,6 +74,8 @@ function sequentialClosers(slot: number): string {
  * child and read its next request at once (a CHLD trap is deferred while `read` blocks, and a
  * `wait` interrupted by a trapped signal can lose a child's status: both tried on bash 5.2), so
  * the agent sends such a host a request only when it has reported the previous one's status.
+ * It waits without job control (`set +m`), which would end the wait when the subshell is
+ * merely stopped; job control is back on for the next fork (its own process group).
  */
 function sequentialScript(prelude: string): string {
   const closers = Array.from({ length: SLOTS }, (_, s) => shellQuote(sequentialClosers(s))).join(" ");
@@ -85,8 +87,10 @@ while IFS= read -r -d '' __sandbar_script <&3; do
   eval "( exec \${__sandbar_close[__sandbar_slot]} 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ) &"
   echo p $! >&$__sandbar_t
   exec {__sandbar_o}>&-
+  set +m
   wait $!
   echo s $? >&$__sandbar_t
+  set -m
   exec {__sandbar_t}>&-
   __sandbar_slot=$((__sandbar_slot + 1))
   [ "$__sandbar_slot" -lt ${SLOTS} ] || exit 0
@@ -160,6 +164,11 @@ export class SubshellHost {
     // Neither the host nor an unused pipe may keep the agent running.
     this.#child.unref();
     for (let s = 3; s < this.#child.stdio.length; s++) (this.#child.stdio[s] as Socket).unref();
+  }
+
+  /** The host bash's pid. */
+  get pid(): number | undefined {
+    return this.#child.pid;
   }
 
   /** An execution of a sequential host is still running (it takes no other until it ends). */
