@@ -18,6 +18,11 @@
  * launcher runs the script elsewhere).
  * Without "s": the job was killed (reported as SIGKILL, as a killed shell would be).
  *
+ * A sequential host (`sequential`, see sequentialScript) forks the subshell itself and waits for
+ * it: one fork per execution instead of two, one execution at a time (`busy` until its status is
+ * in). Its "p" is the subshell's pid. Without "s" the host died while the subshell ran (killed by
+ * user code): the subshell may go on, and is reported as SIGKILL once it is gone.
+ *
  * What a subshell cannot give: `$$` and `$PPID` are the host's. The launcher sends scripts that
  * mention them to a shell of their own.
  */
