@@ -39,12 +39,21 @@ export interface LaunchedShell {
  * Starts the shells that executions run in, each its own process group, stdin /dev/null, output
  * piped. Once executions have started (never before: an idle sandbox pays nothing) they run in
  * subshells of a resident bash (subshell-host.ts), so no execution waits for a process to be
- * created and the agent forks once per host, not per execution. Until a host runs, and for
- * scripts a subshell cannot run as `bash -c` would, the agent starts a shell of its own.
+ * created and the agent forks once per host, not per execution. An execution goes to the
+ * sequential host when it is free (one fork: its subshell), else to a job-running host (two
+ * forks, any number at once), kept once executions have run side by side. Until a host runs,
+ * and for scripts a subshell cannot run as `bash -c` would, the agent starts a shell of its own.
  */
 export class ShellLauncher {
+  /** Takes executions one at a time, one fork each: the first choice while it is free. */
+  private sequential: SubshellHost | undefined;
+  /** The next sequential host, started ahead while the current one's slots run low. */
+  private spareSequential: SubshellHost | undefined;
+  /** Job-running hosts (two forks each, any number at once): for executions side by side. */
   private current: SubshellHost | undefined;
   private next: SubshellHost | undefined;
+  /** An execution found the sequential host busy: job-running hosts are kept from then on. */
+  private concurrent = false;
   private readonly idle: NodeJS.Timeout;
   private readonly ctx: AgentContext;
   private readonly hostable: boolean;
@@ -67,7 +76,7 @@ export class ShellLauncher {
     if (!this.hostable || script.length > HOST_SCRIPT_LIMIT || NEEDS_OWN_SHELL.test(script) || this.ctx.shutdown.aborted) return this.own(script, cwd, envs);
     if (Object.keys(envs).some((k) => AT_START.has(k))) return this.own(script, cwd, envs);
     this.idle.refresh();
-    const host = this.host();
+    const host = this.freeSequential() ?? this.host();
     if (!host) return this.own(script, cwd, envs);
     const env = this.envPrelude(host);
     if (env === undefined) {
@@ -87,15 +96,35 @@ export class ShellLauncher {
    */
   refillSoon(): void {
     if (!this.hostable || this.ctx.shutdown.aborted) return;
-    if (this.current?.free && (this.current.free >= LOW_SLOTS || this.next?.free)) return;
+    const sequentialReady = this.sequential?.free && (this.sequential.free >= LOW_SLOTS || this.spareSequential?.free);
+    if (sequentialReady && (!this.concurrent || (this.current?.free && (this.current.free >= LOW_SLOTS || this.next?.free)))) return;
     setImmediate(() => {
       if (this.ctx.shutdown.aborted) return;
+      this.promoteSequential();
+      if (!this.sequential?.free) this.sequential = this.start(true);
+      else if (this.sequential.free < LOW_SLOTS && !this.spareSequential?.free) this.spareSequential = this.start(true);
+      if (!this.concurrent) return;
       if (!this.host()) this.current = this.start();
       else if (this.current!.free < LOW_SLOTS && !this.next?.free) this.next = this.start();
     });
   }
 
-  /** The host with a free slot, the next one once the current is used up. */
+  /** The sequential host if it can take an execution now; noting executions side by side. */
+  private freeSequential(): SubshellHost | undefined {
+    this.promoteSequential();
+    const s = this.sequential;
+    if (s?.busy) this.concurrent = true;
+    return s?.free && !s.busy ? s : undefined;
+  }
+
+  private promoteSequential(): void {
+    if (!this.sequential?.free && this.spareSequential?.free) {
+      this.sequential = this.spareSequential;
+      this.spareSequential = undefined;
+    }
+  }
+
+  /** The job-running host with a free slot, the next one once the current is used up. */
   private host(): SubshellHost | undefined {
     if (!this.current?.free && this.next?.free) {
       this.current = this.next;
@@ -104,10 +133,10 @@ export class ShellLauncher {
     return this.current?.free ? this.current : undefined;
   }
 
-  private start(): SubshellHost {
+  private start(sequential = false): SubshellHost {
     // The host joins the user cgroup itself and its subshells are born there; one that cannot
     // join (the user's pids are full) ends, and executions start shells of their own meanwhile.
-    return new SubshellHost({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, prelude: userJoinPrelude(true) });
+    return new SubshellHost({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, prelude: userJoinPrelude(true), sequential });
   }
 
   /** The exports bringing host's environment up to ctx.env; undefined if a subshell cannot take them. */
@@ -133,9 +162,11 @@ export class ShellLauncher {
   }
 
   private stopHosts(): void {
+    this.sequential?.retire();
+    this.spareSequential?.retire();
     this.current?.stop();
     this.next?.stop();
-    this.current = this.next = undefined;
+    this.sequential = this.spareSequential = this.current = this.next = undefined;
   }
 }
 

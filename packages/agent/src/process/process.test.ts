@@ -37,11 +37,12 @@ function alive(pid: number): boolean {
 describe("execute", () => {
   /**
    * Shell code printing "host <pid>" when the execution runs in a subshell of a host (its
-   * parent is the job, whose parent is the host bash), else "own". No `$$` or PPID in it: those
+   * parent is the host bash, or a job whose parent is the host bash), else "own". No `$$` or PPID in it: those
    * send a script to a shell of its own. ($BASHPID is read outside `$(...)`, which is a subshell.)
    */
   const whereItRuns =
     'me=$BASHPID; job=$(awk \'{print $4}\' /proc/$me/stat); host=$(awk \'{print $4}\' /proc/$job/stat); ' +
+    'if grep -qa __sandbar_slot /proc/$job/cmdline; then host=$job; fi; ' +
     'if grep -qa __sandbar_slot /proc/$host/cmdline; then echo "host $host"; else echo own; fi';
   const hostOf = async (client: typeof proc) => (await client.execute({ command: whereItRuns })).result.trim();
   const untilHost = async (client: typeof proc) => {
@@ -150,6 +151,21 @@ describe("execute", () => {
     const sockets = fds.filter((l) => l.includes("socket:"));
     expect(fds).toContain("0 /dev/null");
     expect(sockets.map((l) => l.split(" ")[0])).toEqual(["1", "2"]);
+  });
+
+  it("runs executions one after another as children of a host (one fork each), and one side by side with a running one at once", async () => {
+    expect(await untilHost(proc)).toMatch(/^host/);
+    const parent = "me=$BASHPID; p=$(awk '{print $4}' /proc/$me/stat); grep -qa __sandbar_slot /proc/$p/cmdline && echo child-of-host";
+    // Past a host's slots too: the next one is ready.
+    for (let i = 0; i < 2 * 16 + 2; i++) expect((await proc.execute({ command: parent })).result).toBe("child-of-host\n");
+    // The sequential host is busy with the long one: the other must not wait for it.
+    const started = Date.now();
+    const long = proc.execute({ command: "sleep 1; echo long" });
+    await new Promise((r) => setTimeout(r, 100));
+    const quick = await proc.execute({ command: "echo quick" });
+    expect(quick).toMatchObject({ exitCode: 0, result: "quick\n" });
+    expect(Date.now() - started).toBeLessThan(800);
+    expect(await long).toMatchObject({ exitCode: 0, result: "long\n" });
   });
 
   it("runs more executions side by side than a host has slots, each with its own output and status", async () => {

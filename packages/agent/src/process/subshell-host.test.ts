@@ -1,7 +1,7 @@
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
-import { afterAll, beforeAll, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { SLOTS, SubshellHost, type Subshell } from "./subshell-host.ts";
 
 let dir: string;
@@ -12,7 +12,8 @@ afterAll(async () => {
   await rm(dir, { recursive: true, force: true });
 });
 
-const host = (prelude = "") => new SubshellHost({ shell: "/bin/bash", cwd: dir, env: { PATH: process.env.PATH, HOME: dir }, prelude });
+const host = (prelude = "", sequential = false) => new SubshellHost({ shell: "/bin/bash", cwd: dir, env: { PATH: process.env.PATH, HOME: dir }, prelude, sequential });
+const sequential = () => host("", true);
 
 /** Output and exit of one subshell. */
 function finished(shell: Subshell): Promise<{ output: string; code: number | null; signal: NodeJS.Signals | null }> {
@@ -66,4 +67,48 @@ it("keeps running what it started when the host is stopped", async () => {
   const shell = (await h.run("sleep 0.3; echo after"))!;
   h.stop();
   expect(await finished(shell)).toEqual({ output: "after\n", code: 0, signal: null });
+});
+
+describe("a sequential host", () => {
+  it("runs one script at a time as its own child (one fork), in its own process group, with its status; busy until then", async () => {
+    const h = sequential();
+    const hostPid = h.pid;
+    for (let i = 0; i < SLOTS; i++) {
+      const shell = (await h.run(`me=$BASHPID; echo out-$(awk '{print $4}' /proc/$me/stat); echo err-${i} >&2; [ "$(ps -o pgid= -p $BASHPID | tr -d ' ')" = $BASHPID ] && exit ${i}`))!;
+      expect(h.busy).toBe(true);
+      expect(await h.run("true")).toBeUndefined();
+      expect(await finished(shell)).toEqual({ output: `out-${hostPid}\nerr-${i}\n`, code: i, signal: null });
+      expect(h.busy).toBe(false);
+    }
+    expect(h.free).toBe(0);
+    expect(await h.run("true")).toBeUndefined();
+  });
+
+  it("reports 128+n for a script killed by a signal, a program's status after exec, and waits out a stopped script", async () => {
+    const h = sequential();
+    expect(await finished((await h.run("kill -TERM $BASHPID"))!)).toMatchObject({ code: 143, signal: null });
+    expect(await finished((await h.run("exec sh -c 'exit 7'"))!)).toMatchObject({ code: 7, signal: null });
+    const started = Date.now();
+    const stopped = (await h.run("me=$BASHPID; (sleep 0.4; kill -CONT $me) & kill -STOP $me; echo resumed; exit 5"))!;
+    expect(await finished(stopped)).toEqual({ output: "resumed\n", code: 5, signal: null });
+    expect(Date.now() - started).toBeGreaterThanOrEqual(350);
+    h.stop();
+  });
+
+  it("reports a script whose host user code killed as SIGKILL, once it has ended, with all its output", async () => {
+    const h = sequential();
+    const started = Date.now();
+    const orphan = (await h.run("me=$BASHPID; kill -9 $(awk '{print $4}' /proc/$me/stat); sleep 0.4; echo gone-on"))!;
+    expect(await finished(orphan)).toEqual({ output: "gone-on\n", code: null, signal: "SIGKILL" });
+    expect(Date.now() - started).toBeGreaterThanOrEqual(350);
+    expect(await h.run("true")).toBeUndefined();
+  });
+
+  it("lets a retired host finish its script and report its status; it takes nothing new", async () => {
+    const h = sequential();
+    const shell = (await h.run("sleep 0.3; echo after; exit 4"))!;
+    h.retire();
+    expect(await finished(shell)).toEqual({ output: "after\n", code: 4, signal: null });
+    expect(await h.run("true")).toBeUndefined();
+  });
 });

@@ -18,11 +18,17 @@
  * launcher runs the script elsewhere).
  * Without "s": the job was killed (reported as SIGKILL, as a killed shell would be).
  *
+ * A sequential host (`sequential`, see sequentialScript) forks the subshell itself and waits for
+ * it: one fork per execution instead of two, one execution at a time (`busy` until its status is
+ * in). Its "p" is the subshell's pid. Without "s" the host died while the subshell ran (killed by
+ * user code): the subshell may go on, and is reported as SIGKILL once it is gone.
+ *
  * What a subshell cannot give: `$$` and `$PPID` are the host's. The launcher sends scripts that
  * mention them to a shell of their own.
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { EventEmitter } from "node:events";
+import { readFileSync } from "node:fs";
 import type { Socket } from "node:net";
 import type { Readable, Writable } from "node:stream";
 import { shellQuote } from "../util/shell.ts";
@@ -36,6 +42,22 @@ export const SLOTS = 16;
  */
 const START_TIMEOUT_MS = 1000;
 
+/** How often a process whose status died with its parent is looked for, until it is gone. */
+const ORPHAN_POLL_MS = 20;
+
+/** Calls gone once process pid has ended (no longer exists, or is a zombie). */
+function untilGone(pid: number, gone: () => void): void {
+  let state: string | undefined;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, "latin1");
+    state = stat[stat.lastIndexOf(")") + 2];
+  } catch {
+    state = undefined;
+  }
+  if (state === undefined || state === "Z" || state === "X") gone();
+  else setTimeout(() => untilGone(pid, gone), ORPHAN_POLL_MS);
+}
+
 const out = (slot: number) => 4 + 2 * slot;
 const status = (slot: number) => 5 + 2 * slot;
 
@@ -44,6 +66,41 @@ function laterSlots(slot: number): string {
   const parts: string[] = [];
   for (let s = slot + 1; s < SLOTS; s++) parts.push(`${out(s)}>&-`, `${status(s)}>&-`);
   return parts.join(" ");
+}
+
+/** Redirections a sequential host's subshell starts with: only its own output is left open. */
+function sequentialClosers(slot: number): string {
+  return `3<&- ${status(slot)}>&- ${laterSlots(slot)}`.trim();
+}
+
+/**
+ * A sequential host's program: one subshell at a time, forked by the host itself, which waits
+ * for it (one fork per execution where a job-running host takes two). bash cannot wait for a
+ * child and read its next request at once (a CHLD trap is deferred while `read` blocks, and a
+ * `wait` interrupted by a trapped signal can lose a child's status: both tried on bash 5.2), so
+ * the agent sends such a host a request only when it has reported the previous one's status.
+ * It waits without job control (`set +m`), which would end the wait when the subshell is
+ * merely stopped; job control is back on for the next fork (its own process group).
+ */
+function sequentialScript(prelude: string): string {
+  const closers = Array.from({ length: SLOTS }, (_, s) => shellQuote(sequentialClosers(s))).join(" ");
+  return `${prelude}set -m
+__sandbar_close=(${closers})
+__sandbar_slot=0
+while IFS= read -r -d '' __sandbar_script <&3; do
+  __sandbar_o=$((4 + 2 * __sandbar_slot)); __sandbar_t=$((5 + 2 * __sandbar_slot))
+  eval "( exec \${__sandbar_close[__sandbar_slot]} 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ) &"
+  echo p $! >&$__sandbar_t
+  exec {__sandbar_o}>&-
+  set +m
+  wait $!
+  echo s $? >&$__sandbar_t
+  set -m
+  exec {__sandbar_t}>&-
+  __sandbar_slot=$((__sandbar_slot + 1))
+  [ "$__sandbar_slot" -lt ${SLOTS} ] || exit 0
+done
+`;
 }
 
 /**
@@ -84,6 +141,8 @@ export interface HostOptions {
   env: NodeJS.ProcessEnv;
   /** Shell code the host runs first. */
   prelude: string;
+  /** One execution at a time, one fork each (see sequentialScript); run() only when not busy. */
+  sequential?: boolean;
 }
 
 export class SubshellHost {
@@ -91,14 +150,18 @@ export class SubshellHost {
   readonly #requests: Writable;
   #next = 0;
   #alive = true;
+  /** Executions started whose status is not in yet. */
+  #running = 0;
+  readonly sequential: boolean;
   /** The variables the host was started with: an execution exports what changed since. */
   readonly env: Readonly<NodeJS.ProcessEnv>;
 
   constructor(options: HostOptions) {
     this.env = { ...options.env };
+    this.sequential = options.sequential ?? false;
     const stdio: ("ignore" | "pipe")[] = ["ignore", "ignore", "ignore", "pipe"];
     for (let s = 0; s < SLOTS; s++) stdio.push("pipe", "pipe");
-    this.#child = spawn(options.shell, ["-c", hostScript(options.prelude)], { cwd: options.cwd, env: this.env, detached: true, stdio });
+    this.#child = spawn(options.shell, ["-c", this.sequential ? sequentialScript(options.prelude) : hostScript(options.prelude)], { cwd: options.cwd, env: this.env, detached: true, stdio });
     this.#requests = this.#child.stdio[3] as Writable;
     this.#requests.on("error", () => this.#gone());
     this.#child.once("error", () => this.#gone());
@@ -106,6 +169,16 @@ export class SubshellHost {
     // Neither the host nor an unused pipe may keep the agent running.
     this.#child.unref();
     for (let s = 3; s < this.#child.stdio.length; s++) (this.#child.stdio[s] as Socket).unref();
+  }
+
+  /** The host bash's pid. */
+  get pid(): number | undefined {
+    return this.#child.pid;
+  }
+
+  /** An execution of a sequential host is still running (it takes no other until it ends). */
+  get busy(): boolean {
+    return this.sequential && this.#running > 0;
   }
 
   /** Slots left; 0 once the host is gone. */
@@ -118,8 +191,9 @@ export class SubshellHost {
    * was gone before it could (nothing ran).
    */
   run(script: string): Promise<Subshell | undefined> {
-    if (this.free === 0) return Promise.resolve(undefined);
+    if (this.free === 0 || this.busy) return Promise.resolve(undefined);
     const slot = this.#next++;
+    this.#running++;
     const output = this.#child.stdio[out(slot)] as Socket;
     const report = this.#child.stdio[status(slot)] as Socket;
     output.ref();
@@ -135,6 +209,7 @@ export class SubshellHost {
       const exit = (code: number | null, signal: NodeJS.Signals | null) => {
         if (exited) return;
         exited = true;
+        this.#running--;
         // After the caller's listeners: the pid and the status can arrive in one read.
         setImmediate(() => shell.emit("exit", code, signal));
       };
@@ -155,13 +230,26 @@ export class SubshellHost {
       report.once("close", () => {
         clearTimeout(stalled);
         if (shell.pid === undefined) {
+          this.#running--;
           output.destroy();
           return resolve(undefined);
         }
-        exit(null, "SIGKILL");
+        // Without a status: its parent (the job, or a sequential host) died and the status with
+        // it. The subshell may go on (its host killed by user code): reported killed once gone.
+        if (!exited) untilGone(shell.pid, () => exit(null, "SIGKILL"));
       });
       report.on("error", () => undefined);
     });
+  }
+
+  /**
+   * No more executions: the host exits once it has reported what it runs (a sequential host's
+   * subshell is its child, whose status would die with it).
+   */
+  retire(): void {
+    if (!this.#alive) return;
+    this.#requests.end();
+    this.#gone();
   }
 
   /** Ends the host; executions it started go on (each job is its own process group). */

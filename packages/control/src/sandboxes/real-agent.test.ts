@@ -60,8 +60,10 @@ it("the agent in a sandbox reads the bundle's compile cache (made at build time)
 it("runs executions in subshells of a host bash that lives in the user cgroup, at the user's OOM score", async () => {
   const s = await f.create({});
   // The first execution runs in a shell of its own; hosts start after it has answered. The
-  // subshell's parent is its job, the job's parent the host ($BASHPID read outside `$(...)`).
+  // subshell's parent is the host (or a job whose parent is the host, for executions side by
+  // side; $BASHPID read outside `$(...)`).
   const where = 'me=$BASHPID; job=$(awk "{print \\$4}" /proc/$me/stat); host=$(awk "{print \\$4}" /proc/$job/stat); ' +
+    'grep -qa __sandbar_slot /proc/$job/cmdline && host=$job; ' +
     'grep -qa __sandbar_slot /proc/$host/cmdline && echo host; grep -E ":(pids|memory):" /proc/$host/cgroup; cat /proc/$host/oom_score_adj /proc/$me/oom_score_adj';
   let r = await f.exec(s.id, where);
   for (let i = 0; i < 40 && !r.result.startsWith("host\n"); i++) r = await f.exec(s.id, where);
