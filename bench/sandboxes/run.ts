@@ -320,9 +320,9 @@ ${[ratio("sequential"), ratio(`${PARALLEL} parallel`)].join("\n")}
 ## Where a cold start goes
 
 The host part of a cold sequential create, by the linux provider's phases (its trace hook): \`cleanup\` =
-the record read and what a crash could have left checked; \`dirs\` = the runtime directories and the
-disk image's loop mount, with the sandbox's cgroups made and the shared tools layer looked up (built
-once per set of tools) meanwhile; \`overlay\` = mount(8) of the overlay; \`root-prep\` = the sandbox
+the record read and what a crash could have left checked; \`dirs\` = the runtime directories, with the
+sandbox's cgroups made and the shared tools layer looked up (built once per set of tools) meanwhile;
+\`overlay\` = one shell attaching the disk image's loop device, mounting it and the overlay; \`root-prep\` = the sandbox
 user and mount points in the new root; \`cgroup\` = what is left to wait of the cgroups (made during
 \`dirs\`); \`spawn\` = the launcher started; \`socket\` = launcher spawned until the agent's
 socket accepts: sh + setpriv + bwrap + seccomp + the init shell + node start-up + listen, which is what
