@@ -74,6 +74,26 @@ function sequentialClosers(slot: number): string {
 }
 
 /**
+ * A host's read loop around `body`: each NUL-terminated request in `__sandbar_script`, its slot's
+ * output and status descriptors in `__sandbar_o` and `__sandbar_t`, and `__sandbar_close[slot]`
+ * the redirections (from `closers`) its subshell starts with. `prelude` runs first (joining the
+ * user cgroup, its OOM score). The host exits after its last slot.
+ */
+function hostLoop(prelude: string, closers: (slot: number) => string, body: string): string {
+  const close = Array.from({ length: SLOTS }, (_, s) => shellQuote(closers(s))).join(" ");
+  return `${prelude}set -m
+__sandbar_close=(${close})
+__sandbar_slot=0
+while IFS= read -r -d '' __sandbar_script <&3; do
+  __sandbar_o=$((4 + 2 * __sandbar_slot)); __sandbar_t=$((5 + 2 * __sandbar_slot))
+${body}
+  __sandbar_slot=$((__sandbar_slot + 1))
+  [ "$__sandbar_slot" -lt ${SLOTS} ] || exit 0
+done
+`;
+}
+
+/**
  * A sequential host's program: one subshell at a time, forked by the host itself, which waits
  * for it (one fork per execution where a job-running host takes two). bash cannot wait for a
  * child and read its next request at once (a CHLD trap is deferred while `read` blocks, and a
@@ -83,43 +103,25 @@ function sequentialClosers(slot: number): string {
  * merely stopped; job control is back on for the next fork (its own process group).
  */
 function sequentialScript(prelude: string): string {
-  const closers = Array.from({ length: SLOTS }, (_, s) => shellQuote(sequentialClosers(s))).join(" ");
-  return `${prelude}set -m
-__sandbar_close=(${closers})
-__sandbar_slot=0
-while IFS= read -r -d '' __sandbar_script <&3; do
-  __sandbar_o=$((4 + 2 * __sandbar_slot)); __sandbar_t=$((5 + 2 * __sandbar_slot))
-  eval "( exec \${__sandbar_close[__sandbar_slot]} 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ) &"
+  return hostLoop(prelude, sequentialClosers, `  eval "( exec \${__sandbar_close[__sandbar_slot]} 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ) &"
   echo p $! >&$__sandbar_t
   exec {__sandbar_o}>&-
   set +m
   wait $!
   echo s $? >&$__sandbar_t
   set -m
-  exec {__sandbar_t}>&-
-  __sandbar_slot=$((__sandbar_slot + 1))
-  [ "$__sandbar_slot" -lt ${SLOTS} ] || exit 0
-done
-`;
+  exec {__sandbar_t}>&-`);
 }
 
 /**
- * The host's program. `prelude` runs first (joining the user cgroup, its OOM score). The job's
- * subshell drops the host's variables but keeps `__sandbar_script`, like the warm shells before.
+ * A job-running host's program: each request runs in a job (its own process group) that reports
+ * its pid, runs the script in a subshell and reports its status, so the host reads on at once.
+ * The job's subshell drops the host's variables but keeps `__sandbar_script`, like the warm
+ * shells before.
  */
 function hostScript(prelude: string): string {
-  const closers = Array.from({ length: SLOTS }, (_, s) => shellQuote(laterSlots(s))).join(" ");
-  return `${prelude}set -m
-__sandbar_close=(${closers})
-__sandbar_slot=0
-while IFS= read -r -d '' __sandbar_script <&3; do
-  __sandbar_o=$((4 + 2 * __sandbar_slot)); __sandbar_t=$((5 + 2 * __sandbar_slot))
-  eval "{ exec 3<&- \${__sandbar_close[__sandbar_slot]}; echo p \\$BASHPID >&$__sandbar_t; ( exec $__sandbar_t>&- 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ); echo s \\$? >&$__sandbar_t; } &"
-  eval "exec $__sandbar_o>&- $__sandbar_t>&-"
-  __sandbar_slot=$((__sandbar_slot + 1))
-  [ "$__sandbar_slot" -lt ${SLOTS} ] || exit 0
-done
-`;
+  return hostLoop(prelude, laterSlots, `  eval "{ exec 3<&- \${__sandbar_close[__sandbar_slot]}; echo p \\$BASHPID >&$__sandbar_t; ( exec $__sandbar_t>&- 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ); echo s \\$? >&$__sandbar_t; } &"
+  eval "exec $__sandbar_o>&- $__sandbar_t>&-"`);
 }
 
 /** One execution in a host's subshell, with the events of a ChildProcess that execute() reads. */
