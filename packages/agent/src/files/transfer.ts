@@ -121,9 +121,7 @@ export class UploadTarget {
     const fh = this.fh!; // Taken before close() lets go of it.
     try {
       while (this.queue.length > 0 && this.failed === undefined) {
-        const bufs = this.queue.length <= MAX_IOV ? this.queue : this.queue.slice(0, MAX_IOV);
-        this.queue = this.queue.length <= MAX_IOV ? [] : this.queue.slice(MAX_IOV);
-        let pending = bufs;
+        let pending = this.queue.splice(0, MAX_IOV);
         while (pending.length > 0) {
           const { bytesWritten } = await fh.writev(pending, this.offset);
           if (bytesWritten === 0) throw new Error(`no progress writing ${this.path}`);
