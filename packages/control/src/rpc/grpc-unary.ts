@@ -1,8 +1,9 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { Http2ServerRequest, Http2ServerResponse, IncomingHttpHeaders } from "node:http2";
+import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
 import { create, fromBinary, toBinary, type DescMethodUnary, type DescService } from "@bufbuild/protobuf";
 import { Code, ConnectError, createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
+import { headersOf } from "../gateway/rest-route.ts";
 import { clientAddress, clientAddressKey } from "../server/client-address.ts";
 
 type Impl = (input: unknown, ctx: HandlerContext) => unknown;
@@ -58,7 +59,7 @@ async function call(method: DescMethodUnary, impl: Impl, req: Http2ServerRequest
     url: `http://${req.authority}${req.url}`,
     timeoutMs: timeout.timeoutMs,
     requestSignal: abort.signal,
-    requestHeader: webHeaders(req.headers),
+    requestHeader: headersOf(req),
     responseHeader: { "content-type": "application/grpc+proto" },
     responseTrailer: { "grpc-status": "0" },
     contextValues: createContextValues().set(clientAddressKey, clientAddress(req)),
@@ -136,20 +137,6 @@ function fromEnvelope(method: DescMethodUnary, data: Buffer): unknown {
 
 function headerValue(v: string | string[] | undefined): string | null {
   return v === undefined ? null : Array.isArray(v) ? v.join(", ") : v;
-}
-
-function webHeaders(h: IncomingHttpHeaders): Headers {
-  const out = new Headers();
-  for (const k in h) {
-    const v = h[k];
-    if (k.startsWith(":") || v === undefined) continue;
-    try {
-      out.set(k, Array.isArray(v) ? v.join(", ") : String(v));
-    } catch {
-      // A value fetch's Headers refuses is not one a handler reads.
-    }
-  }
-  return out;
 }
 
 function nodeHeaders(h: Headers): Record<string, string> {
