@@ -70,6 +70,15 @@ describe("the runners API", () => {
     expect(r.status, JSON.stringify(r.body)).toBe(201);
     const got = await call("GET", `/runners/${r.body.id}`);
     expect(got.body).toMatchObject({ name: "node-1", apiUrl: "http://127.0.0.1:1", cpu: 4, memory: 8, disk: 50 });
+    // The reference's node DTO takes any gpuType string and ignores it without GPUs ("none" from its dashboard).
+    for (const [path, body] of [["/nodes", { region: "edge-1", name: "node-2" }], ["/runners", { regionId: region, name: "node-3" }]] as const) {
+      const none = await call("POST", path, { ...body, gpu: 0, gpuType: "none" });
+      expect(none.status, JSON.stringify(none.body)).toBe(201);
+      const stored = await call("GET", `/runners/${none.body.id}`);
+      expect(stored.body.gpuType ?? null).toBeNull();
+      await call("PATCH", `/runners/${none.body.id}/scheduling`, { unschedulable: true });
+      expect((await call("DELETE", `/runners/${none.body.id}`)).status).toBe(204);
+    }
   });
 
   it("drains and takes out of scheduling; deletes only an unschedulable runner", async () => {

@@ -77,7 +77,8 @@ export function runnerService(orm: MikroORM, box: SecretBox): Partial<ServiceImp
       for (const [field, v] of [["cpu", req.cpu], ["memory", req.memory], ["disk", req.disk], ["gpu", req.gpu]] as const) {
         if (v !== undefined) checks.that(Number.isInteger(v) && v >= 0 && v <= 1_000_000, `${field} must be a whole number from 0 to 1000000`);
       }
-      if (req.gpuType !== undefined) checks.that(gpuTypes.names.includes(req.gpuType), `gpuType must be one of the following values: ${gpuTypes.names.join(", ")}`);
+      // Without GPUs the type means nothing: any string, ignored (the reference's node DTO sends "none").
+      if (req.gpu && req.gpuType !== undefined) checks.that(gpuTypes.names.includes(req.gpuType), `gpuType must be one of the following values: ${gpuTypes.names.join(", ")}`);
       // Android sandboxes go to container runners (the reference's rule): no runner is of class android.
       checks.that(req.sandboxClass !== SandboxClass.ANDROID, "sandboxClass must be one of the following values: container, linux-vm, windows");
       checks.done();

@@ -79,6 +79,7 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
   if (req.linkedSandbox) throw errors.unimplemented("Linked sandboxes are not supported yet");
   const network = createNetwork(req.networkBlockAll, req.networkAllowList, defaultNetwork);
   refuseDomainAllowList(req.domainAllowList);
+  if (req.secrets.length > 0) throw errors.invalidArgument("secrets are not supported by this server yet (it keeps no secrets to mount): pass the values in env");
 
   const cpu = req.cpu || RESOURCES.cpu.default;
   const memory = req.memory || RESOURCES.memory.default;

@@ -58,6 +58,8 @@ describe("network policy through the API", () => {
       [{ networkAllowList: Array.from({ length: 11 }, (_, i) => `10.0.${i}.0/24`).join(",") }, "Network allow list cannot contain more than 10 networks"],
       [{ domainAllowList: "not a domain" }, 'Invalid domain: "not a domain". Must be a valid domain name'],
       [{ domainAllowList: "pypi.org" }, "domainAllowList is not supported by this server"],
+      // Not network policy, but refused the same way rather than dropped: the sandbox would run without them.
+      [{ secrets: [{ OPENAI_API_KEY: "openai" }] }, "secrets are not supported by this server yet"],
     ];
     for (const [body, message] of cases) {
       const res = await f.call("POST", "/sandbox", body);

@@ -14,7 +14,7 @@ import { DEFAULT_SNAPSHOT, RESOURCES } from "../sandboxes/create-request.ts";
 import { Checks } from "../services/validate.ts";
 import { toSnapshot } from "./dto.ts";
 import { type CredentialsFor, type PullSettings, SnapshotPulls } from "./pulls.ts";
-import { DEFAULT_SNAPSHOT_ID, type ListSort, type SnapshotRow, SnapshotStore } from "./store.ts";
+import { DEFAULT_SNAPSHOT_ID, type ListSort, type SnapshotRow, type SnapshotStateName, SnapshotStore } from "./store.ts";
 
 // SnapshotService (spec 4.7, the /images aliases of 4.11): snapshots from OCI images, pulled in the
 // background on this host (pulls.ts), per organization, with the default snapshot listed as a
@@ -45,6 +45,7 @@ export interface SnapshotDeps {
 }
 
 const NAME = /^[a-zA-Z0-9_.\-:]+(\/[a-zA-Z0-9_.\-:]+)*(@sha256:[a-f0-9]{64})?$/;
+const DEACTIVATABLE: SnapshotStateName[] = ["pending", "pulling", "building", "active", "error", "build_failed"];
 const SORTS: Partial<Record<SnapshotSortField, ListSort>> = {
   [SnapshotSortField.NAME]: "name",
   [SnapshotSortField.STATE]: "state",
@@ -92,8 +93,12 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       return next;
     }
     if (row.state === "inactive") return row;
-    if (row.state !== "active") throw errors.invalidArgument(`Snapshot ${row.id} cannot be deactivated - it is in ${row.state} state`);
-    return (await store.update(row.id, { state: "inactive" }, ["active"])) ?? (await store.findOwn(organizationOf(ctx), row.id));
+    // As the reference: inactive from any state. A pull or build under way is stopped (its end
+    // only moves a snapshot that is still pulling or building); activation pulls or builds again.
+    const next = await store.update(row.id, { state: "inactive" }, DEACTIVATABLE);
+    if (!next) throw errors.invalidArgument(`Snapshot ${row.id} cannot be deactivated - it is being removed`);
+    await pulls.cancel(row.id);
+    return next;
   }
 
   const impl: Partial<ServiceImpl<typeof SnapshotService>> = {

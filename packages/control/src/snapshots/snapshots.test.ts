@@ -59,6 +59,8 @@ function registryCredentials() {
   return (org: string, host: string) => account(org, proxies.has(host) ? reg.host : host);
 }
 
+const randomSuffix = () => Math.random().toString(36).slice(2, 8);
+
 async function waitFor(id: string, states: string[], ms = 60_000): Promise<any> {
   const until = Date.now() + ms;
   for (;;) {
@@ -170,6 +172,33 @@ describe("snapshots from images", () => {
     expect(dup.status).toBe(409);
     expect(dup.body.message).toBe('Snapshot with name "app-snap" already exists for this organization');
     expect((await call("POST", "/snapshots", { name: "sandbar-default", imageName: app })).status).toBe(409);
+  });
+
+  it("deactivates in any state, as the reference: a pull under way is stopped, activation pulls again", async () => {
+    for (const deactivate of [
+      (id: string) => call("POST", `/snapshots/${id}/deactivate`),
+      (id: string) => call("PATCH", `/snapshots/${id}/toggle`, { enabled: false }),
+      (id: string) => call("PATCH", `/images/${id}/toggle`, { enabled: false }),
+    ]) {
+      const proxy = await holdingProxy();
+      try {
+        const r = await call("POST", "/snapshots", { name: `held-${randomSuffix()}`, imageName: `${proxy.host}/test/app:1.0` });
+        expect(r.status).toBe(200);
+        await waitFor(r.body.id, ["pulling"]);
+        const off = await deactivate(r.body.id);
+        expect(off.status, JSON.stringify(off.body)).toBeLessThan(300);
+        // The pull was stopped before the answer: its log ends so, and nothing moves the snapshot on.
+        const log = await fetch(`${t.url}/api/snapshots/${r.body.id}/build-logs`, { headers: { authorization: `Bearer ${t.adminKey}` } });
+        expect(await log.text()).toMatch(/pull interrupted\n$/);
+        expect((await call("GET", `/snapshots/${r.body.id}`)).body).toMatchObject({ state: "inactive", enabled: false });
+        expect((await call("POST", `/snapshots/${r.body.id}/activate`)).body.state).toBe("pending");
+        proxy.release();
+        expect((await waitFor(r.body.id, ["active", "error"])).state).toBe("active");
+        expect((await call("DELETE", `/snapshots/${r.body.id}`)).status).toBe(200);
+      } finally {
+        await proxy.close();
+      }
+    }
   });
 
   it("an unknown tag ends in `error` with the reason; sandboxes from unknown or inactive snapshots are refused", async () => {

@@ -3,7 +3,7 @@
 /* eslint-disable */
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import type { Message } from "@bufbuild/protobuf";
+import type { JsonObject, Message } from "@bufbuild/protobuf";
 import type { EmptySchema, Timestamp } from "@bufbuild/protobuf/wkt";
 
 /**
@@ -891,6 +891,14 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
    * @generated from field: optional string workspace_class = 23 [json_name = "class"];
    */
   workspaceClass?: string | undefined;
+
+  /**
+   * The reference's secret mounts (`[{"ENV_NAME": "secret name"}]`): refused
+   * with 400 while this server keeps no secrets, never silently dropped.
+   *
+   * @generated from field: repeated google.protobuf.Struct secrets = 24;
+   */
+  secrets: JsonObject[];
 };
 
 /**
