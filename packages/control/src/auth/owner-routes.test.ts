@@ -193,3 +193,14 @@ describe("a member's key", () => {
     expect((await api(t.url, k, "GET", "/volumes")).status).toBe(200);
   });
 });
+
+describe("a system admin's key", () => {
+  it("reads OpenTelemetry header values in clear only when it holds every scope (the operator's rule)", async () => {
+    const [{ id: org }] = (await api(t.url, t.adminKey, "GET", "/organizations")).body as Array<{ id: string }>;
+    const url = `/organizations/${org}/otel-config`;
+    expect((await api(t.url, t.adminKey, "PUT", url, { endpoint: "https://otel.example.test", headers: { "x-token": "s3cret" } })).status).toBe(204);
+    const narrow = await key(t.adminKey, {}, "admin-narrow", ["write:sandboxes"]);
+    expect((await api(t.url, narrow, "GET", url)).body.headers).toEqual({ "x-token": "******" });
+    expect((await api(t.url, t.adminKey, "GET", url)).body.headers).toEqual({ "x-token": "s3cret" });
+  });
+});
