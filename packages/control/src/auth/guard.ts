@@ -82,10 +82,14 @@ export class Guard {
     const access = await this.credentials.memberAccess(organizationId, principal.userId);
     if (!access) throw named ? notFound() : invalidContext();
 
-    if (route.owner && access.role !== "owner") throw errors.permissionDenied("Access denied");
-    // A key is limited to its scopes, even an owner's; a signed-in owner holds every scope, a
-    // member those of their assigned roles.
-    const permissions = principal.apiKey ? principal.apiKey.permissions : access.role === "owner" ? ALL : access.permissions;
+    // What the member holds now (an owner every scope, a member their roles'); a key acts with
+    // the part of it its scopes name, so it never outlives a permission its creator lost.
+    const owner = access.role === "owner";
+    const held = owner ? ALL : access.permissions;
+    const permissions = principal.apiKey ? within(principal.apiKey.permissions, held) : held;
+    // Owner-only routes (members, invitations, roles, webhooks, OTel) have no scope of their own:
+    // a key may call them only when it holds every scope, i.e. acts as its owner in full.
+    if (route.owner && (!owner || !fullScope(permissions))) throw errors.permissionDenied("Access denied");
     if (route.scope) {
       if (!permissions.has(route.scope)) throw errors.permissionDenied("Access denied");
       if (access.suspension !== undefined && SUSPENDABLE.test(route.scope)) {
@@ -118,9 +122,20 @@ interface Authorized {
 }
 
 /** Operator routes: a system admin, and with an API key only a full-scope one (not a narrowed child). */
-function isOperator(principal: Principal): boolean {
+export function isOperator(principal: Principal): boolean {
   if (principal.systemRole !== "admin") return false;
-  return !principal.apiKey || ALL_SCOPES.every((s) => principal.apiKey!.permissions.has(s));
+  return !principal.apiKey || fullScope(principal.apiKey.permissions);
+}
+
+/** Holds every scope of the contract. */
+const fullScope = (scopes: ReadonlySet<string>) => ALL_SCOPES.every((s) => scopes.has(s));
+
+/** The key's scopes its creator still holds (the key's own set when they all are). */
+function within(key: ReadonlySet<string>, held: ReadonlySet<string>): ReadonlySet<string> {
+  if (held === ALL) return key;
+  const kept = new Set<string>();
+  for (const s of key) if (held.has(s)) kept.add(s);
+  return kept;
 }
 
 function organizationIdIn(message: unknown): string | undefined {

@@ -8,7 +8,7 @@ import type { ApiKey } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb
 import type { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { generateApiKey, hashApiKey, keyEnds, maskApiKey } from "../auth/key-material.ts";
-import { authContextKey, callerOf, organizationOf, type Principal } from "../auth/principal.ts";
+import { authContextKey, callerOf, organizationOf } from "../auth/principal.ts";
 import { permissionOf, scopeOf } from "../auth/scopes.ts";
 import { ApiKeyRecord, Organization } from "../db/entities.ts";
 import { execIn } from "../db/exec.ts";
@@ -20,11 +20,11 @@ const MANAGE = "manage:api_keys";
 export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<ServiceImpl<typeof ApiKeyService>> {
   const em = () => orm.em.fork();
 
-  /** For calls made with an API key: the manager rules of managed keys. */
-  async function assertManager(caller: Principal, organizationId: string): Promise<void> {
+  /** For calls made with an API key: the manager rules of managed keys (on the scopes the key may use now). */
+  async function assertManager(ctx: HandlerContext, organizationId: string): Promise<void> {
     const org = await em().findOne(Organization, { id: organizationId });
     if (!org?.managedApiKeys) throw errors.permissionDenied("Managing API keys with an API key is not enabled for this organization");
-    if (!caller.apiKey!.permissions.has(MANAGE)) throw errors.permissionDenied("This API key is not authorized to manage API keys");
+    if (!ctx.values.get(authContextKey).permissions?.has(MANAGE)) throw errors.permissionDenied("This API key is not authorized to manage API keys");
   }
 
   /**
@@ -38,7 +38,7 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
     const byName = name === undefined ? {} : { name };
     let where: Record<string, unknown>;
     if (caller.apiKey) {
-      await assertManager(caller, organizationId);
+      await assertManager(ctx, organizationId);
       where = { organizationId, createdByKeyHash: caller.apiKey.hash, ...byName };
     } else {
       const owner = ctx.values.get(authContextKey).memberRole === "owner";
@@ -65,8 +65,8 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
         .that(expires === undefined || Number.isNaN(expires) || expires > Date.now(), "expiresAt must be in the future")
         .done();
       const scopes = [...new Set(req.permissions.map(scopeOf))];
-      if (caller.apiKey) await assertManager(caller, organizationId);
-      // A key gives at most its own scopes; a signed-in member at most their role's.
+      if (caller.apiKey) await assertManager(ctx, organizationId);
+      // At most what the call holds: a key's scopes its creator still has; a signed-in member their roles'.
       const held = ctx.values.get(authContextKey).permissions ?? new Set<string>();
       const missing = scopes.filter((s) => !held.has(s));
       if (missing.length) throw errors.permissionDenied(`Insufficient permissions for assigning: ${missing.join(", ")}`);

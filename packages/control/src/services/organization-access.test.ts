@@ -82,7 +82,7 @@ describe("roles, members and invitations", () => {
     expect(acc.status, JSON.stringify(acc.body)).toBe(200);
     expect(acc.body.assignedRoles.map((r: { name: string }) => r.name).sort()).toEqual(["Deleter", "Developer"]);
     expect((await api(t.url, quin, "POST", "/api-keys", { name: "d", permissions: ["delete:sandboxes"] }, h)).status).toBe(201);
-    // The role loses the permission: effective at once (the key made with it is not re-checked; that is the revocation rule below).
+    // The role loses the permission: effective at once (the key made with it stays, unable to use it; deleting keys is the rule below).
     await api(t.url, pia, "PUT", `/organizations/${org}/roles/${role.id}`, { name: "Deleter", description: "d", permissions: ["read:volumes"] });
     expect((await api(t.url, quin, "POST", "/api-keys", { name: "d2", permissions: ["delete:sandboxes"] }, h)).status).toBe(403);
     // A role in use cannot be deleted.

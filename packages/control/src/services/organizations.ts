@@ -17,6 +17,7 @@ import { sandboxClasses } from "../sandboxes/sandbox-class.ts";
 import type { Credentials, Invalidation } from "../auth/credentials.ts";
 import { authContextKey, callerOf } from "../auth/principal.ts";
 import type { SecretBox } from "../auth/secret-box.ts";
+import { isOperator } from "../auth/guard.ts";
 import { Organization, type StoredOtelConfig } from "../db/entities.ts";
 import { type Exec, execIn } from "../db/exec.ts";
 import { changeAccess, deleteKeys, lockOwners } from "../organizations/access-changes.ts";
@@ -83,9 +84,10 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
     });
   }
 
-  const isOperator = (ctx: HandlerContext) => {
+  // The operator routes' rule: a system admin signed in, or with their full-scope key.
+  const byOperator = (ctx: HandlerContext) => {
     const p = ctx.values.get(authContextKey).principal;
-    return p?.systemRole === "admin" && (!p.apiKey || p.apiKey.permissions.size > 0);
+    return p !== undefined && isOperator(p);
   };
 
   return {
@@ -248,7 +250,7 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
     },
 
     async getOtelConfig(req, ctx) {
-      const config = otelOf(await find(req.organizationId), isOperator(ctx));
+      const config = otelOf(await find(req.organizationId), byOperator(ctx));
       if (!config) throw errors.notFound(`Organization OTEL config for organization ${req.organizationId} not found`);
       return config;
     },

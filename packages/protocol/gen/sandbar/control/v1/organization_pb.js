@@ -397,8 +397,9 @@ export const InvitationStatus = /*@__PURE__*/
 /**
  * Organizations (spec 4.3). Routes with {organization_id} take the
  * organization from the path, not from the organization header. "Owner only"
- * below: the caller must hold the owner member role (the reference checks the
- * member role, not scopes, on account routes).
+ * below: the caller must hold the owner member role, and with an API key the key
+ * must hold every scope (no scope names these routes; the reference serves them
+ * to signed-in people only).
  *
  * @generated from service sandbar.control.v1.OrganizationService
  */

@@ -125,8 +125,9 @@ export const ListWebhookDeliveryAttemptsResponseSchema = /*@__PURE__*/
  * specification (headers webhook-id, webhook-timestamp, webhook-signature).
  *
  * Who may: any member of the organization (and its API keys) reads endpoints and delivery
- * attempts, as on the reference's webhook routes; only owners change them (an endpoint's URL
- * receives every event of the organization, so choosing it is an owner's act).
+ * attempts, as on the reference's webhook routes; only owners change them, signed in or with a
+ * full-scope key (an endpoint's URL receives every event of the organization, so choosing it is
+ * an owner's act).
  *
  * @generated from service sandbar.control.v1.WebhookService
  */

@@ -48,7 +48,8 @@ export declare type Route = Message<"sandbar.options.v1.Route"> & {
   userLevel: boolean;
 
   /**
-   * Only an owner of the organization may call it (an owner's API key passes; its scopes still apply).
+   * Only an owner of the organization may call it: signed in, or with an owner's API key that
+   * holds every scope (no scope names these routes, so a narrower key never passes).
    *
    * @generated from field: bool owner = 5;
    */
