@@ -25,6 +25,8 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
   const busy = new Map<net.Socket, number>();
   let closing = false;
   const h1 = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, (req, res) => {
+    const ambiguous = hostProblem(req.rawHeaders);
+    if (ambiguous) return badRequest(res, ambiguous);
     const socket = req.socket;
     busy.set(socket, (busy.get(socket) ?? 0) + 1);
     res.once("close", () => {
@@ -37,6 +39,8 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
   });
   // Upgrades (WebSockets) go to onUpgrade; any other is refused rather than left hanging.
   h1.on("upgrade", (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
+    const ambiguous = hostProblem(req.rawHeaders);
+    if (ambiguous) return socket.end(rawAnswer(400, "Bad Request", ambiguous));
     if (!onUpgrade?.(req, socket, head)) socket.end("HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
   });
   // Requests Node refuses before any handler sees them (oversized headers, malformed HTTP) get
@@ -45,10 +49,13 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
     if (!socket.writable) return socket.destroy();
     const [status, error] = err.code === "HPE_HEADER_OVERFLOW" ? [431, "Request Header Fields Too Large"] : [400, "Bad Request"];
     const message = status === 431 ? "The request's URL and headers exceed 16 KB" : "Malformed HTTP request";
-    const body = JSON.stringify({ statusCode: status, message, error, timestamp: new Date().toISOString() });
-    socket.end(`HTTP/1.1 ${status} ${error}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+    socket.end(rawAnswer(status, error, message));
   });
-  const h2 = http2.createServer({}, handler as (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void);
+  const h2 = http2.createServer({}, (req, res) => {
+    const ambiguous = hostProblem(req.rawHeaders);
+    if (ambiguous) return badRequest(res, ambiguous);
+    handler(req, res);
+  });
   const sockets = new Set<net.Socket>();
   const h1Sockets = new WeakSet<net.Socket>();
   const sessions = new Set<http2.ServerHttp2Session>();
@@ -94,4 +101,41 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
       }),
     );
   });
+}
+
+/**
+ * Why the request's host is ambiguous, or undefined: more than one Host header, or (HTTP/2) a
+ * Host that differs from :authority. Node keeps the first Host and drops the rest, and the
+ * preview proxy reads Host before :authority where gRPC reads :authority; a proxy in front may
+ * have routed by another one. Refused as Node's parser refuses two Content-Lengths.
+ */
+export function hostProblem(rawHeaders: string[]): string | undefined {
+  let host: string | undefined;
+  let authority: string | undefined;
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i]!;
+    if (name.length === 4 && name.toLowerCase() === "host") {
+      if (host !== undefined) return "The request has more than one Host header";
+      host = rawHeaders[i + 1]!;
+    } else if (name === ":authority") authority = rawHeaders[i + 1]!;
+  }
+  if (host !== undefined && authority !== undefined && host.toLowerCase() !== authority.toLowerCase()) return "The request's Host header differs from its :authority";
+  return undefined;
+}
+
+/** The API's JSON error body. */
+const errorBody = (status: number, error: string, message: string) => JSON.stringify({ statusCode: status, message, error, timestamp: new Date().toISOString() });
+
+/** A whole HTTP/1.1 error answer for a socket no response object owns; the connection closes after it. */
+function rawAnswer(status: number, error: string, message: string): string {
+  const body = errorBody(status, error, message);
+  return `HTTP/1.1 ${status} ${error}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`;
+}
+
+/** 400 before any handler sees the request; an HTTP/1.1 connection closes after it (what follows on it is not trusted). */
+function badRequest(res: http.ServerResponse | http2.Http2ServerResponse, message: string): void {
+  const body = errorBody(400, "Bad Request", message);
+  const headers: http.OutgoingHttpHeaders = { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(body) };
+  if (res instanceof http.ServerResponse) res.writeHead(400, { ...headers, connection: "close" }).end(body);
+  else res.writeHead(400, headers).end(body);
 }

@@ -1,8 +1,10 @@
 import { lookup } from "node:dns/promises";
+import { isIP } from "node:net";
 import { hostname } from "node:os";
 import { describe, expect, it } from "vitest";
-import { checkDestination, guardedLookup, isInternalAddress, urlProblem } from "./destinations.ts";
+import { checkDestination, connectRefusal, embeddedIPv4, guardedLookup, isInternalAddress, urlProblem } from "./destinations.ts";
 import { loadWebhookSettings, parseDuration } from "./settings.ts";
+import { hostAddresses, inUrl, literally } from "./testing/host-addresses.ts";
 
 // The destination policy on its own (no server): which addresses are internal, which URLs are
 // refused and with what message, and the lookup that delivery connects through.
@@ -27,6 +29,50 @@ describe("webhook destinations", () => {
     }
     expect(urlProblem("https://hooks.example.com/x", false)).toBeUndefined();
     expect(urlProblem("http://8.8.8.8/x", false)).toBeUndefined();
+  });
+
+  it("judges IPv6 forms that carry an IPv4 address by that address, whatever way the URL writes it", () => {
+    expect(embeddedIPv4("::ffff:127.0.0.1")).toBe("127.0.0.1");
+    expect(embeddedIPv4("::ffff:7f00:1")).toBe("127.0.0.1");
+    expect(embeddedIPv4("::7f00:1")).toBe("127.0.0.1"); // compatible (deprecated)
+    expect(embeddedIPv4("0:0:0:0:0:ffff:10.0.0.1")).toBe("10.0.0.1");
+    expect(embeddedIPv4("::ffff:0:a00:1")).toBe("10.0.0.1"); // translated
+    for (const a of ["::1", "::", "2606:4700:4700::1111", "64:ff9b::a00:1", "1::ffff:7f00:1"]) expect(embeddedIPv4(a), a).toBeUndefined();
+    for (const a of ["::7f00:1", "::127.0.0.1", "::ffff:0:7f00:1", "::a9fe:a9fe", "::ffff:169.254.169.254", "64:ff9b:1::a00:1", "2002:a00:1::1", "2002:808:808::1"]) expect(isInternalAddress(a), a).toBe(true);
+    for (const a of ["::ffff:8.8.8.8", "::808:808"]) expect(isInternalAddress(a), a).toBe(false);
+    for (const u of [
+      "http://[::127.0.0.1]/", "http://[::ffff:127.0.0.1]/", "http://[::ffff:7f00:1]/", "http://[0:0:0:0:0:ffff:10.0.0.1]/", "http://[::ffff:0:127.0.0.1]/",
+      "http://[::a9fe:a9fe]/latest/meta-data/", "http://[64:ff9b::10.0.0.1]/", "http://[64:ff9b::192.168.1.1]/", "http://[2002:c0a8:101::1]/", "http://[2002:7f00:1::]/",
+      // IPv4 in decimal, octal, hex and short forms: the URL parser writes them dotted before the check.
+      "http://2130706433/", "http://0x7f.1/", "http://0177.0.0.1/", "http://127.1/", "http://0/",
+    ]) expect(urlProblem(u, false), u).toMatch(/^url must not point at an internal address \(.*\); set SANDBAR_WEBHOOK_ALLOW_PRIVATE=true/);
+    expect(urlProblem("http://[::ffff:127.0.0.1]/", false)).toBe("url must not point at an internal address (::ffff:7f00:1, IPv4 127.0.0.1); set SANDBAR_WEBHOOK_ALLOW_PRIVATE=true to allow internal destinations");
+    expect(urlProblem("http://[::ffff:8.8.8.8]/", false)).toBeUndefined();
+  });
+
+  it("refuses every address of this host's own interfaces, private range or not (and their IPv6 forms), unless private destinations are allowed", () => {
+    const own = hostAddresses();
+    expect(own.length, "this test needs an interface besides loopback").toBeGreaterThan(0);
+    for (const a of own) {
+      const u = `http://${inUrl(a)}:8080/hook`;
+      const expected = isInternalAddress(a) ? "an internal address" : "an address of this server";
+      expect(urlProblem(u, false), u).toMatch(new RegExp(`^url must not point at ${expected} \\(${literally(a)}(, IPv4 [0-9.]+)?\\); set SANDBAR_WEBHOOK_ALLOW_PRIVATE=true`));
+      expect(urlProblem(u, true), u).toBeUndefined();
+      if (isIP(a) === 4) {
+        for (const v6 of [`::ffff:${a}`, `::${a}`, `::ffff:0:${a}`]) expect(urlProblem(`http://[${v6}]/`, false), v6).toMatch(new RegExp(`^url must not point at ${expected} \\(.*, IPv4 ${literally(a)}\\)`));
+      }
+    }
+  });
+
+  it("refuses, at connection time, addresses of this host: the check delivery applies to what a name resolved to", () => {
+    for (const a of hostAddresses()) {
+      const why = connectRefusal("hooks.example.com", ["2606:4700:4700::1111", a], false);
+      expect(why, a).toMatch(new RegExp(`^destination hooks\\.example\\.com resolves to (an internal address|an address of this server) \\(${literally(a)}\\)$`));
+      expect(connectRefusal(a, [a], false), a).toMatch(/^destination .* is (an internal address|an address of this server)$/);
+      expect(connectRefusal("hooks.example.com", [a], true), a).toBeUndefined();
+    }
+    expect(connectRefusal("hooks.example.com", ["8.8.8.8", "2606:4700:4700::1111"], false)).toBeUndefined();
+    expect(connectRefusal("hooks.example.com", ["::ffff:10.1.2.3"], false)).toBe("destination hooks.example.com resolves to an internal address (::ffff:10.1.2.3, IPv4 10.1.2.3)");
   });
 
   it("resolves names on create: a name resolving inside the network is refused, one that does not resolve (yet) is accepted", async () => {

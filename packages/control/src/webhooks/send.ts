@@ -1,7 +1,7 @@
 import { request as httpRequest, type IncomingMessage } from "node:http";
 import { request as httpsRequest } from "node:https";
 import { isIP } from "node:net";
-import { guardedLookup, isInternalAddress } from "./destinations.ts";
+import { connectRefusal, guardedLookup } from "./destinations.ts";
 
 // One HTTP POST of one webhook: bounded in time (the whole exchange) and in what is read back
 // (a short prefix of the answer; the rest is never read), no redirects followed, the destination
@@ -24,8 +24,9 @@ export async function send(url: string, headers: Record<string, string>, body: s
   const done = (r: Omit<SendResult, "durationMs">): SendResult => ({ ...r, durationMs: Math.round(performance.now() - started) });
   const target = new URL(url);
   const host = target.hostname.replace(/^\[(.*)\]$/, "$1");
-  // A literal address skips name lookup, so it is checked here.
-  if (!opts.allowPrivate && isIP(host) && isInternalAddress(host)) return done({ error: `destination ${host} is an internal address` });
+  // A literal address skips name lookup, so it is checked here (the same check as the lookup's).
+  const refused = isIP(host) ? connectRefusal(host, [host], opts.allowPrivate) : undefined;
+  if (refused) return done({ error: refused });
   const timeout = AbortSignal.timeout(opts.timeoutMs);
   const signal = opts.signal ? AbortSignal.any([timeout, opts.signal]) : timeout;
   try {

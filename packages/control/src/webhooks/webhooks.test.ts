@@ -12,8 +12,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { issuerSettings, TestIssuer } from "../testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { execIn } from "../db/exec.ts";
+import { isInternalAddress } from "./destinations.ts";
 import { recordEvent } from "./index.ts";
 import type { WebhookSettings } from "./settings.ts";
+import { hostAddresses, inUrl } from "./testing/host-addresses.ts";
 import { Receiver, type Received } from "./testing/receiver.ts";
 
 // Webhooks end to end on a real server (embedded PostgreSQL) with real sandboxes, delivering to
@@ -30,8 +32,8 @@ const receivers: Receiver[] = [];
 const base = (org: string) => `/webhooks/organizations/${org}/endpoints`;
 const jwt = (sub: string) => idp.sign("k", { sub, email: `${sub}@example.test`, email_verified: true, name: sub });
 
-async function receiver(): Promise<Receiver> {
-  const r = await new Receiver().start();
+async function receiver(host?: string): Promise<Receiver> {
+  const r = await new Receiver().start(host);
   receivers.push(r);
   return r;
 }
@@ -500,5 +502,50 @@ describe("webhook destinations on a server that refuses private ones", () => {
     const attempts = await attemptsOf(org, id, 1, strict);
     expect(attempts[0]).toMatchObject({ success: false, error: "destination 127.0.0.1 is an internal address" });
     expect(r.got).toEqual([]);
+  });
+
+  it("refuses this host's own addresses (every interface's) and IPv6 forms carrying an internal IPv4, on create and update", async () => {
+    const org = await adminOrg(strict);
+    const made = await api(strict.url, strict.adminKey, "POST", base(org), { url: "https://hooks.example.com/x" });
+    expect(made.status).toBe(201);
+    const id = made.body.endpoint.id as string;
+    const own = hostAddresses();
+    expect(own.length, "this test needs an interface besides loopback").toBeGreaterThan(0);
+    for (const a of own) {
+      const url = `http://${inUrl(a)}:8080/hook`;
+      const why = isInternalAddress(a) ? "an internal address" : "an address of this server";
+      for (const res of [await api(strict.url, strict.adminKey, "POST", base(org), { url }), await api(strict.url, strict.adminKey, "PATCH", `${base(org)}/${id}`, { url })]) {
+        expect(res.status, url).toBe(400);
+        expect(res.body.message, url).toMatch(new RegExp(`^url must not point at ${why} \\(.*\\); set SANDBAR_WEBHOOK_ALLOW_PRIVATE=true`));
+      }
+    }
+    for (const url of ["http://[::127.0.0.1]/", "http://[::ffff:127.0.0.1]/", "http://[::ffff:7f00:1]/", "http://[0:0:0:0:0:ffff:10.0.0.1]/", "http://[64:ff9b::10.0.0.1]/", "http://[2002:a00:1::1]/", "http://2130706433/", "http://0x7f.1/"]) {
+      const res = await api(strict.url, strict.adminKey, "PATCH", `${base(org)}/${id}`, { url });
+      expect(res.status, url).toBe(400);
+      expect(res.body.message, url).toMatch(/^url must not point at an internal address \(.*\); set SANDBAR_WEBHOOK_ALLOW_PRIVATE=true/);
+    }
+    expect((await api(strict.url, strict.adminKey, "GET", `${base(org)}/${id}`)).body.url).toBe("https://hooks.example.com/x");
+    await api(strict.url, strict.adminKey, "DELETE", `${base(org)}/${id}`);
+  });
+
+  // An address of this host outside the private ranges (a public address on eth0): only the
+  // own-address rule refuses it. Hosts without one have nothing for this case to show.
+  const publicOwn = hostAddresses().find((a) => !isInternalAddress(a));
+  it.skipIf(!publicOwn)("refuses at delivery an address of this host outside the private ranges, reading no answer from it", async () => {
+    const r = await receiver(publicOwn);
+    const org = await adminOrg(strict);
+    const made = await api(strict.url, strict.adminKey, "POST", base(org), { url: "https://hooks.example.com/x" });
+    const id = made.body.endpoint.id as string;
+    // The row is pointed at the host's address behind the API's back: a destination that changed after its check.
+    const sdb = new pg.Client({ connectionString: strict.server.databaseUrl });
+    await sdb.connect();
+    await sdb.query(`update webhook_endpoint set url = $1 where id = $2`, [r.url, id]);
+    await sdb.end();
+    await api(strict.url, strict.adminKey, "POST", `${base(org)}/${id}/test`);
+    const [attempt] = await attemptsOf(org, id, 1, strict);
+    expect(attempt).toMatchObject({ success: false, statusCode: null, error: `destination ${publicOwn} is an address of this server` });
+    expect(attempt!.responseBody ?? undefined).toBeUndefined();
+    expect(r.got).toEqual([]);
+    await api(strict.url, strict.adminKey, "DELETE", `${base(org)}/${id}`);
   });
 });

@@ -1,5 +1,5 @@
 import { createServer, type IncomingHttpHeaders, type Server, type ServerResponse } from "node:http";
-import type { AddressInfo } from "node:net";
+import { isIP, type AddressInfo } from "node:net";
 
 /** One request a receiver got, with the status it answered (undefined: left hanging). */
 export interface Received {
@@ -11,7 +11,7 @@ export interface Received {
 }
 
 /**
- * A webhook receiver on 127.0.0.1 (a real HTTP server): records every request and answers what
+ * A webhook receiver on 127.0.0.1, or the address `start` is given (a real HTTP server): records every request and answers what
  * `answer` says, a status or "hang" (no answer until the receiver closes).
  */
 export class Receiver {
@@ -22,7 +22,7 @@ export class Receiver {
   private hanging: ServerResponse[] = [];
   private waiters: Array<() => void> = [];
 
-  async start(): Promise<this> {
+  async start(host = "127.0.0.1"): Promise<this> {
     this.server = createServer((req, res) => {
       const chunks: Buffer[] = [];
       req.on("data", (c: Buffer) => chunks.push(c));
@@ -39,8 +39,8 @@ export class Receiver {
         for (const w of this.waiters.splice(0)) w();
       });
     });
-    await new Promise<void>((resolve) => this.server!.listen(0, "127.0.0.1", resolve));
-    this.url = `http://127.0.0.1:${(this.server.address() as AddressInfo).port}/hook`;
+    await new Promise<void>((resolve) => this.server!.listen(0, host, resolve));
+    this.url = `http://${isIP(host) === 6 ? `[${host}]` : host}:${(this.server.address() as AddressInfo).port}/hook`;
     return this;
   }
 
