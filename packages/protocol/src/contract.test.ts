@@ -235,8 +235,18 @@ const scopeCheckedByService = new Set([
   "GET /object-storage/push-access",
 ]);
 
+// Reads stricter than the table: they hand out a way into the sandbox (the preview token opens
+// every port and the toolbox's WebSockets; a signed URL opens a port), so the toolbox's scope.
+const scopeStricterThanSpec = new Map([
+  ["GET /sandbox/{}/ports/{}/preview-url", "write:sandboxes"],
+  ["GET /workspace/{}/ports/{}/preview-url", "write:sandboxes"],
+  ["GET /sandbox/{}/ports/{}/signed-preview-url", "write:sandboxes"],
+]);
+
 /** Scope a route must carry per the scope table; undefined: not decided by the table. */
 function expectedScope(method: HttpMethod, path: string): string | undefined {
+  const stricter = scopeStricterThanSpec.get(`${method} ${shape(path)}`);
+  if (stricter !== undefined) return stricter;
   const segment = path.split("/")[1] ?? "";
   // manage:api_keys applies only when an API key manages keys: checked in the service.
   if (segment === "api-keys" || scopeCheckedByService.has(`${method} ${shape(path)}`)) return undefined;

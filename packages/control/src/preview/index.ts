@@ -13,6 +13,7 @@ import { authorize, type AccessCheck } from "./access.ts";
 import { hostAddress, hostLabel, PATH_PREFIX, pathAddress, type PreviewAddress } from "./address.ts";
 import { PreviewCookies } from "./cookie.ts";
 import { LOOKUP_TTL_MS, PreviewLookup } from "./lookup.ts";
+import { cookieJar } from "./path-form.ts";
 import { forwardHttp, forwardUpgrade, refuseAmbiguous, upstreamHeaders, withoutTokenParameter, type Origin } from "./proxy.ts";
 import { previewService, previewUrlMethods } from "./service.ts";
 import { SignedPreviewUrls } from "./signed-urls.ts";
@@ -80,7 +81,7 @@ export async function startPreview(deps: PreviewDeps): Promise<Preview> {
       granted.set(key, now + LOOKUP_TTL_MS);
     },
   };
-  const origin = (prefix: string): Origin => ({ proto: urls.secure ? "https" : "http", prefix });
+  const origin = (address: PreviewAddress): Origin => ({ proto: urls.secure ? "https" : "http", prefix: address.prefix, ...(address.prefix ? { jar: cookieJar(address) } : {}) });
 
   /** Who the request is for and whether it may go there: the sandbox, where its port is, what to forward. */
   async function admit(req: IncomingMessage, address: PreviewAddress) {
@@ -96,9 +97,10 @@ export async function startPreview(deps: PreviewDeps): Promise<Preview> {
 
   async function serve(req: IncomingMessage, res: ServerResponse, address: PreviewAddress): Promise<void> {
     const { endpoint, grant, path } = await admit(req, address);
-    const headers = upstreamHeaders(req, address.port, grant, origin(address.prefix));
+    const at = origin(address);
+    const headers = upstreamHeaders(req, address.port, grant, at);
     try {
-      await forwardHttp(req, res, endpoint, upstreams, path, headers, { setCookie: grant.setCookie });
+      await forwardHttp(req, res, endpoint, upstreams, path, headers, { setCookie: grant.setCookie, jar: at.jar });
     } catch (err) {
       lookup.forget(endpoint.sandboxId);
       throw err;
@@ -107,9 +109,10 @@ export async function startPreview(deps: PreviewDeps): Promise<Preview> {
 
   async function upgrade(req: IncomingMessage, socket: Duplex, head: Buffer, address: PreviewAddress): Promise<void> {
     const { endpoint, grant, path } = await admit(req, address);
-    const headers = { ...upstreamHeaders(req, address.port, grant, origin(address.prefix), new Set(["upgrade"])), connection: "Upgrade" };
+    const at = origin(address);
+    const headers = { ...upstreamHeaders(req, address.port, grant, at, new Set(["upgrade"])), connection: "Upgrade" };
     const touch = () => manager.touch(endpoint.sandboxId);
-    await forwardUpgrade(req, socket, head, endpoint, path, headers, touch);
+    await forwardUpgrade(req, socket, head, endpoint, path, headers, touch, at.jar);
     // An open connection is activity even while quiet (the reference stamps every 50 s).
     const timer = setInterval(touch, WS_ACTIVITY_MS);
     socket.once("close", () => clearInterval(timer));

@@ -1,7 +1,7 @@
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { createRequire } from "node:module";
-import { request } from "node:http";
+import { request, type IncomingMessage } from "node:http";
 import { connect } from "node:net";
 import { rm } from "node:fs/promises";
 import { mkdtemp } from "node:fs/promises";
@@ -146,12 +146,17 @@ describe.skipIf(!root)("the preview proxy", () => {
         const seen = r.json.headers;
         expect(seen[header]).toBeUndefined();
         expect(seen["x-hop"]).toBeUndefined(); // listed in Connection: hop-by-hop
-        expect(seen.cookie).toBe("theirs=2"); // the proxy's own cookie never reaches the app
         expect(seen.host).toBe(`127.0.0.1:${APP_PORT}`);
         expect(seen["x-forwarded-for"]).toBe("127.0.0.1");
         expect(seen["x-forwarded-proto"]).toBe("http");
-        expect(r.headers["set-cookie"]).toEqual(["app=1; Path=/"]);
       }
+      // The proxy's own cookie never reaches the app; on the path form, no cookie but the
+      // preview's own does (below), and its cookies are scoped to it.
+      expect(byHost.json.headers.cookie).toBe("theirs=2");
+      expect(byHost.headers["set-cookie"]).toEqual(["app=1; Path=/"]);
+      expect(byHost.headers["content-security-policy"]).toBeUndefined();
+      expect(byPath.json.headers.cookie).toBeUndefined();
+      expect(byPath.headers["set-cookie"]).toEqual([expect.stringMatching(new RegExp(`^sbx-[0-9a-f]{16}-app=1; Path=/api/preview-proxy/${priv.id}/${APP_PORT}/$`))]);
       expect(byHost.json.path).toBe("/info?a=1");
       expect(byHost.json.headers["x-forwarded-host"]).toBe(hostOf(priv.id));
       expect(byPath.json.path).toBe("/info?a=1");
@@ -184,6 +189,96 @@ describe.skipIf(!root)("the preview proxy", () => {
     const other = await f.otherOrganization();
     for (const r of await both(priv.id, "/info", { headers: { authorization: `Bearer ${other.key}` } })) expect(r.status).toBe(404);
     for (const r of await both(priv.id, "/info", { headers: { authorization: "Bearer sbr_not-a-key" } })) expect(r.status).toBe(401);
+  });
+
+  it("path form: the app's cookies are scoped to the preview (no Domain, Path under its prefix), its pages sandboxed by CSP", async () => {
+    const headers = { "x-sandbar-preview-token": priv.token };
+    const setCookie = encodeURIComponent("x=1; Path=/; Domain=127.0.0.1; HttpOnly");
+    const r = await send(pathOf(priv.id, APP_PORT, `/set-cookie?c=${setCookie}`), { headers });
+    expect(r.status, r.text).toBe(200);
+    const prefix = `/api/preview-proxy/${priv.id}/${APP_PORT}`;
+    const x = (r.headers["set-cookie"] as string[]).find((c) => /^sbx-[0-9a-f]{16}-x=/.test(c))!;
+    expect(x).toMatch(new RegExp(`^sbx-[0-9a-f]{16}-x=1; HttpOnly; Path=${prefix}/$`));
+    expect(x).not.toMatch(/domain/i);
+    expect(r.headers["content-security-policy"]).toBe("sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads");
+    // The app's cookie comes back to it under its own name, and nothing else does.
+    const pair = x.split(";")[0]!;
+    const back = await send(pathOf(priv.id), { headers: { ...headers, cookie: `${pair}; x=untagged; session=of-the-api; sandbar-preview-${priv.id}=1.x` } });
+    expect(back.json.headers.cookie).toBe("x=1");
+    // A cookie the browser scoped to another preview's path is not this preview's: its server never sees it.
+    const other = await f.create({});
+    const otherUrl = await f.call("GET", `/sandbox/${other.id}/ports/${APP_PORT}/preview-url`);
+    await startApp(other.id);
+    const theirs = await send(pathOf(other.id, APP_PORT, `/set-cookie?c=${encodeURIComponent("secret=b; Path=/")}`), { headers: { "x-sandbar-preview-token": otherUrl.body.token } });
+    const theirPair = (theirs.headers["set-cookie"] as string[]).find((c) => /-secret=/.test(c))!.split(";")[0]!;
+    expect(theirs.headers["set-cookie"]).toContainEqual(expect.stringContaining(`Path=/api/preview-proxy/${other.id}/${APP_PORT}/`));
+    const crossed = await send(pathOf(priv.id), { headers: { ...headers, cookie: `${theirPair}; ${pair}` } });
+    expect(crossed.json.headers.cookie).toBe("x=1");
+    await f.call("DELETE", `/sandbox/${other.id}`);
+    // A WebSocket's answer is rewritten the same way.
+    const ws = new WebSocket(`ws://127.0.0.1:${port}${pathOf(priv.id, APP_PORT, "/ws?set-cookie")}`, { headers });
+    const upgraded = new Promise<IncomingMessage>((ok, fail) => (ws.once("upgrade", ok), ws.once("error", fail)));
+    const opened = new Promise((ok) => ws.once("open", ok));
+    const upgrade = await upgraded;
+    expect(upgrade.headers["set-cookie"]).toEqual([expect.stringMatching(new RegExp(`^sbx-[0-9a-f]{16}-ws=1; Path=${prefix}/$`))]);
+    expect(upgrade.headers["content-security-policy"]).toContain("sandbox allow-scripts");
+    await opened;
+    const echoed = new Promise((ok) => ws.once("message", (m) => ok(m.toString())));
+    ws.send("after the head");
+    expect(await echoed).toBe("after the head");
+    ws.close();
+    // The host form is its own origin: its answers are left as the app wrote them.
+    const byHost = await send(`/set-cookie?c=${setCookie}`, { host: hostOf(priv.id), headers });
+    expect(byHost.headers["set-cookie"]).toEqual(["app=1; Path=/", "x=1; Path=/; Domain=127.0.0.1; HttpOnly"]);
+    expect(byHost.headers["content-security-policy"]).toBeUndefined();
+  }, 60_000);
+
+  it("reaching a sandbox needs write:sandboxes: preview URLs, the proxy's Bearer check; the preview token opens no toolbox REST route", async () => {
+    const volumesOnly = (await f.call("POST", "/api-keys", { name: `volumes-${Date.now()}`, permissions: ["read:volumes"] })).body.value as string;
+    expect(volumesOnly).toBeTruthy();
+    // It can read the sandbox (membership), but not get its token or a signed URL.
+    expect((await f.call("GET", `/sandbox/${priv.id}`, undefined, volumesOnly)).status).toBe(200);
+    for (const path of [`/sandbox/${priv.id}/ports/2280/preview-url`, `/sandbox/${priv.id}/ports/${APP_PORT}/preview-url`, `/workspace/${priv.id}/ports/${APP_PORT}/preview-url`, `/sandbox/${priv.id}/ports/${APP_PORT}/signed-preview-url`]) {
+      const r = await f.call("GET", path, undefined, volumesOnly);
+      expect(r.status, path).toBe(403);
+      expect(JSON.stringify(r.body)).not.toContain(priv.token);
+    }
+    expect((await f.call("POST", `/sandbox/${priv.id}/ports/${APP_PORT}/signed-preview-url/unknowntoken0000/expire`, undefined, volumesOnly)).status).toBe(403);
+    // As Bearer through the proxy (both forms, and a WebSocket), and on the proxy's check route.
+    for (const r of await both(priv.id, "/info", { headers: { authorization: `Bearer ${volumesOnly}` } })) {
+      expect(r.status, r.text).toBe(403);
+      expect(r.json.message).toMatch(/needs the write:sandboxes scope/);
+    }
+    const ws = new WebSocket(`ws://127.0.0.1:${port}${pathOf(priv.id, APP_PORT, "/ws")}`, { headers: { authorization: `Bearer ${volumesOnly}` } });
+    expect(await new Promise<number>((ok) => ws.once("unexpected-response", (_req, res) => ok(res.statusCode!)))).toBe(403);
+    expect((await f.call("GET", `/preview/${priv.id}/access`, undefined, volumesOnly)).status).toBe(403);
+    // A scoped key still passes.
+    const sandboxes = (await f.call("POST", "/api-keys", { name: `sandboxes-${Date.now()}`, permissions: ["write:sandboxes"] })).body.value as string;
+    for (const r of await both(priv.id, "/info", { headers: { authorization: `Bearer ${sandboxes}` } })) expect(r.status, r.text).toBe(200);
+    expect((await f.call("GET", `/sandbox/${priv.id}/ports/${APP_PORT}/preview-url`, undefined, sandboxes)).body.token).toBe(priv.token);
+
+    // The preview token (got with a full key) is no credential for the toolbox's REST routes, in any spelling.
+    const files = `${f.t.url}/api/toolbox/${priv.id}/toolbox/files?path=/tmp`;
+    for (const [url, headers] of [
+      [files, { authorization: `Bearer ${priv.token}` }],
+      [files, { "x-daytona-preview-token": priv.token }],
+      [files, { "x-sandbar-preview-token": priv.token }],
+      [`${files}&DAYTONA_SANDBOX_AUTH_KEY=${priv.token}`, {}],
+    ] as Array<[string, Record<string, string>]>) {
+      expect((await fetch(url, { headers })).status, JSON.stringify(headers)).toBe(401);
+    }
+    // The PTY WebSocket: the token lifts no key that lacks the scope, and is no Bearer credential.
+    const pty = `ws://127.0.0.1:${port}/api/toolbox/${priv.id}/toolbox/process/pty/create-connect?id=scope-${Date.now()}`;
+    const refusal = (headers: Record<string, string>) =>
+      new Promise<number>((ok, fail) => {
+        const s = new WebSocket(pty, { headers });
+        s.once("unexpected-response", (_req, res) => ok(res.statusCode!));
+        s.once("open", () => (s.close(), fail(new Error("the PTY opened"))));
+      });
+    expect(await refusal({ authorization: `Bearer ${volumesOnly}`, "x-daytona-preview-token": priv.token })).toBe(403);
+    expect(await refusal({ authorization: `Bearer ${volumesOnly}` })).toBe(403);
+    expect(await refusal({ authorization: `Bearer ${priv.token}` })).toBe(401);
+    expect(await refusal({ "x-daytona-preview-token": "not-the-token" })).toBe(401);
   });
 
   it("turns a token link into an HttpOnly cookie scoped to the host or path, and drops the parameter", async () => {
@@ -463,7 +558,7 @@ describe.skipIf(!root)("the preview proxy", () => {
     for (const r of await both(priv.id, "/info")) expect(r.status).toBe(401);
   });
 
-  it("reaches the app from a real browser: a token link, then the page's own fetch and WebSocket on the cookie", async () => {
+  it("reaches the app from a real browser: a token link, then (host form) the page's own fetch and WebSocket on the cookie, or (path form) a sandboxed page", async () => {
     const profile = await mkdtemp(join(tmpdir(), "sandbar-chromium-"));
     const browser = await chromium.launchPersistentContext(profile, {
       executablePath: "/usr/bin/chromium",
@@ -471,20 +566,37 @@ describe.skipIf(!root)("the preview proxy", () => {
       args: ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking", `--host-resolver-rules=MAP *.${DOMAIN} 127.0.0.1`],
     });
     try {
-      for (const base of [`http://${hostOf(priv.id)}/page`, `http://127.0.0.1:${port}${pathOf(priv.id, APP_PORT, "/page")}`]) {
-        const page = await browser.newPage();
-        await page.goto(`${base}?DAYTONA_SANDBOX_AUTH_KEY=${priv.token}`);
-        await page.waitForFunction("document.getElementById('out').textContent !== 'loading'", undefined, { timeout: 15_000 });
-        const expectedPath = "/info?from=page";
-        expect(await page.textContent("#out")).toBe(`path=${expectedPath} echo=ping from the page`);
-        const cookies = await browser.cookies(base);
-        expect(cookies.find((c) => c.name === `sandbar-preview-${priv.id}`)).toMatchObject({ httpOnly: true, sameSite: "Lax" });
-        await page.close();
-      }
+      const base = `http://${hostOf(priv.id)}/page`;
+      const page = await browser.newPage();
+      await page.goto(`${base}?DAYTONA_SANDBOX_AUTH_KEY=${priv.token}`);
+      await page.waitForFunction("document.getElementById('out').textContent !== 'loading'", undefined, { timeout: 15_000 });
+      expect(await page.textContent("#out")).toBe("path=/info?from=page echo=ping from the page");
+      expect((await browser.cookies(base)).find((c) => c.name === `sandbar-preview-${priv.id}`)).toMatchObject({ httpOnly: true, sameSite: "Lax" });
+      await page.close();
+
+      // The path form shares the API's origin, so its page runs sandboxed in an opaque origin: its
+      // script runs but cannot read cookies, and its requests are cross-origin (this app's own
+      // fetch fails: it sends no CORS headers). The cookie the link left still opens the next
+      // top-level navigation, and the app's cookie is kept to the preview's path.
+      const api = `http://127.0.0.1:${port}`;
+      const sandboxed = await browser.newPage();
+      const first = await sandboxed.goto(`${api}${pathOf(priv.id, APP_PORT, "/page")}?DAYTONA_SANDBOX_AUTH_KEY=${priv.token}`);
+      expect(first?.status()).toBe(200);
+      await sandboxed.waitForFunction("document.getElementById('out').textContent !== 'loading'", undefined, { timeout: 15_000 });
+      expect(await sandboxed.textContent("#out")).toMatch(/^failed: /);
+      expect(await sandboxed.evaluate("self.origin")).toBe("null");
+      expect(await sandboxed.evaluate("(() => { try { return document.cookie; } catch (e) { return e.name; } })()")).toBe("SecurityError");
+      const again = await sandboxed.goto(`${api}${pathOf(priv.id, APP_PORT, "/other")}`);
+      expect(again?.status()).toBe(200);
+      expect(JSON.parse(await sandboxed.innerText("body")).path).toBe("/other");
+      const appCookie = (await browser.cookies(`${api}${pathOf(priv.id, APP_PORT, "/")}`)).find((c) => c.name.endsWith("-app"))!;
+      expect(appCookie).toMatchObject({ path: `/api/preview-proxy/${priv.id}/${APP_PORT}/`, domain: "127.0.0.1" });
+      expect((await browser.cookies(`${api}/api/sandbox`)).map((c) => c.name)).toEqual([]);
+      await sandboxed.close();
       // Without the token the browser gets the 401 page, not the app.
       await browser.clearCookies();
-      const page = await browser.newPage();
-      const res = await page.goto(`http://${hostOf(priv.id)}/page`);
+      const bare = await browser.newPage();
+      const res = await bare.goto(`http://${hostOf(priv.id)}/page`);
       expect(res?.status()).toBe(401);
     } finally {
       await browser.close();

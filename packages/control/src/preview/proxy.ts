@@ -4,6 +4,7 @@ import { ConnectError, errors } from "@sandbar/protocol";
 import { clientAddress } from "../server/client-address.ts";
 import { PREVIEW_TOKEN_HEADERS, PREVIEW_TOKEN_QUERY, type Grant } from "./access.ts";
 import { withoutPreviewCookies } from "./cookie.ts";
+import { jarCookies, PATH_FORM_CSP, rewriteHead, scopeSetCookie, splitHead, type CookieJar } from "./path-form.ts";
 import { dialTunnel, TunnelError } from "./tunnel-dial.ts";
 import type { PortEndpoint, Upstreams } from "./upstreams.ts";
 
@@ -21,6 +22,8 @@ export interface Origin {
   proto: "http" | "https";
   /** The path the address took off (path form), for X-Forwarded-Prefix. */
   prefix: string;
+  /** The path form's cookie jar (path-form.ts); absent for the host form, whose cookies pass as they are. */
+  jar?: CookieJar;
 }
 
 /** Refuses what could be read as two requests, or as another request than the one we check. */
@@ -48,7 +51,8 @@ export function upstreamHeaders(req: IncomingMessage, port: number, grant: Grant
     if (!keep.has(name) && (HOP_BY_HOP.has(name) || listed.has(name) || OWN.has(name))) continue;
     if (name === "authorization" && grant.consumedAuthorization) continue;
     if (name === "cookie") {
-      const kept = withoutPreviewCookies(Array.isArray(value) ? value.join("; ") : value);
+      const header = Array.isArray(value) ? value.join("; ") : value;
+      const kept = origin.jar ? jarCookies(header, origin.jar) : withoutPreviewCookies(header);
       if (kept) out.cookie = kept;
       continue;
     }
@@ -96,7 +100,7 @@ const RESPONSE_DROP = new Set(["connection", "keep-alive", "proxy-connection", "
  * Resolves when the exchange is over; rejects (before any response byte) when the port cannot be
  * reached, so the caller answers with the error.
  */
-export function forwardHttp(req: IncomingMessage, res: ServerResponse, e: PortEndpoint, upstreams: Upstreams, path: string, headers: OutgoingHttpHeaders, extra: { setCookie?: string }, retry = true): Promise<void> {
+export function forwardHttp(req: IncomingMessage, res: ServerResponse, e: PortEndpoint, upstreams: Upstreams, path: string, headers: OutgoingHttpHeaders, extra: { setCookie?: string; jar?: CookieJar }, retry = true): Promise<void> {
   return new Promise((resolve, reject) => {
     // A chunked body is forwarded chunked whatever the method (Node would send a GET's body unframed).
     if (req.headers["transfer-encoding"] !== undefined) headers["transfer-encoding"] = "chunked";
@@ -112,6 +116,11 @@ export function forwardHttp(req: IncomingMessage, res: ServerResponse, e: PortEn
       responded = true;
       const out: Record<string, string | string[]> = {};
       for (const [name, value] of Object.entries(upRes.headers)) if (value !== undefined && !RESPONSE_DROP.has(name)) out[name] = value;
+      if (extra.jar) {
+        const jar = extra.jar;
+        if (out["set-cookie"]) out["set-cookie"] = toList(out["set-cookie"]).map((c) => scopeSetCookie(c, jar, path));
+        out["content-security-policy"] = [...toList(out["content-security-policy"]), PATH_FORM_CSP];
+      }
       if (extra.setCookie) out["set-cookie"] = [...toList(out["set-cookie"]), extra.setCookie];
       res.writeHead(upRes.statusCode ?? 502, upRes.statusMessage, out);
       upRes.pipe(res);
@@ -148,10 +157,11 @@ function toList(v: string | string[] | undefined): string[] {
 /**
  * Forwards a WebSocket (any HTTP/1.1 upgrade) request: a tunnel of its own, the request head
  * written as received (less the proxy's credentials), then raw bytes both ways; the server's
- * answer (101 or a refusal) reaches the client as it was sent. `onTraffic` is called on bytes
- * either way (activity).
+ * answer (101 or a refusal) reaches the client as it was sent, but on the path form (`jar`) with
+ * its head rewritten as an HTTP answer's would be (a 101 may set cookies too). `onTraffic` is
+ * called on bytes either way (activity).
  */
-export async function forwardUpgrade(req: IncomingMessage, client: Duplex, head: Buffer, e: PortEndpoint, path: string, headers: OutgoingHttpHeaders, onTraffic: () => void): Promise<void> {
+export async function forwardUpgrade(req: IncomingMessage, client: Duplex, head: Buffer, e: PortEndpoint, path: string, headers: OutgoingHttpHeaders, onTraffic: () => void, jar?: CookieJar): Promise<void> {
   let upstream;
   try {
     upstream = await dialTunnel(e.agent, e.port);
@@ -174,6 +184,27 @@ export async function forwardUpgrade(req: IncomingMessage, client: Duplex, head:
   client.on("data", onTraffic);
   upstream.on("data", onTraffic);
   client.pipe(upstream);
-  upstream.pipe(client);
+  if (!jar) {
+    upstream.pipe(client);
+    upstream.resume();
+    return;
+  }
+  let buffered: Buffer = Buffer.alloc(0);
+  const takeHead = (chunk: Buffer) => {
+    buffered = buffered.length ? Buffer.concat([buffered, chunk]) : chunk;
+    let split;
+    try {
+      split = splitHead(buffered);
+    } catch {
+      return kill();
+    }
+    if (!split) return;
+    upstream.off("data", takeHead);
+    upstream.pause();
+    client.write(rewriteHead(split.head, jar, path), "latin1");
+    if (split.rest.length) client.write(split.rest);
+    upstream.pipe(client);
+  };
+  upstream.on("data", takeHead);
   upstream.resume();
 }

@@ -9,6 +9,10 @@ import { isAuthToken, type SandboxManager } from "../sandboxes/manager.ts";
 import type { SignedPreviewUrls } from "./signed-urls.ts";
 import { SIGNED_TOKEN } from "./address.ts";
 import type { PreviewUrls } from "./urls.ts";
+import { TOOLBOX_SCOPE } from "../toolbox/mount.ts";
+
+/** What a caller must hold to reach a sandbox's ports or get its preview token: the toolbox's scope. */
+export const PREVIEW_SCOPE = TOOLBOX_SCOPE;
 
 
 function checkPort(port: number): void {
@@ -42,10 +46,17 @@ export function previewService(manager: SandboxManager, credentials: Credentials
       // A key acts in its own organization only; a signed-in person in the organization their
       // header chooses, or without one in any they are a member of.
       const chosen = ORG_HEADERS.map((h) => ctx.requestHeader.get(h)).find(Boolean);
-      const member = caller.apiKey
-        ? caller.apiKey.organizationId === row.organizationId
-        : (!chosen || chosen === row.organizationId) && (await credentials.memberAccess(row.organizationId, caller.userId)) !== null;
-      if (!member) throw errors.notFound(`Sandbox with ID ${req.sandboxId} not found`);
+      let scopes: ReadonlySet<string> | undefined;
+      if (caller.apiKey) {
+        if (caller.apiKey.organizationId === row.organizationId) scopes = caller.apiKey.permissions;
+      } else if (!chosen || chosen === row.organizationId) {
+        const access = await credentials.memberAccess(row.organizationId, caller.userId);
+        if (access) scopes = access.role === "owner" ? new Set([PREVIEW_SCOPE]) : access.permissions;
+      }
+      if (!scopes) throw errors.notFound(`Sandbox with ID ${req.sandboxId} not found`);
+      // A port (and through the proxy's Bearer check, every port) is a way into the sandbox: the
+      // scope that gates the toolbox and the preview token, not mere membership.
+      if (!scopes.has(PREVIEW_SCOPE)) throw errors.permissionDenied(`Access denied: reaching a sandbox's ports needs the ${PREVIEW_SCOPE} scope`);
       return { ok: true };
     },
   };

@@ -4,11 +4,13 @@
  *   GET  /page          an HTML page whose script calls /info and the WebSocket below (browser test)
  *   GET  /big?mb=N      N MiB of bytes, written as fast as the connection takes them
  *   POST /sum           reads the body (Content-Length or chunked) and answers its length and SHA-256
- *   GET  (Upgrade)      a WebSocket echo (text, binary, ping; close answered)
+ *   GET  /set-cookie?c= answers with the Set-Cookie header c (URL-encoded) besides its own
+ *   GET  (Upgrade)      a WebSocket echo (text, binary, ping; close answered); with ?set-cookie
+ *                       in the path its 101 sets a cookie for / on a domain
  *   anything else       JSON: the method, path and headers the app received
  */
 export const APP_PY = String.raw`
-import base64, hashlib, json, struct, sys
+import base64, hashlib, json, struct, sys, urllib.parse
 from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
 
 PAGE = b"""<!doctype html><html><body><p id=out>loading</p><script>
@@ -24,11 +26,12 @@ class App(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def log_message(self, *args): pass
 
-    def send(self, code, body, ctype="application/json"):
+    def send(self, code, body, ctype="application/json", cookies=()):
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Set-Cookie", "app=1; Path=/")
+        for c in cookies: self.send_header("Set-Cookie", c)
         self.end_headers()
         if self.command != "HEAD": self.wfile.write(body)
 
@@ -44,6 +47,9 @@ class App(BaseHTTPRequestHandler):
             for _ in range(mb): self.wfile.write(chunk)
             return
         if self.path.startswith("/page"): return self.send(200, PAGE, "text/html")
+        if self.path.startswith("/set-cookie"):
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            return self.send(200, b"{}", cookies=query.get("c", []))
         self.send(200, json.dumps({"method": self.command, "path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}).encode())
     do_HEAD = do_GET
     do_DELETE = do_GET
@@ -76,6 +82,7 @@ class App(BaseHTTPRequestHandler):
         self.send_header("Upgrade", "websocket")
         self.send_header("Connection", "Upgrade")
         self.send_header("Sec-WebSocket-Accept", accept)
+        if "set-cookie" in self.path: self.send_header("Set-Cookie", "ws=1; Path=/; Domain=127.0.0.1")
         self.end_headers()
         self.wfile.flush()
         self.close_connection = True

@@ -65,7 +65,7 @@ const WS_ROUTES: Array<ToolboxRoute<WsRoute>> = [
  * reach them through the preview URL of port 2280 (which points at the toolbox prefix) or the
  * toolbox proxy URL. Callers authenticate as on every other route (the guard, through the
  * secured implementations), or, without credentials, with the sandbox's preview token, which the
- * locator checks. The routes are entries of the gateway's table; a refusal before the handshake
+ * locator checks (see callerFor). The routes are entries of the gateway's table; a refusal before the handshake
  * is answered by the gateway with its HTTP status.
  */
 export class ToolboxWebSockets {
@@ -110,6 +110,13 @@ export class ToolboxWebSockets {
     this.wss.close();
   }
 
+  /**
+   * With credentials, the guard decides (a preview token beside them lifts nothing). Without, the
+   * preview token alone: the official clients (0.111 and 0.218) in browsers, Deno and serverless
+   * runtimes cannot put a key on a WebSocket and send only `?DAYTONA_SANDBOX_AUTH_KEY=` (in Node
+   * they send their key too). That is sound only because the token is handed out to holders of
+   * the toolbox's scope alone: the preview URL routes require write:sandboxes (sandbox.proto).
+   */
   private async callerFor(req: IncomingMessage, query: URLSearchParams, sandboxId: string, signal: AbortSignal): Promise<ToolboxCaller> {
     const header = req.headers[PREVIEW_TOKEN_HEADER];
     const token = (Array.isArray(header) ? header[0] : header) || query.get(PREVIEW_TOKEN_QUERY);

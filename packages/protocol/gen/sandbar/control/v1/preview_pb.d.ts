@@ -118,7 +118,9 @@ export declare const PreviewService: GenService<{
   },
   /**
    * Whether the caller (API key or JWT) is a member of the sandbox's
-   * organization; the organization comes from the sandbox, not a header.
+   * organization holding write:sandboxes (what the proxy's Bearer check asks:
+   * a port is a way into the sandbox); the organization comes from the sandbox,
+   * not a header. A member without the scope is 403.
    *
    * @generated from rpc sandbar.control.v1.PreviewService.HasSandboxAccess
    */

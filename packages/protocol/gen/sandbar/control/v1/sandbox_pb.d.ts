@@ -2037,7 +2037,9 @@ export declare const SandboxService: GenService<{
   },
   /**
    * URL and token for a port. SDK 0.111 also asks for port 2280 and opens its
-   * log-follow and PTY WebSockets under the returned URL.
+   * log-follow and PTY WebSockets under the returned URL. The token opens every port
+   * and, alone, the toolbox WebSockets (browser clients cannot send a key there), so
+   * it takes the toolbox's scope; the reference asks only for membership.
    *
    * @generated from rpc sandbar.control.v1.SandboxService.GetPortPreviewUrl
    */
@@ -2049,6 +2051,7 @@ export declare const SandboxService: GenService<{
   /**
    * A short-lived URL for a port that carries its own credential (a token in the host name,
    * or in the path form's sandbox segment): whoever holds it reaches the port until it expires.
+   * A way into the sandbox, so write:sandboxes (the reference asks only for membership).
    *
    * @generated from rpc sandbar.control.v1.SandboxService.GetSignedPortPreviewUrl
    */
