@@ -35,6 +35,11 @@ export interface Settings {
   oidc?: { issuer: string; clientId: string; audience: string };
   /** The bootstrap admin's password for the built-in issuer; generated when unset. */
   bootstrapPassword?: string;
+  /**
+   * SANDBAR_PRINT_SECRETS=true: the generated admin API key and password are also printed at
+   * first start. Off by default: the log names the 0600 files that hold them, not their values.
+   */
+  printSecrets: boolean;
   /** Sandboxes kept started for creates of the default shape (0: none). */
   warmPool: number;
   /**
@@ -122,6 +127,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     volumeRoot: absolutePath(env, "SANDBAR_VOLUME_ROOT"),
     oidc: oidcSettings(env),
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
+    printSecrets: booleanFlag(env, "SANDBAR_PRINT_SECRETS"),
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
     trustedProxies: parseTrustedProxies(env.SANDBAR_TRUSTED_PROXIES),
     proxyProtocolFrom: parseAddressList("SANDBAR_PROXY_PROTOCOL_FROM", env.SANDBAR_PROXY_PROTOCOL_FROM),
