@@ -140,7 +140,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [SandboxService.typeName, ({ ...sandboxes.impl, ...preview.sandboxMethods }) as unknown as Impl],
     [PreviewService.typeName, preview.service as Impl],
     [SnapshotService.typeName, sandboxes.snapshots.impl as Impl],
-    [UserService.typeName, userService(orm) as Impl],
+    [UserService.typeName, userService(orm, credentials) as Impl],
     [OrganizationService.typeName, organizationService(orm, credentials, box) as Impl],
     [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],
     [OrganizationMemberService.typeName, organizationMemberService(orm, credentials) as Impl],
