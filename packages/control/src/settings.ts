@@ -2,6 +2,7 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 import { loadObjectStorageSettings, type ObjectStorageSettings } from "./object-storage/settings.ts";
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
+import type { LoginThrottleOptions } from "./identity/login-throttle.ts";
 import { parseAddressList, parseTrustedProxies } from "./server/client-address.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
 import { type InternalRegistrySettings, loadInternalRegistrySettings } from "./registries/internal/settings.ts";
@@ -40,6 +41,11 @@ export interface Settings {
    * first start. Off by default: the log names the 0600 files that hold them, not their values.
    */
   printSecrets: boolean;
+  /**
+   * The login page's throttle (identity/login-throttle.ts): its window, limits and slowdown. Not
+   * read from the environment; tests shrink it. Its counters live where the rate limits' do.
+   */
+  loginThrottle?: Partial<LoginThrottleOptions>;
   /** Sandboxes kept started for creates of the default shape (0: none). */
   warmPool: number;
   /**
