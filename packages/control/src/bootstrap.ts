@@ -11,11 +11,14 @@ import { generatePassword, hashPassword, verifyPassword } from "./identity/passw
 
 export const ADMIN_USER_ID = "sandbar-admin";
 const ADMIN_KEY_NAME = "sandbar-admin";
+const NOT_PRINTED = "; not printed (SANDBAR_PRINT_SECRETS=true prints it)";
 
 /**
  * First start: a default organization, an admin user owning it and a full-scope API key.
  * The key is SANDBAR_BOOTSTRAP_API_KEY when set (and follows it when it changes later),
- * otherwise generated, written 0600 into the data dir and printed once.
+ * otherwise generated and written 0600 into the data dir. The log says where, not what: a log
+ * is read (and kept) by more people than the data dir. `printSecrets` (SANDBAR_PRINT_SECRETS)
+ * also prints a generated value, once.
  */
 export async function bootstrap(
   orm: MikroORM,
@@ -24,6 +27,7 @@ export async function bootstrap(
   log: (line: string) => void,
   /** The admin's sign-in password for the built-in issuer; `false` when an external issuer is used. */
   password: { preset?: string } | false = false,
+  printSecrets = false,
 ): Promise<void> {
   const keyFile = join(dataDir, "admin-api-key");
   // With an external database nothing else has made the data dir yet.
@@ -35,7 +39,7 @@ export async function bootstrap(
 
   /**
    * The admin signs in as "sandbar-admin" with SANDBAR_BOOTSTRAP_PASSWORD (followed when it
-   * changes), or a password generated once, written 0600 beside the key and printed once.
+   * changes), or a password generated once and written 0600 beside the key.
    */
   async function bootstrapPassword(em: EntityManager, preset: string | undefined): Promise<void> {
     const run = execIn(em);
@@ -53,8 +57,8 @@ export async function bootstrap(
       log(`admin password (user ${ADMIN_USER_ID}): the value of SANDBAR_BOOTSTRAP_PASSWORD`);
     } else {
       await writeFile(file, value + "\n", { mode: 0o600 });
-      log(`admin password for user ${ADMIN_USER_ID} (shown once): ${value}`);
-      log(`  saved to ${file} (mode 0600)`);
+      if (printSecrets) log(`admin password for user ${ADMIN_USER_ID} (shown once, SANDBAR_PRINT_SECRETS): ${value}`);
+      log(`admin password for user ${ADMIN_USER_ID}: generated, in ${file} (mode 0600)${printSecrets ? "" : NOT_PRINTED}`);
     }
   }
 
@@ -88,8 +92,8 @@ export async function bootstrap(
       log("admin API key: the value of SANDBAR_BOOTSTRAP_API_KEY");
     } else {
       await writeFile(keyFile, value + "\n", { mode: 0o600 });
-      log(`admin API key (shown once): ${value}`);
-      log(`  saved to ${keyFile} (mode 0600)`);
+      if (printSecrets) log(`admin API key (shown once, SANDBAR_PRINT_SECRETS): ${value}`);
+      log(`admin API key: generated, in ${keyFile} (mode 0600)${printSecrets ? "" : NOT_PRINTED}`);
     }
   }
 }

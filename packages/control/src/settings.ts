@@ -2,6 +2,7 @@ import { homedir } from "node:os";
 import { join } from "node:path";
 import { loadObjectStorageSettings, type ObjectStorageSettings } from "./object-storage/settings.ts";
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
+import type { LoginThrottleOptions } from "./identity/login-throttle.ts";
 import { parseAddressList, parseTrustedProxies } from "./server/client-address.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
 import { type InternalRegistrySettings, loadInternalRegistrySettings } from "./registries/internal/settings.ts";
@@ -35,6 +36,16 @@ export interface Settings {
   oidc?: { issuer: string; clientId: string; audience: string };
   /** The bootstrap admin's password for the built-in issuer; generated when unset. */
   bootstrapPassword?: string;
+  /**
+   * SANDBAR_PRINT_SECRETS=true: the generated admin API key and password are also printed at
+   * first start. Off by default: the log names the 0600 files that hold them, not their values.
+   */
+  printSecrets: boolean;
+  /**
+   * The login page's throttle (identity/login-throttle.ts): its window, limits and slowdown. Not
+   * read from the environment; tests shrink it. Its counters live where the rate limits' do.
+   */
+  loginThrottle?: Partial<LoginThrottleOptions>;
   /** Sandboxes kept started for creates of the default shape (0: none). */
   warmPool: number;
   /**
@@ -122,6 +133,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     volumeRoot: absolutePath(env, "SANDBAR_VOLUME_ROOT"),
     oidc: oidcSettings(env),
     bootstrapPassword: env.SANDBAR_BOOTSTRAP_PASSWORD || undefined,
+    printSecrets: booleanFlag(env, "SANDBAR_PRINT_SECRETS"),
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
     trustedProxies: parseTrustedProxies(env.SANDBAR_TRUSTED_PROXIES),
     proxyProtocolFrom: parseAddressList("SANDBAR_PROXY_PROTOCOL_FROM", env.SANDBAR_PROXY_PROTOCOL_FROM),

@@ -462,6 +462,8 @@ describe("control contract: credentials", () => {
       ["GET", "/users"],
       ["GET", "/users/{id}"],
       ["POST", "/users/{id}/regenerate-key-pair"],
+      ["DELETE", "/users/{id}"],
+      ["DELETE", "/admin/users/{id}"],
       ["PATCH", "/snapshots/{id}/general"],
       ["GET", "/organizations/otel-config/by-sandbox-auth-token/{t}"],
     ] as const) {

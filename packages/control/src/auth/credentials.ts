@@ -1,8 +1,8 @@
 import pg from "pg";
 import type { Exec } from "../db/exec.ts";
-import { errors } from "@sandbar/protocol";
+import { ConnectError, errors } from "@sandbar/protocol";
 import type { JwtVerifier } from "./jwt.ts";
-import { userForClaims } from "./jwt-users.ts";
+import { issuedTooEarly, userForClaims } from "./jwt-users.ts";
 import { hashApiKey, looksLikeJwt } from "./key-material.ts";
 import type { KeyIdentity, Principal } from "./principal.ts";
 import type { RateLimitOverrides } from "../limits/rate-limits.ts";
@@ -19,11 +19,12 @@ interface CachedKey {
   loadedAt: number;
 }
 
-/** What changed: one key, one member's access, or everything cached about an organization (roles, suspension). */
+/** What changed: one key, one member's access, everything cached about an organization (roles, suspension), or a user (deleted). */
 export type Invalidation =
   | { kind: "key"; hash: string }
   | { kind: "member"; organizationId: string; userId: string }
-  | { kind: "organization"; organizationId: string };
+  | { kind: "organization"; organizationId: string }
+  | { kind: "user"; userId: string };
 
 /** A member's standing in an organization, as the guard needs it on every call. */
 export interface MemberAccess {
@@ -52,7 +53,7 @@ export class Credentials {
   private readonly pool: pg.Pool;
   private jwt?: JwtVerifier;
   /** Users behind verified JWTs, by `sub`: the user row is read at most every CACHE_TTL_MS. */
-  private readonly jwtUsers = new Map<string, { principal: Principal; loadedAt: number }>();
+  private readonly jwtUsers = new Map<string, { principal: Principal; loadedAt: number; issuedAfter?: number }>();
 
   constructor(databaseUrl: string) {
     this.pool = new pg.Pool({ connectionString: databaseUrl, max: 4 });
@@ -93,7 +94,10 @@ export class Credentials {
   evict(inv: Invalidation): void {
     if (inv.kind === "key") this.keys.delete(inv.hash);
     else if (inv.kind === "member") this.members.delete(`${inv.organizationId}/${inv.userId}`);
-    else for (const id of this.members.keys()) if (id.startsWith(`${inv.organizationId}/`)) this.members.delete(id);
+    else if (inv.kind === "user") {
+      this.jwtUsers.delete(inv.userId);
+      for (const id of this.members.keys()) if (id.endsWith(`/${inv.userId}`)) this.members.delete(id);
+    } else for (const id of this.members.keys()) if (id.startsWith(`${inv.organizationId}/`)) this.members.delete(id);
   }
 
   async authenticate(authorization: string | null): Promise<Principal> {
@@ -126,16 +130,21 @@ export class Credentials {
     const [claims] = await Promise.all([this.jwt.verify(token), this.sync()]);
     const now = Date.now();
     const hit = this.jwtUsers.get(claims.sub);
-    if (hit && now - hit.loadedAt <= CACHE_TTL_MS && (!claims.email || hit.principal.email === claims.email)) return hit.principal;
-    let principal: Principal;
+    if (hit && now - hit.loadedAt <= CACHE_TTL_MS && (!claims.email || hit.principal.email === claims.email)) {
+      // A subject deleted once and created again: its tokens from before the deletion stay refused.
+      if (issuedTooEarly(claims, hit.issuedAfter)) throw errors.unauthenticated();
+      return hit.principal;
+    }
+    let found: Awaited<ReturnType<typeof userForClaims>>;
     try {
-      principal = await userForClaims(this.pool, claims);
-    } catch {
+      found = await userForClaims(this.pool, claims);
+    } catch (err) {
+      if (err instanceof ConnectError) throw err; // a deleted user's token: 401
       throw errors.unavailable("Temporary authentication service error");
     }
     if (this.jwtUsers.size > 10_000) this.jwtUsers.clear();
-    this.jwtUsers.set(claims.sub, { principal, loadedAt: now });
-    return principal;
+    this.jwtUsers.set(claims.sub, { principal: found.principal, loadedAt: now, issuedAfter: found.issuedAfter });
+    return found.principal;
   }
 
   /**

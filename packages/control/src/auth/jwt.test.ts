@@ -21,7 +21,7 @@ describe("JWT verification against an independent issuer", () => {
   afterAll(() => idp.stop());
 
   it("accepts a valid token and reads its claims", async () => {
-    expect(await verifier.verify(await idp.sign("k1"))).toEqual({ sub: "ext|ada", email: "ada@example.test", emailVerified: false, name: "Ada" });
+    expect(await verifier.verify(await idp.sign("k1"))).toEqual({ sub: "ext|ada", email: "ada@example.test", emailVerified: false, name: "Ada", issuedAt: expect.any(Number) });
   });
 
   it("follows a key rotation: old-key tokens valid until the key is removed, new-key tokens accepted", async () => {
@@ -140,6 +140,33 @@ describe("a server configured with an external issuer", () => {
     // An API key may not use the JWT-only route.
     const created = await api(t.url, grace, "POST", "/api-keys", { name: "k2", permissions: [] }, org);
     expect((await api(t.url, created.body.value, "DELETE", "/api-keys/ext%7Cgrace/k", undefined, org)).status).toBe(401);
+  });
+
+  it("refuses a deleted user's tokens without provisioning them again; new subjects still are; created again, only later tokens pass", async () => {
+    const count = async (sql: string) => (await db.query(sql)).rows[0].n as number;
+    const users = () => count(`select count(*)::int as n from "user" where id = 'ext|ida'`);
+    const orgs = () => count(`select count(*)::int as n from organization where created_by = 'ext|ida'`);
+    const token = await idp.sign("a", { sub: "ext|ida", email: "ida@example.test", name: "Ida" });
+    expect((await api(t.url, token, "GET", "/users/me")).status).toBe(200); // provisioned on first use
+    expect([await users(), await orgs()]).toEqual([1, 1]);
+
+    expect((await api(t.url, t.adminKey, "DELETE", `/admin/users/${encodeURIComponent("ext|ida")}`)).status).toBe(204);
+    expect([await users(), await orgs()]).toEqual([0, 0]);
+    // The unexpired token, and one the issuer signs now, are refused and re-create nothing.
+    expect((await api(t.url, token, "GET", "/users/me")).status).toBe(401);
+    expect((await api(t.url, await idp.sign("a", { sub: "ext|ida" }), "GET", "/organizations")).status).toBe(401);
+    expect([await users(), await orgs()]).toEqual([0, 0]);
+    expect((await api(t.url, t.adminKey, "GET", "/users")).body.map((u: { id: string }) => u.id)).not.toContain("ext|ida");
+
+    // Just-in-time provisioning of a subject never seen before is unchanged.
+    expect((await api(t.url, await idp.sign("a", { sub: "ext|june", name: "June" }), "GET", "/users/me")).body).toMatchObject({ id: "ext|june", name: "June" });
+
+    // The operator creates the user again: tokens from before the deletion stay dead, later ones work.
+    expect((await api(t.url, t.adminKey, "POST", "/admin/users", { id: "ext|ida", name: "Ida" })).status).toBe(201);
+    expect((await api(t.url, token, "GET", "/users/me")).status).toBe(401);
+    const later = await idp.sign("a", { sub: "ext|ida" }, { iat: Math.floor(Date.now() / 1000) + 60 });
+    expect((await api(t.url, later, "GET", "/users/me")).body).toMatchObject({ id: "ext|ida" });
+    expect((await api(t.url, token, "GET", "/users/me")).status).toBe(401); // also once the user is cached
   });
 
   it("answers 401 to forged, expired and foreign tokens", async () => {

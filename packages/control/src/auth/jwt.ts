@@ -33,6 +33,8 @@ export interface VerifiedClaims {
   email: string;
   emailVerified: boolean;
   name: string;
+  /** `iat` (seconds since the epoch), when the token carries it: a deleted user's older tokens are refused by it. */
+  issuedAt?: number;
 }
 
 /**
@@ -117,5 +119,6 @@ function claimsOf(payload: JWTPayload): VerifiedClaims {
     email: str(payload.email),
     emailVerified: payload.email_verified === true,
     name: str(payload.name) || str(payload.username) || str(payload.preferred_username) || "Unknown",
+    ...(typeof payload.iat === "number" && Number.isFinite(payload.iat) ? { issuedAt: payload.iat } : {}),
   };
 }

@@ -28,7 +28,7 @@ export async function startIdentity(settings: Settings, databaseUrl: string, cre
   }
   const pool = new pg.Pool({ connectionString: databaseUrl, max: 4 });
   pool.on("error", () => {});
-  const issuer = await startIssuer({ pool, publicUrl: settings.publicUrl, log });
+  const issuer = await startIssuer({ pool, publicUrl: settings.publicUrl, log, throttle: { store: settings.rateLimits.store, options: settings.loginThrottle } });
   credentials.useJwtVerifier(new JwtVerifier({ issuer: issuer.issuer, audience: issuer.audience, localKeys: issuer.jwks }));
   return {
     oidc: { issuer: issuer.issuer, clientId: issuer.clientId, audience: issuer.audience },

@@ -4,7 +4,7 @@ import type pg from "pg";
 import { pgAdapter, purgeExpired } from "./adapter.ts";
 import { cookieKeys, loadSigningKeys, publicJwks, readKeys, rotateSigningKey, type SigningKeys } from "./keys.ts";
 import { errorPage, loginPage } from "./login-page.ts";
-import { LoginThrottle } from "./login-throttle.ts";
+import { addressKey, LoginThrottle, type LoginThrottleOptions } from "./login-throttle.ts";
 import { verifyPassword } from "./passwords.ts";
 import { clientAddress } from "../server/client-address.ts";
 
@@ -17,6 +17,8 @@ const API_SCOPE = "api";
 const KEY_REFRESH_MS = 10 * 60_000;
 /** A form body larger than this is not a login. */
 const MAX_FORM = 16 * 1024;
+/** An address a user signed in from stays known-good (no sign-in slowdown) this long after their last sign-in from it. */
+const KNOWN_ADDRESS_DAYS = 90;
 
 export interface BuiltInIssuer {
   issuer: string;
@@ -45,7 +47,14 @@ interface Account {
  * refresh tokens, JWT access tokens for the API audience, a server-rendered login page.
  * Its state and keys live in PostgreSQL, so every control process serves the same issuer.
  */
-export async function startIssuer(opts: { pool: pg.Pool; publicUrl: string; clientId?: string; log: (line: string) => void }): Promise<BuiltInIssuer> {
+export async function startIssuer(opts: {
+  pool: pg.Pool;
+  publicUrl: string;
+  clientId?: string;
+  log: (line: string) => void;
+  /** Where the sign-in throttle counts (as the rate limits: "postgres" when processes share the database), and its figures (tests shrink them). */
+  throttle?: { store: "memory" | "postgres"; options?: Partial<LoginThrottleOptions> };
+}): Promise<BuiltInIssuer> {
   const { pool } = opts;
   const issuer = opts.publicUrl + ISSUER_PATH;
   const audience = opts.publicUrl + "/api";
@@ -111,7 +120,7 @@ export async function startIssuer(opts: { pool: pg.Pool; publicUrl: string; clie
     return provider;
   };
 
-  const throttle = new LoginThrottle();
+  const throttle = new LoginThrottle(opts.throttle?.store === "postgres" ? { kind: "postgres", pool } : { kind: "memory" }, opts.throttle?.options);
   let provider = build(keys);
   let callback = provider.callback();
 
@@ -136,16 +145,22 @@ export async function startIssuer(opts: { pool: pg.Pool; publicUrl: string; clie
     const login = (form.get("login") ?? "").trim();
     const password = form.get("password") ?? "";
     const address = clientAddress(req);
-    if (throttle.blocked(login, address)) {
-      return send(res, 429, loginPage({ action, clientName, login, error: "Too many failed sign-ins; wait a few minutes and try again." }));
-    }
-    const account = login && password ? await checkPassword(pool, login, password) : undefined;
-    if (!account) {
-      throttle.failed(login, address);
-      return send(res, 401, loginPage({ action, clientName, login, error: "Wrong e-mail, user name or password." }));
-    }
-    throttle.succeeded(login);
-    await provider.interactionFinished(req, res, { login: { accountId: account } }, { mergeWithLastSubmission: false });
+    const tooMany = (ms: number) =>
+      send(res, 429, loginPage({ action, clientName, login, error: "Too many failed sign-ins from your address; wait a few minutes and try again." }), { "retry-after": String(Math.ceil(ms / 1000)) });
+    // Only this address's own failures refuse it (see LoginThrottle), never other addresses' guesses.
+    const addressRefused = await throttle.addressRefusedFor(address);
+    if (addressRefused > 0) return tooMany(addressRefused);
+    const user = login ? await findLogin(pool, login) : undefined;
+    const admission = await throttle.begin(user?.id ?? `login:${login.toLowerCase()}`, address);
+    if (admission.refused) return tooMany(admission.retryAfterMs);
+    // Same work whether or not the login names someone: no user enumeration by timing.
+    const ok = (await verifyPassword(password, user?.passwordHash ?? DUMMY_HASH)) && !!user && password !== "";
+    // The right password from where this user signed in before is not slowed by others' guesses.
+    if (!(ok && (await knownAddress(pool, user.id, address))) && admission.delayMs > 0) await sleep(admission.delayMs);
+    if (!ok) return send(res, 401, loginPage({ action, clientName, login, error: "Wrong e-mail, user name or password." }));
+    await throttle.succeeded(user.id, address);
+    await rememberAddress(pool, user.id, address);
+    await provider.interactionFinished(req, res, { login: { accountId: user.id } }, { mergeWithLastSubmission: false });
   }
 
   /** The CLI is a first-party client: what it asks for is granted without a consent page. */
@@ -163,7 +178,10 @@ export async function startIssuer(opts: { pool: pg.Pool; publicUrl: string; clie
 
   // Housekeeping: expired rows go; a key past its age is replaced, and a rotation made by
   // another control process is picked up here.
-  const purge = setInterval(() => void purgeExpired(pool).catch(() => {}), 3600_000);
+  const purge = setInterval(() => {
+    void purgeExpired(pool).catch(() => {});
+    void pool.query(`delete from sign_in_address where last_sign_in_at < now() - make_interval(days => $1)`, [KNOWN_ADDRESS_DAYS]).catch(() => {});
+  }, 3600_000);
   purge.unref();
   const refresh = setInterval(() => {
     void loadSigningKeys(pool)
@@ -210,20 +228,34 @@ export async function startIssuer(opts: { pool: pg.Pool; publicUrl: string; clie
   return self;
 }
 
-/** The user id for a login (e-mail or user id) and password, or undefined. */
-async function checkPassword(pool: pg.Pool, login: string, password: string): Promise<string | undefined> {
+/** The user a login (e-mail or user id) names, with their password hash, if they have one. */
+async function findLogin(pool: pg.Pool, login: string): Promise<{ id: string; passwordHash: string } | undefined> {
   const { rows } = await pool.query<{ id: string; password_hash: string }>(
     `select u.id, p.password_hash from "user" u join user_password p on p.user_id = u.id
-      where u.id = $1 or (u.email <> '' and lower(u.email) = lower($1)) limit 1`,
+      where u.id = $1 or (u.email <> '' and lower(u.email) = lower($1)) order by u.id = $1 desc limit 1`,
     [login],
   );
-  const row = rows[0];
-  if (!row) {
-    await verifyPassword(password, DUMMY_HASH); // same work either way: no user enumeration by timing
-    return undefined;
-  }
-  return (await verifyPassword(password, row.password_hash)) ? row.id : undefined;
+  return rows[0] && { id: rows[0].id, passwordHash: rows[0].password_hash };
 }
+
+/** True when the user has signed in from this address (an IPv6 one by its /64) within KNOWN_ADDRESS_DAYS. */
+async function knownAddress(pool: pg.Pool, userId: string, address: string): Promise<boolean> {
+  const { rows } = await pool.query(
+    `select 1 from sign_in_address where user_id = $1 and address = $2 and last_sign_in_at > now() - make_interval(days => $3)`,
+    [userId, addressKey(address).slice(0, 64), KNOWN_ADDRESS_DAYS],
+  );
+  return rows.length > 0;
+}
+
+async function rememberAddress(pool: pg.Pool, userId: string, address: string): Promise<void> {
+  await pool.query(
+    `insert into sign_in_address (user_id, address) values ($1, $2)
+     on conflict (user_id, address) do update set last_sign_in_at = now()`,
+    [userId, addressKey(address).slice(0, 64)],
+  );
+}
+
+const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
 const DUMMY_HASH = "scrypt$32768$8$1$AAAAAAAAAAAAAAAAAAAAAA$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
 
@@ -244,12 +276,13 @@ function readForm(req: IncomingMessage): Promise<URLSearchParams | undefined> {
   });
 }
 
-function send(res: ServerResponse, status: number, html: string): void {
+function send(res: ServerResponse, status: number, html: string, headers: Record<string, string> = {}): void {
   if (res.headersSent) {
     res.end();
     return;
   }
   res.writeHead(status, {
+    ...headers,
     "content-type": "text/html; charset=utf-8",
     "cache-control": "no-store",
     "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'",

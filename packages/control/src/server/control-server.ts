@@ -108,7 +108,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const orm = await openDatabase(databaseUrl);
   const credentials = new Credentials(databaseUrl);
   await credentials.start(databaseUrl);
-  await bootstrap(orm, settings.dataDir, settings.bootstrapApiKey, log, settings.oidc ? false : { preset: settings.bootstrapPassword });
+  await bootstrap(orm, settings.dataDir, settings.bootstrapApiKey, log, settings.oidc ? false : { preset: settings.bootstrapPassword }, settings.printSecrets);
   const identity = await startIdentity(settings, databaseUrl, credentials, log);
   const limits = startRateLimits(settings.rateLimits, databaseUrl, log);
   const guard = new Guard(credentials, limits);
@@ -140,7 +140,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [SandboxService.typeName, ({ ...sandboxes.impl, ...preview.sandboxMethods }) as unknown as Impl],
     [PreviewService.typeName, preview.service as Impl],
     [SnapshotService.typeName, sandboxes.snapshots.impl as Impl],
-    [UserService.typeName, userService(orm) as Impl],
+    [UserService.typeName, userService(orm, credentials) as Impl],
     [OrganizationService.typeName, organizationService(orm, credentials, box) as Impl],
     [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],
     [OrganizationMemberService.typeName, organizationMemberService(orm, credentials) as Impl],

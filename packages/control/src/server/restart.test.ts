@@ -22,7 +22,7 @@ describe("persistence", () => {
     }
   });
 
-  it("generates the admin key at first start, writes it 0600, and keeps it", async () => {
+  it("generates the admin key at first start, writes it 0600 (logging where, not what), and keeps it", async () => {
     const { startControlServer } = await import("../server/control-server.ts");
     const { loadSettings } = await import("../settings.ts");
     const { mkdtemp, rm } = await import("node:fs/promises");
@@ -36,13 +36,14 @@ describe("persistence", () => {
     const key = (await readFile(join(dataDir, "admin-api-key"), "utf8")).trim();
     expect(key).toMatch(/^sbr_[0-9a-f]{64}$/);
     expect((await stat(join(dataDir, "admin-api-key"))).mode & 0o777).toBe(0o600);
-    expect(lines.some((l) => l.includes(key))).toBe(true);
+    expect(lines.some((l) => l.includes(key))).toBe(false); // the file's path is logged, not the key
+    expect(lines.some((l) => l.includes(join(dataDir, "admin-api-key")))).toBe(true);
     expect((await api(server.url, key, "GET", "/api-keys/current")).status).toBe(200);
     await server.stop();
 
     lines.length = 0;
     server = await startControlServer(settings, (l) => lines.push(l));
-    expect(lines.some((l) => l.includes(key))).toBe(false); // printed once only
+    expect(lines.some((l) => l.includes(key))).toBe(false);
     expect((await api(server.url, key, "GET", "/api-keys/current")).status).toBe(200);
     await server.stop();
     await rm(dataDir, { recursive: true, force: true });

@@ -22,6 +22,7 @@ import { Organization, type StoredOtelConfig } from "../db/entities.ts";
 import { type Exec, execIn } from "../db/exec.ts";
 import { changeAccess, deleteKeys, lockOwners } from "../organizations/access-changes.ts";
 import { insertOrganization, insertRegionQuota } from "../organizations/new-organization.ts";
+import { removeOrganization } from "../organizations/remove-organization.ts";
 import { applyQuota, checkQuota } from "../organizations/quota.ts";
 import { regionUsage } from "../organizations/usage.ts";
 import { Checks } from "./validate.ts";
@@ -119,15 +120,7 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
     async deleteOrganization(req) {
       const org = await find(req.organizationId);
       if (org.personal) throw errors.permissionDenied("Cannot delete personal organization");
-      await changing([{ kind: "organization", organizationId: org.id }], async (exec, changes) => {
-        await exec(`select id from organization where id = ? for update`, [org.id]);
-        const [{ n }] = (await exec(`select count(*)::int as n from sandbox where organization_id = ? and state <> 'destroyed'`, [org.id])) as Array<{ n: number }>;
-        if (n > 0) throw errors.failedPrecondition(`Organization with ID ${org.id} still has ${n} sandbox${n === 1 ? "" : "es"}: delete them first`);
-        await deleteKeys(exec, changes, "organization_id = ?", [org.id]);
-        // Destroyed sandbox rows go with it (they are kept only for the reads of a grace period).
-        await exec(`delete from sandbox where organization_id = ?`, [org.id]);
-        await exec(`delete from organization where id = ?`, [org.id]);
-      });
+      await changing([], (exec, changes) => removeOrganization(exec, changes, org.id));
       return {};
     },
 

@@ -12,22 +12,30 @@ import {
   UserSchema,
   UserService,
 } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
+import type { Credentials } from "../auth/credentials.ts";
 import { callerOf } from "../auth/principal.ts";
+import { ADMIN_USER_ID } from "../bootstrap.ts";
 import { type SshKeyPair, sshKeyPair } from "../auth/ssh-key-pair.ts";
 import { User } from "../db/entities.ts";
 import { execIn } from "../db/exec.ts";
+import { changeAccess, deleteKeys, lockOwners } from "../organizations/access-changes.ts";
 import { insertOrganization } from "../organizations/new-organization.ts";
+import { removeOrganization } from "../organizations/remove-organization.ts";
+import { recordEvent } from "../webhooks/events.ts";
 import { applyQuota, checkQuota } from "../organizations/quota.ts";
 import { Checks } from "./validate.ts";
 
 // Users (spec 4.4): the caller's own account, and the operator's administration of users. Each
 // user gets a personal organization it owns, made in the same transaction. The SSH key pair's
-// private half is answered once (create, regenerate) and never stored.
+// private half is answered once (create, regenerate) and never stored. Deleting a user removes
+// their personal organization and memberships (refused while they are the last owner of another
+// organization, as the reference refuses) and remembers the subject, so their tokens, of the
+// built-in issuer or an external one, are refused instead of provisioning them again.
 
 const EMAIL = /^[^\s@]+@[^\s@]+\.[^\s@]+$/;
 const USER_ID = /^[A-Za-z0-9._|@:-]{1,255}$/;
 
-export function userService(orm: MikroORM): Partial<ServiceImpl<typeof UserService>> {
+export function userService(orm: MikroORM, credentials: Credentials): Partial<ServiceImpl<typeof UserService>> {
   const em = () => orm.em.fork();
 
   async function find(id: string): Promise<User> {
@@ -88,6 +96,62 @@ export function userService(orm: MikroORM): Partial<ServiceImpl<typeof UserServi
       user.sshPublicKey = keys.publicKey;
       await fork.flush();
       return toAccount(user, keys);
+    },
+
+    async deleteUser(req, ctx) {
+      const { id } = req;
+      if (!USER_ID.test(id)) throw errors.notFound(`User with ID ${id} not found`);
+      const caller = callerOf(ctx);
+      if (id === caller.userId) throw errors.permissionDenied("You cannot delete your own user");
+      // The operator's own account: the next start would make it (and a second default organization) again.
+      if (id === ADMIN_USER_ID) throw errors.permissionDenied(`The bootstrap admin ${ADMIN_USER_ID} cannot be deleted`);
+      await changeAccess(orm, credentials, [{ kind: "user", userId: id }], async (exec, changes) => {
+        // The lock a first sign-in takes (auth/jwt-users.ts): no provisioning interleaves.
+        await exec(`select pg_advisory_xact_lock(hashtext(?))`, [id]);
+        const found = (await exec(`select id from "user" where id = ? for update`, [id])) as Array<{ id: string }>;
+        if (!found[0]) throw errors.notFound(`User with ID ${id} not found`);
+        const memberships = (await exec(
+          `select m.organization_id, m.role, o.name, (o.personal and o.created_by = m.user_id) as own_personal
+             from organization_member m join organization o on o.id = m.organization_id
+            where m.user_id = ? order by o.created_at, o.id`,
+          [id],
+        )) as Array<{ organization_id: string; role: string; name: string; own_personal: boolean }>;
+        const others = memberships.filter((m) => !m.own_personal);
+        const lastOwner: string[] = [];
+        for (const m of others) {
+          if (m.role !== "owner") continue;
+          const owners = await lockOwners(exec, m.organization_id);
+          if (owners.length === 1) lastOwner.push(`${m.name} (${m.organization_id})`);
+        }
+        if (lastOwner.length > 0) {
+          throw errors.failedPrecondition(
+            `User ${id} is the last owner of ${lastOwner.length === 1 ? "organization" : "organizations"} ${lastOwner.join(", ")}: make another member an owner or delete ${lastOwner.length === 1 ? "it" : "them"} first`,
+          );
+        }
+        const personal = (await exec(`select id from organization where personal and created_by = ?`, [id])) as Array<{ id: string }>;
+        for (const p of personal) await removeOrganization(exec, changes, p.id, `The personal organization ${p.id} of user ${id}`);
+        for (const m of others) {
+          await exec(`delete from organization_member where organization_id = ? and user_id = ?`, [m.organization_id, id]);
+          await recordEvent(exec, m.organization_id, "organization.member.removed", { organizationId: m.organization_id, userId: id });
+        }
+        await deleteKeys(exec, changes, "user_id = ?", [id]);
+        // The built-in issuer's state for them: sessions, grants, and the codes and refresh tokens of those grants.
+        await exec(
+          `delete from oidc_payload
+            where payload->>'accountId' = ?
+               or grant_id in (select g.id from oidc_payload g where g.kind = 'Grant' and g.payload->>'accountId' = ?)`,
+          [id, id],
+        );
+        // The subject is remembered (tokens issued before now are refused everywhere), then the row
+        // goes with its password and sign-in addresses.
+        await exec(
+          `insert into deleted_user (id, deleted_at, deleted_by) values (?, now(), ?)
+           on conflict (id) do update set deleted_at = excluded.deleted_at, deleted_by = excluded.deleted_by`,
+          [id, caller.userId],
+        );
+        await exec(`delete from "user" where id = ?`, [id]);
+      });
+      return {};
     },
 
     // Linking sign-in accounts needs an identity provider with a management API (the reference

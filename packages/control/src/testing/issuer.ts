@@ -38,13 +38,14 @@ export class TestIssuer {
     this.published = this.published.filter((k) => k.kid !== kid);
   }
 
-  sign(kid: string, claims: Record<string, unknown> = {}, opts: { issuer?: string; audience?: string; exp?: number | string } = {}): Promise<string> {
+  /** A token for `claims`; `opts.iat` sets when it says it was issued (seconds since the epoch; default now). */
+  sign(kid: string, claims: Record<string, unknown> = {}, opts: { issuer?: string; audience?: string; exp?: number | string; iat?: number } = {}): Promise<string> {
     return new SignJWT({ email: "ada@example.test", name: "Ada", ...claims })
       .setProtectedHeader({ alg: "RS256", kid, typ: "JWT" })
       .setSubject(String(claims.sub ?? "ext|ada"))
       .setIssuer(opts.issuer ?? this.url)
       .setAudience(opts.audience ?? AUDIENCE)
-      .setIssuedAt()
+      .setIssuedAt(opts.iat)
       .setExpirationTime(opts.exp ?? "5m")
       .sign(this.keys.get(kid)!);
   }

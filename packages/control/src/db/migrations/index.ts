@@ -16,6 +16,8 @@ import { Migration0017RegistryPushCredentials } from "./0017-registry-push-crede
 import { Migration0018Runners } from "./0018-runners.ts";
 import { Migration0019RunnerImages } from "./0019-runner-images.ts";
 import { Migration0021SandboxClassGpu } from "./0021-sandbox-class-gpu.ts";
+import { Migration0022DeletedUsers } from "./0022-deleted-users.ts";
+import { Migration0023SignInAddresses } from "./0023-sign-in-addresses.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -37,4 +39,6 @@ export const migrations = [
   { name: "0018-runners", class: Migration0018Runners },
   { name: "0019-runner-images", class: Migration0019RunnerImages },
   { name: "0021-sandbox-class-gpu", class: Migration0021SandboxClassGpu },
+  { name: "0022-deleted-users", class: Migration0022DeletedUsers },
+  { name: "0023-sign-in-addresses", class: Migration0023SignInAddresses },
 ];

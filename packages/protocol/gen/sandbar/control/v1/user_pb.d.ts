@@ -268,6 +268,22 @@ export declare type RegenerateKeyPairRequest = Message<"sandbar.control.v1.Regen
 export declare const RegenerateKeyPairRequestSchema: GenMessage<RegenerateKeyPairRequest>;
 
 /**
+ * @generated from message sandbar.control.v1.DeleteUserRequest
+ */
+export declare type DeleteUserRequest = Message<"sandbar.control.v1.DeleteUserRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.DeleteUserRequest.
+ * Use `create(DeleteUserRequestSchema)` to create a new message.
+ */
+export declare const DeleteUserRequestSchema: GenMessage<DeleteUserRequest>;
+
+/**
  * @generated from message sandbar.control.v1.ListAccountProvidersRequest
  */
 export declare type ListAccountProvidersRequest = Message<"sandbar.control.v1.ListAccountProvidersRequest"> & {
@@ -447,6 +463,21 @@ export declare const UserService: GenService<{
     methodKind: "unary";
     input: typeof RegenerateKeyPairRequestSchema;
     output: typeof UserAccountSchema;
+  },
+  /**
+   * Deletes a user, as the reference's user removal does: their personal organization (409
+   * while it holds sandboxes) and their memberships elsewhere (409, naming the organizations,
+   * while they are the last owner of one), with their API keys, password and the built-in
+   * issuer's sessions, grants and refresh tokens. The subject is remembered: tokens issued
+   * before the deletion are refused and never re-create the user. Operator only; not the
+   * caller nor the bootstrap admin.
+   *
+   * @generated from rpc sandbar.control.v1.UserService.DeleteUser
+   */
+  deleteUser: {
+    methodKind: "unary";
+    input: typeof DeleteUserRequestSchema;
+    output: typeof EmptySchema;
   },
   /**
    * Sign-in providers an account can be linked with; 404 when linking is off.
