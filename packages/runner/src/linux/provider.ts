@@ -1,10 +1,10 @@
-import { chmod, chown, mkdir, readdir, readFile, readlink, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
+import { access, chmod, chown, mkdir, readdir, readFile, readlink, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { ConnectError, errors } from "@sandbar/protocol";
 import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
-import { definedOf, diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
+import { definedOf, diskBytesOf, isSandboxId, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { bwrapOptions, type BwrapMount } from "./bwrap.ts";
 import { detectCgroups } from "./cgroups/detect.ts";
 import type { CgroupBackend, UserLimits } from "./cgroups/types.ts";
@@ -31,6 +31,7 @@ import { UidAllocator } from "./uids.ts";
 import { settleAll } from "./settle.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 import { startSpawner } from "./spawner.ts";
+import { detachLoop, idsBelow, LeftoverTally, loopDevicesUnder, mountSources } from "./leftovers.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -160,6 +161,8 @@ export class LinuxProvider implements SandboxProvider {
       const lease = await readLease(layout, id);
       if (lease) networks.markUsed(lease);
     }
+    // What a runner killed (or a data dir deleted) left: gone before anything new is made.
+    await provider.removeLeftovers().catch((err: unknown) => provider.#log(`leftovers: ${err instanceof Error ? err.message : String(err)}`));
     return provider;
   }
 
@@ -434,19 +437,29 @@ export class LinuxProvider implements SandboxProvider {
   /**
    * Kills the sandbox's processes, removes its cgroup, mounts and runtime dir. Idempotent.
    * `idle`: the caller just saw the cgroup empty (a start), so there is nothing to kill.
+   * `tally`: counts what was there (leftovers; a few more reads, so only for them).
    */
-  async #teardown(id: string, graceMs = 0, idle = false): Promise<void> {
+  async #teardown(id: string, graceMs = 0, idle = false, tally?: LeftoverTally): Promise<void> {
     const L = this.layout;
+    if (tally) {
+      if (!idle) tally.add("processes", (await this.cgroups.pids(id)).length);
+      if ((await Promise.all(this.cgroups.paths(id).map(exists))).some(Boolean)) tally.add("cgroups");
+    }
     if (!idle) await endSandboxProcesses(this.cgroups, id, graceMs);
     await this.cgroups.remove(id);
     // One read of the mount table; read again only to check what was unmounted is gone.
     const table = await mountPoints();
     const runtimeMounts = table.filter((m) => m === L.runtime(id) || m.startsWith(L.runtime(id) + "/"));
     const volumesDir = path.join(L.runtime(id), "volumes") + "/";
-    if (runtimeMounts.includes(L.rootMount(id))) await unmount(L.rootMount(id));
-    if (table.includes(L.diskMount(id))) await unmount(L.diskMount(id));
-    for (const m of runtimeMounts.filter((x) => x.startsWith(volumesDir)).reverse()) await unmount(m);
-    await this.#networks.tearDown(await readLease(L, id), id);
+    const unmountCounted = async (target: string) => {
+      await unmount(target);
+      tally?.add("mounts");
+    };
+    if (runtimeMounts.includes(L.rootMount(id))) await unmountCounted(L.rootMount(id));
+    if (table.includes(L.diskMount(id))) await unmountCounted(L.diskMount(id));
+    for (const m of runtimeMounts.filter((x) => x.startsWith(volumesDir)).reverse()) await unmountCounted(m);
+    if (tally) await this.#networks.removeLeftover(await readLease(L, id), id, (kind) => tally.add(kind));
+    else await this.#networks.tearDown(await readLease(L, id), id);
     const left = runtimeMounts.length > 0 ? await mountsUnder(L.runtime(id)) : [];
     if (left.length > 0) throw errors.internal(`sandbox ${id}: still mounted after stop: ${left.join(", ")}`);
     await rm(L.runtime(id), { recursive: true, force: true });
@@ -454,16 +467,89 @@ export class LinuxProvider implements SandboxProvider {
 
   async destroy(id: string): Promise<void> {
     validateId(id);
-    await this.#lock.with(id, async () => {
-      const rec = await readRecord(this.layout, id).catch(() => undefined);
-      await this.#teardown(id);
-      const dir = this.layout.sandboxDir(id);
-      const left = await mountsUnder(dir);
-      if (left.length > 0) throw errors.internal(`sandbox ${id}: cannot remove, still mounted: ${left.join(", ")}`);
-      await rm(dir, { recursive: true, force: true });
-      if (rec) this.#uids.release(rec.hostUid);
-      this.#exits.delete(id);
-    });
+    await this.#lock.with(id, () => this.#removeWhole(id));
+  }
+
+  /** destroy's work, under the sandbox's lock: everything it has on the host, its files too. */
+  async #removeWhole(id: string, tally?: LeftoverTally): Promise<void> {
+    const rec = await readRecord(this.layout, id).catch(() => undefined);
+    await this.#teardown(id, 0, false, tally);
+    const dir = this.layout.sandboxDir(id);
+    const left = await mountsUnder(dir);
+    if (left.length > 0) throw errors.internal(`sandbox ${id}: cannot remove, still mounted: ${left.join(", ")}`);
+    await rm(dir, { recursive: true, force: true });
+    if (rec) this.#uids.release(rec.hostUid);
+    this.#exits.delete(id);
+  }
+
+  /**
+   * Removes what earlier runs left on the host for this data dir, and logs one line per kind
+   * removed: the sandboxes `unclaimed` names, whole (control's reconcile: no row claims them, a
+   * warm pool of a run that was killed, say); the remains of sandboxes that have no record any
+   * more (processes, mounts, cgroups, network: a data dir deleted under them); what a sandbox
+   * that is not running still holds (a stop cut short); and loop devices backed by files under
+   * the data dir, deleted ones too, that no mount uses. Sandboxes that run are left alone, so it
+   * is safe at any time; one runner process per data dir is assumed (another's create in progress
+   * would look like remains). Returns the ids removed whole; a failure is logged and the rest done.
+   */
+  async removeLeftovers(unclaimed: readonly string[] = []): Promise<string[]> {
+    const L = this.layout;
+    const tally = new LeftoverTally();
+    const fail = (what: string) => (err: unknown) => this.#log(`leftovers: ${what}: ${err instanceof Error ? err.message : String(err)}`);
+    const loopsBefore = await loopDevicesUnder(L.dataDir);
+    const dirs = await listRecordIds(L);
+    const recorded = new Set<string>();
+    // An unreadable record still claims its sandbox: what it holds is not taken from it here.
+    for (const id of dirs) if (await readRecord(L, id).then((r) => r !== undefined, () => true)) recorded.add(id);
+    const table = await mountPoints();
+    const [runtimeEntries, cgroups, namespaced] = await Promise.all([readdir(L.runtimeDir).catch(() => [] as string[]), this.cgroups.names(), this.#networks.namespaced()]);
+    const onHost = new Set([...dirs, ...runtimeEntries, ...idsBelow(L.runtimeDir, table), ...idsBelow(L.sandboxesDir, table), ...cgroups, ...namespaced].filter(isSandboxId));
+    const whole = new Set(unclaimed);
+    const removed: string[] = [];
+    for (const id of [...whole, ...[...onHost].filter((x) => !recorded.has(x) && !whole.has(x))]) {
+      const done = await this.#lock
+        .with(id, async () => {
+          // A sandbox created meanwhile is not remains.
+          if (!whole.has(id) && (await readRecord(L, id).then((r) => r !== undefined, () => true))) return false;
+          await this.#removeWhole(id, tally);
+          return true;
+        })
+        .catch(fail(`sandbox ${id}`));
+      if (!done) continue;
+      (whole.has(id) ? tally.unclaimed : tally.unrecorded).push(id);
+      removed.push(id);
+    }
+    // A recorded sandbox that is not running holds nothing on the host but its files.
+    const holdsSomething = (id: string) => runtimeEntries.includes(id) || table.includes(L.diskMount(id)) || cgroups.includes(id) || namespaced.includes(id);
+    for (const id of [...recorded].filter((x) => !whole.has(x) && holdsSomething(x))) {
+      await this.#lock
+        .with(id, async () => {
+          if ((await this.cgroups.pids(id)).length === 0) await this.#teardown(id, 0, true, tally);
+        })
+        .catch(fail(`sandbox ${id}`));
+    }
+    const used = await mountSources();
+    for (const loop of await loopDevicesUnder(L.dataDir)) {
+      if (used.has(loop.device)) continue;
+      const detach = async () => {
+        if (!(await mountSources()).has(loop.device)) await detachLoop(loop.device);
+      };
+      // Under its sandbox's lock: a start attaches the image a moment before it mounts it.
+      const id = idsBelow(L.sandboxesDir, [loop.file]).find(isSandboxId);
+      await (id ? this.#lock.with(id, detach) : detach()).catch(fail(`loop device ${loop.device}`));
+    }
+    const attached = await loopDevicesUnder(L.dataDir);
+    const still = new Set(attached.map((l) => `${l.device} ${l.file}`));
+    for (const l of loopsBefore) {
+      if (still.has(`${l.device} ${l.file}`)) continue;
+      tally.add("loop devices");
+      if (l.deleted) tally.deletedBacking++;
+    }
+    const after = await mountSources();
+    const held = attached.filter((l) => !after.has(l.device));
+    if (held.length > 0) this.#log(`leftovers: ${held.length} loop device(s) still held outside this mount namespace, detached once freed: ${held.map((l) => `${l.device} (${l.file}${l.deleted ? ", deleted" : ""})`).join(", ")}`);
+    for (const line of tally.lines()) this.#log(`leftovers: ${line}`);
+    return removed;
   }
 
   async setEnv(id: string, env: Record<string, string>): Promise<void> {
@@ -603,6 +689,8 @@ export class LinuxProvider implements SandboxProvider {
     }
   }
 }
+
+const exists = (p: string) => access(p).then(() => true, () => false);
 
 function leaseFile(layout: Layout, id: string): string {
   return path.join(layout.runtime(id), "network.json");
