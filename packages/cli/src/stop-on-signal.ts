@@ -16,8 +16,16 @@ export interface Stoppable {
   stop(): Promise<void>;
 }
 
+export interface StopTimes {
+  /** Bound on the stop, from the first signal. */
+  deadlineMs?: number;
+  /** A repeat of the signal this soon after the first is not a second request. */
+  sameRequestMs?: number;
+}
+
 /** Starts the service with the signal handlers already in place; resolves with it once started (rejects as `start` does). */
-export async function serveUntilSignal<T extends Stoppable>(start: () => Promise<T>, log: (line: string) => void, what: string, deadlineMs = STOP_DEADLINE_MS): Promise<T> {
+export async function serveUntilSignal<T extends Stoppable>(start: () => Promise<T>, log: (line: string) => void, what: string, times: StopTimes = {}): Promise<T> {
+  const { deadlineMs = STOP_DEADLINE_MS, sameRequestMs = SAME_REQUEST_MS } = times;
   let service: T | undefined;
   let first: { signal: string; at: number } | undefined;
   let deadline: NodeJS.Timeout | undefined;
@@ -47,7 +55,7 @@ export async function serveUntilSignal<T extends Stoppable>(start: () => Promise
       }, deadlineMs);
       return stop();
     }
-    if (Date.now() - first.at < SAME_REQUEST_MS) return;
+    if (Date.now() - first.at < sameRequestMs) return;
     log(`${signal} again: exiting before the shutdown finished; the next start removes what is left`);
     process.exit(128 + constants.signals[signal]);
   };
