@@ -4,7 +4,7 @@ import type { Readable } from "node:stream";
 import { ConnectError, errors } from "@sandbar/protocol";
 import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
-import { definedOf, diskBytesOf, isSandboxId, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
+import { definedOf, diskBytesOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { bwrapOptions, type BwrapMount } from "./bwrap.ts";
 import { detectCgroups } from "./cgroups/detect.ts";
 import type { CgroupBackend, UserLimits } from "./cgroups/types.ts";
@@ -31,7 +31,7 @@ import { UidAllocator } from "./uids.ts";
 import { settleAll } from "./settle.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 import { startSpawner } from "./spawner.ts";
-import { detachLoop, idsBelow, LeftoverTally, loopDevicesUnder, mountSources } from "./leftovers.ts";
+import { type LeftoverTally, removeLeftovers } from "./leftovers.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -483,73 +483,24 @@ export class LinuxProvider implements SandboxProvider {
   }
 
   /**
-   * Removes what earlier runs left on the host for this data dir, and logs one line per kind
-   * removed: the sandboxes `unclaimed` names, whole (control's reconcile: no row claims them, a
-   * warm pool of a run that was killed, say); the remains of sandboxes that have no record any
-   * more (processes, mounts, cgroups, network: a data dir deleted under them); what a sandbox
-   * that is not running still holds (a stop cut short); and loop devices backed by files under
-   * the data dir, deleted ones too, that no mount uses. Sandboxes that run are left alone, so it
-   * is safe at any time; one runner process per data dir is assumed (another's create in progress
-   * would look like remains). Returns the ids removed whole; a failure is logged and the rest done.
+   * Removes what earlier runs left on the host for this data dir (leftovers.ts): the sandboxes
+   * `unclaimed` names, whole, the remains of sandboxes with no record, what a sandbox that is not
+   * running still holds, and loop devices of the data dir no mount uses; logs one line per kind.
+   * Returns the ids removed whole.
    */
-  async removeLeftovers(unclaimed: readonly string[] = []): Promise<string[]> {
-    const L = this.layout;
-    const tally = new LeftoverTally();
-    const fail = (what: string) => (err: unknown) => this.#log(`leftovers: ${what}: ${err instanceof Error ? err.message : String(err)}`);
-    const loopsBefore = await loopDevicesUnder(L.dataDir);
-    const dirs = await listRecordIds(L);
-    const recorded = new Set<string>();
-    // An unreadable record still claims its sandbox: what it holds is not taken from it here.
-    for (const id of dirs) if (await readRecord(L, id).then((r) => r !== undefined, () => true)) recorded.add(id);
-    const table = await mountPoints();
-    const [runtimeEntries, cgroups, namespaced] = await Promise.all([readdir(L.runtimeDir).catch(() => [] as string[]), this.cgroups.names(), this.#networks.namespaced()]);
-    const onHost = new Set([...dirs, ...runtimeEntries, ...idsBelow(L.runtimeDir, table), ...idsBelow(L.sandboxesDir, table), ...cgroups, ...namespaced].filter(isSandboxId));
-    const whole = new Set(unclaimed);
-    const removed: string[] = [];
-    for (const id of [...whole, ...[...onHost].filter((x) => !recorded.has(x) && !whole.has(x))]) {
-      const done = await this.#lock
-        .with(id, async () => {
-          // A sandbox created meanwhile is not remains.
-          if (!whole.has(id) && (await readRecord(L, id).then((r) => r !== undefined, () => true))) return false;
-          await this.#removeWhole(id, tally);
-          return true;
-        })
-        .catch(fail(`sandbox ${id}`));
-      if (!done) continue;
-      (whole.has(id) ? tally.unclaimed : tally.unrecorded).push(id);
-      removed.push(id);
-    }
-    // A recorded sandbox that is not running holds nothing on the host but its files.
-    const holdsSomething = (id: string) => runtimeEntries.includes(id) || table.includes(L.diskMount(id)) || cgroups.includes(id) || namespaced.includes(id);
-    for (const id of [...recorded].filter((x) => !whole.has(x) && holdsSomething(x))) {
-      await this.#lock
-        .with(id, async () => {
-          if ((await this.cgroups.pids(id)).length === 0) await this.#teardown(id, 0, true, tally);
-        })
-        .catch(fail(`sandbox ${id}`));
-    }
-    const used = await mountSources();
-    for (const loop of await loopDevicesUnder(L.dataDir)) {
-      if (used.has(loop.device)) continue;
-      const detach = async () => {
-        if (!(await mountSources()).has(loop.device)) await detachLoop(loop.device);
-      };
-      // Under its sandbox's lock: a start attaches the image a moment before it mounts it.
-      const id = idsBelow(L.sandboxesDir, [loop.file]).find(isSandboxId);
-      await (id ? this.#lock.with(id, detach) : detach()).catch(fail(`loop device ${loop.device}`));
-    }
-    const attached = await loopDevicesUnder(L.dataDir);
-    const still = new Set(attached.map((l) => `${l.device} ${l.file}`));
-    for (const l of loopsBefore) {
-      if (still.has(`${l.device} ${l.file}`)) continue;
-      tally.add("loop devices");
-      if (l.deleted) tally.deletedBacking++;
-    }
-    const after = await mountSources();
-    const held = attached.filter((l) => !after.has(l.device));
-    if (held.length > 0) this.#log(`leftovers: ${held.length} loop device(s) still held outside this mount namespace, detached once freed: ${held.map((l) => `${l.device} (${l.file}${l.deleted ? ", deleted" : ""})`).join(", ")}`);
-    for (const line of tally.lines()) this.#log(`leftovers: ${line}`);
-    return removed;
+  removeLeftovers(unclaimed: readonly string[] = []): Promise<string[]> {
+    return removeLeftovers(
+      {
+        layout: this.layout,
+        cgroups: this.cgroups,
+        networks: this.#networks,
+        log: this.#log,
+        locked: (id, fn) => this.#lock.with(id, fn),
+        removeWhole: (id, tally) => this.#removeWhole(id, tally),
+        tearDownIdle: (id, tally) => this.#teardown(id, 0, true, tally),
+      },
+      unclaimed,
+    );
   }
 
   async setEnv(id: string, env: Record<string, string>): Promise<void> {
