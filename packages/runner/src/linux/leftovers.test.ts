@@ -96,7 +96,7 @@ it.skipIf(!isRoot)("a runner opened on the data dir removes what earlier ones le
   // At open: the orphan's remains, the dead one's mounts and cgroup, the stray device; then the unclaimed one.
   const text = log.join("\n");
   expect(text).toContain(`leftovers: removed the remains of 1 sandbox(es) with no record: ${orphan.id}`);
-  expect(text).toMatch(/leftovers: removed [1-9]\d* processes of sandboxes/);
+  expect(text).toMatch(/leftovers: killed [1-9]\d* processes of sandboxes/);
   expect(text).toContain("leftovers: removed 4 mounts (overlay roots, disk images, volumes)"); // the orphan's two, the dead one's two
   expect(text).toContain("leftovers: removed 3 loop devices (1 of them backed by deleted files)");
   expect(text).toContain("leftovers: removed 2 sandbox cgroups");

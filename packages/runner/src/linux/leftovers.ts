@@ -135,7 +135,7 @@ export class LeftoverTally {
       const n = this.counts.get(kind);
       if (!n) continue;
       const deleted = kind === "loop devices" && this.deletedBacking > 0 ? ` (${this.deletedBacking} of them backed by deleted files)` : "";
-      out.push(`removed ${n} ${PLURAL[kind][n === 1 ? 0 : 1]}${deleted}`);
+      out.push(`${kind === "processes" ? "killed" : "removed"} ${n} ${PLURAL[kind][n === 1 ? 0 : 1]}${deleted}`);
     }
     return out;
   }
