@@ -14,6 +14,11 @@ const GiB = 2 ** 30;
 
 export const DEFAULT_USER = "sandbar";
 
+/** Whether `id` is a sandbox id validateId accepts (names found on the host are filtered so). */
+export function isSandboxId(id: string): boolean {
+  return ID.test(id);
+}
+
 export function validateId(id: unknown): string {
   if (typeof id !== "string" || !ID.test(id)) {
     throw errors.invalidArgument(

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { lifetime } from "../run.ts";
+import { serveUntilSignal } from "../stop-on-signal.ts";
 
 // The server's modules load only for these commands: the client commands stay quick to start.
 export function serverCommands(program: Command): void {
@@ -13,14 +13,13 @@ export function serverCommands(program: Command): void {
       log(`data dir: ${settings.dataDir}${settings.databaseUrl ? "" : " (embedded PostgreSQL)"}`);
       let server: Awaited<ReturnType<typeof startControlServer>>;
       try {
-        server = await startControlServer(settings, log);
+        server = await serveUntilSignal(() => startControlServer(settings, log), log, "shutting down");
       } catch (err) {
         console.error(`[sandbar] failed to start: ${err instanceof Error ? err.message : String(err)}`);
         process.exitCode = 1;
         return;
       }
       log(`listening on ${settings.host}:${server.port}: REST under /api, Connect/gRPC/gRPC-Web on the same port`);
-      stopOnSignal(() => server.stop(), log, "shutting down");
     });
 
   program
@@ -34,14 +33,13 @@ export function serverCommands(program: Command): void {
       log(`data dir: ${settings.dataDir}`);
       let runner: Awaited<ReturnType<typeof startRunner>>;
       try {
-        runner = await startRunner(settings, host, log);
+        runner = await serveUntilSignal(() => startRunner(settings, host, log), log, "shutting down (sandboxes keep running)");
       } catch (err) {
         console.error(`[sandbar runner] failed to start: ${err instanceof Error ? err.message : String(err)}`);
         process.exitCode = 1;
         return;
       }
       log(`runner ${runner.runnerId} listening on ${host.host}:${runner.server.port} (${host.tls ? "TLS" : "h2c"})`);
-      stopOnSignal(() => runner.stop(), log, "shutting down (sandboxes keep running)");
     });
 
   program
@@ -53,21 +51,4 @@ export function serverCommands(program: Command): void {
       for (const line of formatChecks(checks)) console.log(line);
       process.exitCode = checks.some((c) => c.required && !c.ok) ? 1 : 0;
     });
-}
-
-/** Keeps the process alive until SIGINT or SIGTERM, then stops the service and exits. */
-function stopOnSignal(stop: () => Promise<void>, log: (line: string) => void, what: string): void {
-  lifetime.keepAlive = true;
-  const shutdown = (signal: string) => {
-    log(`${signal}: ${what}`);
-    stop().then(
-      () => process.exit(0),
-      (err) => {
-        console.error(err);
-        process.exit(1);
-      },
-    );
-  };
-  process.once("SIGINT", () => shutdown("SIGINT"));
-  process.once("SIGTERM", () => shutdown("SIGTERM"));
 }

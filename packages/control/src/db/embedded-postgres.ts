@@ -42,22 +42,31 @@ export async function startEmbeddedPostgres(dataDir: string, log: (line: string)
     await stopOrphan(databaseDir, log);
   }
   await pg.start();
+  const pid = await postmasterPid(databaseDir);
   if (!initialised) await pg.createDatabase("sandbar");
   return {
     url: `postgresql://sandbar:${encodeURIComponent(password)}@127.0.0.1:${port}/sandbar`,
-    stop: () => pg.stop(),
+    // The library waits for an exit event, which never comes for a PostgreSQL that already exited
+    // (a Ctrl-C reaches it too: it is in our process group); so its end is watched here as well.
+    stop: async () => {
+      if (pid === undefined) return pg.stop();
+      const gone = async () => {
+        while (alive(pid)) await new Promise((r) => setTimeout(r, 50));
+      };
+      await Promise.race([pg.stop(), gone()]);
+    },
   };
+}
+
+async function postmasterPid(databaseDir: string): Promise<number | undefined> {
+  const pid = Number((await readFile(join(databaseDir, "postmaster.pid"), "utf8").catch(() => "")).split("\n")[0]);
+  return Number.isInteger(pid) && pid > 0 ? pid : undefined;
 }
 
 /** A server killed with -9 leaves its PostgreSQL running on our data dir: stop it before starting ours. */
 async function stopOrphan(databaseDir: string, log: (line: string) => void): Promise<void> {
-  let pid: number;
-  try {
-    pid = Number((await readFile(join(databaseDir, "postmaster.pid"), "utf8")).split("\n")[0]);
-  } catch {
-    return;
-  }
-  if (!Number.isInteger(pid) || pid <= 0 || !alive(pid)) return;
+  const pid = await postmasterPid(databaseDir);
+  if (pid === undefined || !alive(pid)) return;
   log(`stopping PostgreSQL ${pid} left running by an earlier server`);
   process.kill(pid, "SIGINT"); // fast shutdown: rolls back open transactions, keeps data
   for (let i = 0; i < 300 && alive(pid); i++) await new Promise((r) => setTimeout(r, 50));

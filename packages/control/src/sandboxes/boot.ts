@@ -12,6 +12,7 @@ import { ClusterLocks } from "./cluster-locks.ts";
 import { InterruptedOperations } from "./recovery.ts";
 import { type SandboxRuntime, unavailableRuntime } from "./runtime.ts";
 import { sandboxServices } from "./service.ts";
+import { runShutdownSteps } from "../server/shutdown-steps.ts";
 import { AgentClients } from "../toolbox/agent-clients.ts";
 import { SandboxTimers } from "./timers.ts";
 import { type PoolShape, WarmPool } from "./warm-pool.ts";
@@ -46,7 +47,9 @@ export interface Sandboxes {
   snapshots: Snapshots;
   /** Finishes the operations of control processes that died. */
   recovery: InterruptedOperations;
-  /** Stops the timers, lets running operations finish; sandboxes keep running. */
+  /** Shutdown began (called first, before the steps that come ahead of `stop`): no operation lock reconnects from now on. */
+  stopping(): void;
+  /** Stops the timers, removes the warm pool's sandboxes, lets running operations finish; other sandboxes keep running. */
   stop(): Promise<void>;
 }
 
@@ -121,15 +124,24 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     volumes,
     snapshots,
     recovery,
+    stopping() {
+      sharedLocks?.stopping();
+    },
     async stop() {
-      await recovery.stop();
-      await timers.stop();
-      builds?.close();
-      await snapshots.pulls.close();
-      await pool?.close();
-      await manager.close();
-      await sharedLocks?.close();
-      await runtime.close();
+      sharedLocks?.stopping();
+      await runShutdownSteps(
+        [
+          ["sandbox recovery", () => recovery.stop()],
+          ["sandbox timers", () => timers.stop()],
+          ["sandbox builds", () => builds?.close()],
+          ["snapshot pulls", () => snapshots.pulls.close()],
+          ["warm pool", () => pool?.close()],
+          ["sandbox operations", () => manager.close()],
+          ["operation locks", () => sharedLocks?.close()],
+          ["sandbox runtime", () => runtime.close()],
+        ],
+        log,
+      );
     },
   };
 }

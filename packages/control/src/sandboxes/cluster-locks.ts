@@ -1,5 +1,6 @@
 import { createHash } from "node:crypto";
 import pg from "pg";
+import { errors } from "@sandbar/protocol";
 
 // Which control process is working on a sandbox, across every process of one database: a
 // session-level PostgreSQL advisory lock per sandbox, held on one connection of this process for
@@ -30,6 +31,10 @@ export class ClusterLocks implements SharedLocks {
   /** The connection's queries, one at a time (node-postgres deprecates queueing them itself). */
   #queue: Promise<unknown> = Promise.resolve();
   #closed = false;
+  /** Set when shutdown begins: no new connection is made (the database may be going down with us). */
+  #stopping = false;
+  /** Why the last connection dropped; said when a new one replaces it. */
+  #lost: string | undefined;
 
   constructor(databaseUrl: string, log: (line: string) => void = () => undefined) {
     this.#databaseUrl = databaseUrl;
@@ -38,6 +43,7 @@ export class ClusterLocks implements SharedLocks {
 
   async acquire(id: string): Promise<boolean> {
     if (this.#closed) return false;
+    if (this.#stopping && !this.#client) throw errors.unavailable("The server is shutting down");
     const client = await this.#connection();
     const { rows } = await this.#query<{ ok: boolean }>(client, "select pg_try_advisory_lock($1::bigint) as ok", [lockKey(id)]);
     if (rows[0]?.ok) this.#held.set(id, client);
@@ -58,6 +64,11 @@ export class ClusterLocks implements SharedLocks {
     return run;
   }
 
+  /** Shutdown began: a connection that drops from now on is not replaced (nor its loss logged). */
+  stopping(): void {
+    this.#stopping = true;
+  }
+
   /** Ends the connection: every lock still held is released with it. */
   async close(): Promise<void> {
     this.#closed = true;
@@ -68,24 +79,31 @@ export class ClusterLocks implements SharedLocks {
   }
 
   #connection(): Promise<pg.Client> {
-    this.#client ??= (async () => {
-      const client = new pg.Client({ connectionString: this.#databaseUrl, application_name: "sandbar-operation-locks" });
-      client.on("error", (err) => {
-        // Its locks went with it: operations running now carry on; new ones take a new connection.
-        this.#log(`operation locks: connection lost (${err.message}); reconnecting`);
-        this.#client = undefined;
-      });
-      client.on("end", () => {
-        if (this.#client && !this.#closed) this.#client = undefined;
-      });
+    if (this.#client) return this.#client;
+    // Said here rather than when it drops: a drop while the server stops (its database going
+    // down with the same Ctrl-C) is expected, and nothing reconnects then.
+    if (this.#lost !== undefined) this.#log(`operation locks: connection lost (${this.#lost}); reconnecting`);
+    this.#lost = undefined;
+    const client = new pg.Client({ connectionString: this.#databaseUrl, application_name: "sandbar-operation-locks" });
+    let connecting!: Promise<pg.Client>;
+    connecting = (async () => {
       try {
         await client.connect();
       } catch (err) {
-        this.#client = undefined;
+        if (this.#client === connecting) this.#client = undefined;
         throw err;
       }
       return client;
     })();
-    return this.#client;
+    const drop = (reason: string) => {
+      // Its locks went with it: operations running now carry on; new ones take a new connection.
+      if (this.#client !== connecting) return;
+      this.#client = undefined;
+      if (!this.#closed) this.#lost = reason;
+    };
+    client.on("error", (err) => drop(err.message));
+    client.on("end", () => drop("the server ended it"));
+    this.#client = connecting;
+    return connecting;
   }
 }

@@ -226,6 +226,18 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
     return this.provider.destroy(id);
   }
 
+  async removeLeftovers(unclaimed: string[]): Promise<string[]> {
+    if (this.provider instanceof LinuxProvider) return this.provider.removeLeftovers(unclaimed);
+    const removed: string[] = [];
+    for (const id of unclaimed) {
+      await this.provider.destroy(id).then(
+        () => removed.push(id),
+        (err: unknown) => this.#log(`leftovers: removing sandbox ${id} failed: ${err instanceof Error ? err.message : String(err)}`),
+      );
+    }
+    return removed;
+  }
+
   setEnv(id: string, env: Record<string, string>): Promise<void> {
     return this.provider.setEnv(id, env);
   }

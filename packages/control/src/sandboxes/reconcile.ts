@@ -57,6 +57,7 @@ export async function reconcile(m: SandboxManager, log: (line: string) => void =
   // What the host holds now that no live row claims.
   const held = (await runtime.list()).map((s) => s.id);
   const known = new Map((await m.store.byIds(held)).map((r) => [r.id, r]));
+  const unclaimed: string[] = [];
   for (const id of held) {
     const row = known.get(id);
     const claimed = row && row.state !== "destroyed" && (row.runnerId === runnerId || (home && row.runnerId === null));
@@ -66,11 +67,19 @@ export async function reconcile(m: SandboxManager, log: (line: string) => void =
       continue;
     }
     if (m.locks.busy(id)) continue;
-    try {
-      await runtime.destroy(id);
-      report.removed.push(id);
-    } catch (err) {
-      log(`reconcile: removing sandbox ${id} from the host failed: ${String(err)}`);
+    unclaimed.push(id);
+  }
+  if (runtime.removeLeftovers) {
+    // The host removes them with the rest of what earlier runs left, and says what by kind.
+    report.removed.push(...(await runtime.removeLeftovers(unclaimed)));
+  } else {
+    for (const id of unclaimed) {
+      try {
+        await runtime.destroy(id);
+        report.removed.push(id);
+      } catch (err) {
+        log(`reconcile: removing sandbox ${id} from the host failed: ${String(err)}`);
+      }
     }
   }
   const total = report.adopted.length + report.resumed.length + report.failed.length + report.removed.length;

@@ -88,6 +88,12 @@ export interface SandboxRuntime {
   stop(id: string, options?: { force?: boolean }): Promise<void>;
   /** Removes everything the sandbox has on the host; unknown ids are fine. */
   destroy(id: string): Promise<void>;
+  /**
+   * Where the host can tell: destroys the sandboxes nothing claims (as `destroy`, a failure
+   * logged rather than thrown), removes what else earlier runs left for this runtime (remains of
+   * sandboxes, loop devices), and logs what by kind. Returns the ids destroyed.
+   */
+  removeLeftovers?(unclaimed: string[]): Promise<string[]>;
   /** The environment the sandbox's processes start with, from its next start on. */
   setEnv(id: string, env: Record<string, string>): Promise<void>;
   /** Changes the sandbox's network policy: at once if it runs with egress, else from its next start. */

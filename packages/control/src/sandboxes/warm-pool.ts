@@ -63,7 +63,8 @@ export class WarmPool {
   #retryMs = RETRY_MS;
   #retryTimer: NodeJS.Timeout | undefined;
   #refillTimer: NodeJS.Timeout | undefined;
-  #fills = new Set<Promise<void>>();
+  /** Starts under way; each settles false when the pool closed meanwhile and its sandbox could not be removed. */
+  #fills = new Set<Promise<boolean | void>>();
   #closed = false;
 
   /** `clients`: the toolbox's, so a claimed sandbox's first call reuses the connection its warm-up opened. */
@@ -102,7 +103,7 @@ export class WarmPool {
 
   /** A claimed sandbox whose request failed before anything ran in it (e.g. its name was taken). */
   giveBack(id: string): void {
-    if (this.#closed) void this.#runtime.destroy(id).catch(() => undefined);
+    if (this.#closed) void this.#destroy(id);
     else this.#ready.unshift(id);
     this.#claimed--;
   }
@@ -127,7 +128,7 @@ export class WarmPool {
       .then(
         (id) => {
           this.#retryMs = RETRY_MS;
-          if (this.#closed) return void this.#runtime.destroy(id).catch(() => undefined);
+          if (this.#closed) return this.#destroy(id);
           this.#ready.push(id);
         },
         (err: unknown) => {
@@ -159,7 +160,7 @@ export class WarmPool {
       this.#agents.set(id, agent);
       return id;
     } catch (err) {
-      await this.#runtime.destroy(id).catch(() => undefined);
+      await this.#destroy(id);
       throw err;
     }
   }
@@ -168,14 +169,30 @@ export class WarmPool {
     return { headers: { authorization: `Bearer ${secret}` }, timeoutMs: 30_000 };
   }
 
-  /** Stops filling and removes the sandboxes nobody claimed. */
+  /**
+   * Stops filling and removes the sandboxes nobody claimed (one being started is removed once it
+   * is). Rejects, after trying every one, when one could not be removed: its mounts, loop device
+   * and cgroup would stay on the host until the next start removes them.
+   */
   async close(): Promise<void> {
     this.#closed = true;
     clearTimeout(this.#retryTimer);
     clearTimeout(this.#refillTimer);
-    await Promise.allSettled([...this.#fills]);
     const left = this.#ready.splice(0);
     this.#agents.clear();
-    await Promise.allSettled(left.map((id) => this.#runtime.destroy(id)));
+    const results = await Promise.all([...left.map((id) => this.#destroy(id)), ...this.#fills]);
+    const failed = results.filter((ok) => ok === false).length;
+    if (failed > 0) throw new Error(`${failed} warm pool sandbox(es) could not be removed (see above)`);
+  }
+
+  /** Removes a pool sandbox; false (and the reason logged) when it could not be. */
+  async #destroy(id: string): Promise<boolean> {
+    try {
+      await this.#runtime.destroy(id);
+      return true;
+    } catch (err) {
+      this.#log(`warm pool: removing sandbox ${id} failed: ${err instanceof Error ? err.message : String(err)}`);
+      return false;
+    }
   }
 }

@@ -63,6 +63,7 @@ import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
 import { addressList, clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
 import { listenOnePort } from "./listener.ts";
+import { runShutdownSteps } from "./shutdown-steps.ts";
 import type { AgentLocator } from "../toolbox/agent-locator.ts";
 import { mountToolbox, TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
 import { startWebhooks } from "../webhooks/index.ts";
@@ -208,24 +209,30 @@ export async function startControlServer(settings: Settings, log: (line: string)
     identity,
     sandboxes,
     objectStorage,
-    stop: () =>
-      (stopped ??= (async () => {
-        rest.close();
-        preview.close();
-        await listener.close();
-        await auditRetention.stop();
-        await runnerHealth.stop();
-        await runners.close();
-        await sandboxes.stop();
-        await internalRegistry?.stop();
-        await webhooks.stop();
-        await objectStorage.close();
-        toolbox.clients.close();
-        await identity.stop();
-        await credentials.stop();
-        await limits.close();
-        await orm.close();
-        await pg?.stop();
-      })()),
+    stop: () => {
+      // Before anything is awaited: the database may be going down with the same signal.
+      sandboxes.stopping();
+      return (stopped ??= runShutdownSteps(
+        [
+          ["toolbox routes", () => rest.close()],
+          ["preview proxy", () => preview.close()],
+          ["listener", () => listener.close()],
+          ["audit retention", () => auditRetention.stop()],
+          ["runner health checks", () => runnerHealth.stop()],
+          ["registered runners", () => runners.close()],
+          ["sandboxes", () => sandboxes.stop()],
+          ["internal registry", () => internalRegistry?.stop()],
+          ["webhooks", () => webhooks.stop()],
+          ["object storage", () => objectStorage.close()],
+          ["agent connections", () => toolbox.clients.close()],
+          ["identity", () => identity.stop()],
+          ["credentials", () => credentials.stop()],
+          ["rate limits", () => limits.close()],
+          ["database connections", () => orm.close()],
+          ["embedded PostgreSQL", () => pg?.stop()],
+        ],
+        log,
+      ));
+    },
   };
 }

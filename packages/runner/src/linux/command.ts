@@ -32,7 +32,8 @@ export async function run(cmd: string, args: readonly string[], options: { env?:
     throw new CommandError(cmd, args, r.code, r.signal, r.stderr);
   }
   return new Promise((resolve, reject) => {
-    const child = spawn(cmd, args, { stdio: [options.input === undefined ? "ignore" : "pipe", "pipe", "pipe"], env: options.env ?? process.env, cwd: options.cwd });
+    // Its own process group, as from the spawner: a Ctrl-C to the runner's group must not cut a teardown's umount short.
+    const child = spawn(cmd, args, { stdio: [options.input === undefined ? "ignore" : "pipe", "pipe", "pipe"], env: options.env ?? process.env, cwd: options.cwd, detached: true });
     if (options.input !== undefined) child.stdin?.end(options.input);
     let stdout = "";
     let stderr = "";

@@ -1,4 +1,4 @@
-import { access, readFile, rm, writeFile } from "node:fs/promises";
+import { access, readdir, readFile, rm, writeFile } from "node:fs/promises";
 import { errors } from "@sandbar/protocol";
 import { run, which } from "./command.ts";
 import type { NetworkMode } from "../provider.ts";
@@ -41,6 +41,9 @@ export interface NetworkPolicy {
   /** IPv4 CIDRs the sandbox may reach, for mode "allow-list". */
   allowCidrs?: string[];
 }
+
+/** What of a sandbox's network a teardown can find on the host. */
+export type NetworkPart = "nftables chain" | "veth" | "network namespace";
 
 /** Where a sandbox's network lives; written to its runtime dir so a restarted runner can undo it. */
 export interface NetworkLease {
@@ -273,6 +276,40 @@ add rule ${t} postrouting iifname "${HOST_IF_PREFIX}*" masquerade
     // An attached veth goes with its namespace when the sandbox's processes end; named ones stay until removed.
     if (lease) await this.#unwire(lease);
     await this.#removeNetns(this.netnsName(id));
+  }
+
+  /**
+   * tearDown for a sandbox an earlier run left (its processes already ended), telling `found`
+   * each part that was there. The lease may be stale: its veth gone long ago and the slot taken
+   * by another runner on this host, whose chain has the same name. So the namespace goes first,
+   * taking the veth whose other end is in it; a veth still there after that is not this sandbox's
+   * and its slot's chain is left alone. The table's base chains stay: every runner shares them.
+   */
+  async removeLeftover(lease: NetworkLease | undefined, id: string, found: (kind: NetworkPart) => void): Promise<void> {
+    const netns = this.netnsName(id);
+    const veth = lease && `/sys/class/net/${lease.hostIf}`;
+    const hadVeth = veth !== undefined && (await exists(veth));
+    if (await exists(`/run/netns/${netns}`)) {
+      await this.#removeNetns(netns);
+      found("network namespace");
+    }
+    if (!lease || !veth) return;
+    // The kernel dismantles a namespace in the background: its veth goes a moment later.
+    for (const deadline = Date.now() + 2000; hadVeth && (await exists(veth)) && Date.now() < deadline; ) await new Promise((r) => setTimeout(r, 20));
+    if (await exists(veth)) throw new Error(`${lease.hostIf} outlived the namespace of sandbox ${id}: another runner's now; its nftables chain s${lease.slot} is left alone`);
+    if (hadVeth) found("veth");
+    if (await this.#hasChain(lease.slot)) found("nftables chain");
+    await this.#unwire(lease);
+  }
+
+  async #hasChain(slot: number): Promise<boolean> {
+    return run("nft", ["list", "chain", "inet", this.#table, `s${slot}`]).then(() => true, () => false);
+  }
+
+  /** Ids of the sandboxes whose named namespace (this runner's prefix) is on the host. */
+  async namespaced(): Promise<string[]> {
+    const names = await readdir("/run/netns").catch(() => [] as string[]);
+    return names.filter((n) => n.startsWith(this.#netnsPrefix)).map((n) => n.slice(this.#netnsPrefix.length));
   }
 
   async #unwire(lease: NetworkLease): Promise<void> {

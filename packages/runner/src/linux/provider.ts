@@ -1,4 +1,4 @@
-import { chmod, chown, mkdir, readdir, readFile, readlink, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
+import { access, chmod, chown, mkdir, readdir, readFile, readlink, realpath, rm, rmdir, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { ConnectError, errors } from "@sandbar/protocol";
@@ -31,6 +31,7 @@ import { UidAllocator } from "./uids.ts";
 import { settleAll } from "./settle.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 import { startSpawner } from "./spawner.ts";
+import { type LeftoverTally, removeLeftovers } from "./leftovers.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -160,6 +161,8 @@ export class LinuxProvider implements SandboxProvider {
       const lease = await readLease(layout, id);
       if (lease) networks.markUsed(lease);
     }
+    // What a runner killed (or a data dir deleted) left: gone before anything new is made.
+    await provider.removeLeftovers().catch((err: unknown) => provider.#log(`leftovers: ${err instanceof Error ? err.message : String(err)}`));
     return provider;
   }
 
@@ -434,19 +437,29 @@ export class LinuxProvider implements SandboxProvider {
   /**
    * Kills the sandbox's processes, removes its cgroup, mounts and runtime dir. Idempotent.
    * `idle`: the caller just saw the cgroup empty (a start), so there is nothing to kill.
+   * `tally`: counts what was there (leftovers; a few more reads, so only for them).
    */
-  async #teardown(id: string, graceMs = 0, idle = false): Promise<void> {
+  async #teardown(id: string, graceMs = 0, idle = false, tally?: LeftoverTally): Promise<void> {
     const L = this.layout;
+    if (tally) {
+      if (!idle) tally.add("processes", (await this.cgroups.pids(id)).length);
+      if ((await Promise.all(this.cgroups.paths(id).map(exists))).some(Boolean)) tally.add("cgroups");
+    }
     if (!idle) await endSandboxProcesses(this.cgroups, id, graceMs);
     await this.cgroups.remove(id);
     // One read of the mount table; read again only to check what was unmounted is gone.
     const table = await mountPoints();
     const runtimeMounts = table.filter((m) => m === L.runtime(id) || m.startsWith(L.runtime(id) + "/"));
     const volumesDir = path.join(L.runtime(id), "volumes") + "/";
-    if (runtimeMounts.includes(L.rootMount(id))) await unmount(L.rootMount(id));
-    if (table.includes(L.diskMount(id))) await unmount(L.diskMount(id));
-    for (const m of runtimeMounts.filter((x) => x.startsWith(volumesDir)).reverse()) await unmount(m);
-    await this.#networks.tearDown(await readLease(L, id), id);
+    const unmountCounted = async (target: string) => {
+      await unmount(target);
+      tally?.add("mounts");
+    };
+    if (runtimeMounts.includes(L.rootMount(id))) await unmountCounted(L.rootMount(id));
+    if (table.includes(L.diskMount(id))) await unmountCounted(L.diskMount(id));
+    for (const m of runtimeMounts.filter((x) => x.startsWith(volumesDir)).reverse()) await unmountCounted(m);
+    if (tally) await this.#networks.removeLeftover(await readLease(L, id), id, (kind) => tally.add(kind));
+    else await this.#networks.tearDown(await readLease(L, id), id);
     const left = runtimeMounts.length > 0 ? await mountsUnder(L.runtime(id)) : [];
     if (left.length > 0) throw errors.internal(`sandbox ${id}: still mounted after stop: ${left.join(", ")}`);
     await rm(L.runtime(id), { recursive: true, force: true });
@@ -454,16 +467,40 @@ export class LinuxProvider implements SandboxProvider {
 
   async destroy(id: string): Promise<void> {
     validateId(id);
-    await this.#lock.with(id, async () => {
-      const rec = await readRecord(this.layout, id).catch(() => undefined);
-      await this.#teardown(id);
-      const dir = this.layout.sandboxDir(id);
-      const left = await mountsUnder(dir);
-      if (left.length > 0) throw errors.internal(`sandbox ${id}: cannot remove, still mounted: ${left.join(", ")}`);
-      await rm(dir, { recursive: true, force: true });
-      if (rec) this.#uids.release(rec.hostUid);
-      this.#exits.delete(id);
-    });
+    await this.#lock.with(id, () => this.#removeWhole(id));
+  }
+
+  /** destroy's work, under the sandbox's lock: everything it has on the host, its files too. */
+  async #removeWhole(id: string, tally?: LeftoverTally): Promise<void> {
+    const rec = await readRecord(this.layout, id).catch(() => undefined);
+    await this.#teardown(id, 0, false, tally);
+    const dir = this.layout.sandboxDir(id);
+    const left = await mountsUnder(dir);
+    if (left.length > 0) throw errors.internal(`sandbox ${id}: cannot remove, still mounted: ${left.join(", ")}`);
+    await rm(dir, { recursive: true, force: true });
+    if (rec) this.#uids.release(rec.hostUid);
+    this.#exits.delete(id);
+  }
+
+  /**
+   * Removes what earlier runs left on the host for this data dir (leftovers.ts): the sandboxes
+   * `unclaimed` names, whole, the remains of sandboxes with no record, what a sandbox that is not
+   * running still holds, and loop devices of the data dir no mount uses; logs one line per kind.
+   * Returns the ids removed whole.
+   */
+  removeLeftovers(unclaimed: readonly string[] = []): Promise<string[]> {
+    return removeLeftovers(
+      {
+        layout: this.layout,
+        cgroups: this.cgroups,
+        networks: this.#networks,
+        log: this.#log,
+        locked: (id, fn) => this.#lock.with(id, fn),
+        removeWhole: (id, tally) => this.#removeWhole(id, tally),
+        tearDownIdle: (id, tally) => this.#teardown(id, 0, true, tally),
+      },
+      unclaimed,
+    );
   }
 
   async setEnv(id: string, env: Record<string, string>): Promise<void> {
@@ -603,6 +640,8 @@ export class LinuxProvider implements SandboxProvider {
     }
   }
 }
+
+const exists = (p: string) => access(p).then(() => true, () => false);
 
 function leaseFile(layout: Layout, id: string): string {
   return path.join(layout.runtime(id), "network.json");

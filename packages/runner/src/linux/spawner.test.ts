@@ -79,6 +79,18 @@ it("launches detached, tells the launched process's exit, its pid and the OOM sc
   await expect(launch({ bwrap: "/bin/true", setpriv: "/bin/true", hostUid: 1, hostGid: 1, procsFiles: [], bwrapOptions: [], command: ["x"], logFile: path.join(dir, "missing", "log") })).rejects.toThrow(/ENOENT/);
 });
 
+it("outlives the signals of its process group (the runner's shutdown still needs it), and what it runs is out of that group", async () => {
+  const helper = spawner()!;
+  const pending = run("sh", ["-c", 'read line; ps -o pgid= -p $$; echo "$line"'], { input: "after\n" });
+  for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"] as const) process.kill(helper.pid!, signal);
+  const [pgid, line] = (await pending).stdout.trim().split(/\s+/);
+  expect(line).toBe("after");
+  // Its own group: a Ctrl-C to the runner's group does not cut a teardown's umount short.
+  expect(Number(pgid)).not.toBe(Number((await readFile(`/proc/${helper.pid}/stat`, "utf8")).split(") ")[1]!.split(" ")[2]));
+  expect(spawner()?.pid).toBe(helper.pid);
+  expect(Number((await run("sh", ["-c", "echo $PPID"])).stdout.trim())).toBe(helper.pid);
+});
+
 it("a helper that dies fails what it was asked, callers then spawn here, and a new helper takes over", async () => {
   const first = spawner()!;
   const pending = run("sleep", ["5"]);

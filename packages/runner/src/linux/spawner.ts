@@ -8,8 +8,9 @@ import { fileURLToPath } from "node:url";
 // start spawns twice (the root's mounts, the launcher), a destroy twice (umounts).
 // One helper per runner process, started at the provider's open; until it says it is ready (and
 // whenever it is gone) callers spawn for themselves, so nothing waits for it. It exits when this
-// process does (its IPC channel closes); what it launched is detached and stays. What it starts
-// does not inherit the channel (node opens it close-on-exec; spawner.test.ts checks).
+// process does (its IPC channel closes), not on the signals of its process group (a Ctrl-C
+// reaches it with this process, whose shutdown still needs it); what it launched is detached and
+// stays. What it starts does not inherit the channel (node opens it close-on-exec; spawner.test.ts checks).
 
 const HELPER = fileURLToPath(new URL("./spawner-process.mjs", import.meta.url));
 

@@ -1,4 +1,4 @@
-import { readFile } from "node:fs/promises";
+import { readdir, readFile } from "node:fs/promises";
 import path from "node:path";
 
 // One interface over cgroup v1 and v2: the provider creates one group per sandbox, the launcher
@@ -68,6 +68,8 @@ export interface CgroupBackend {
   paths(name: string): string[];
   /** Removes the provider's parent group when no sandbox group is left in it. */
   removeParentIfEmpty(): Promise<void>;
+  /** Names of the sandbox groups under the provider's parent group (a crash's leftovers too). */
+  names(): Promise<string[]>;
 }
 
 /** "key value" lines (memory.events, cpu.stat, pids.events, memory.oom_control) as numbers. */
@@ -133,3 +135,13 @@ export function signalAll(pids: number[], signal: NodeJS.Signals): void {
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Names of the directories in `dir` (none when it does not exist). */
+export async function subdirs(dir: string): Promise<string[]> {
+  try {
+    return (await readdir(dir, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name);
+  } catch (err) {
+    if (isErrno(err, "ENOENT")) return [];
+    throw err;
+  }
+}

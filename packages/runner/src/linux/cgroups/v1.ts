@@ -1,7 +1,7 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { CgroupBackend, CgroupLimits, CgroupStats, UserLimits } from "./types.ts";
-import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep, treeCounter, USER_LEAF } from "./types.ts";
+import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
 
 // cgroup v1: one hierarchy per controller (memory, pids, cpu required; cpuacct and freezer used
 // when mounted). A sandbox gets `<hierarchy>/<our own cgroup>/<group>/<name>` in each of them.
@@ -160,6 +160,11 @@ export class CgroupV1 implements CgroupBackend {
       }),
     );
     for (const r of results) if (r.status === "rejected") throw r.reason;
+  }
+
+  async names(): Promise<string[]> {
+    const parents = new Set(Object.values(this.#h).map((b) => path.join(b!, this.#group)));
+    return [...new Set((await Promise.all([...parents].map(subdirs))).flat())];
   }
 
   async removeParentIfEmpty(): Promise<void> {

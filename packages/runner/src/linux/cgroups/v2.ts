@@ -1,7 +1,7 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { CgroupBackend, CgroupLimits, CgroupStats, UserLimits } from "./types.ts";
-import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep, treeCounter, USER_LEAF } from "./types.ts";
+import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
 import { rmdirRetry } from "./v1.ts";
 
 // cgroup v2 (unified): one tree; `<our own cgroup>/<group>/<name>` per sandbox, with memory, pids
@@ -165,6 +165,10 @@ export class CgroupV2 implements CgroupBackend {
   async remove(name: string): Promise<void> {
     for (const leaf of [AGENT_LEAF, USER_LEAF]) await rmdirRetry(path.join(this.#dir(name), leaf));
     await rmdirRetry(this.#dir(name));
+  }
+
+  names(): Promise<string[]> {
+    return subdirs(path.join(this.#base, this.#group));
   }
 
   async removeParentIfEmpty(): Promise<void> {
