@@ -1,12 +1,13 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { createContextKey, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
-import { asConnectError, Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
+import { Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
 import type { CallRecorder, CompleteCall } from "../audit/recorder.ts";
 import type { CallSite, Guard } from "../auth/guard.ts";
 import { authContextKey, type Principal } from "../auth/principal.ts";
 import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
 import { clientAddressKey } from "../server/client-address.ts";
 import { stringProblems } from "../services/validate.ts";
+import { reportUnexpected } from "./unexpected.ts";
 
 type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
 
@@ -143,6 +144,5 @@ function notYet(method: DescMethod): AnyImpl {
 }
 
 function failure(method: DescMethod, err: unknown): ConnectError {
-  if (!(err instanceof ConnectError)) console.error(`${method.parent.typeName}/${method.name} failed:`, err);
-  return asConnectError(err);
+  return reportUnexpected(`${method.parent.typeName}/${method.name}`, err);
 }
