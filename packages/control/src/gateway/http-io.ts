@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
-import type { DecodeErrors } from "./json.ts";
+import { type DecodeErrors, MAX_JSON_DEPTH, textNestsDeeper } from "./json.ts";
 
 /** JSON request bodies are small; uploads stream through their own routes and are not limited by this. */
 export const MAX_JSON_BODY = 10 * 1024 * 1024;
@@ -38,6 +38,7 @@ export function statusOverride(err: ConnectError): number | undefined {
 export async function readJsonBody(req: IncomingMessage, errs: DecodeErrors, limit = MAX_JSON_BODY): Promise<unknown> {
   const text = await readBody(req, limit);
   if (text.trim() === "") return undefined;
+  if (textNestsDeeper(text)) return errs.add(`request body nests deeper than ${MAX_JSON_DEPTH} levels`);
   try {
     return JSON.parse(text);
   } catch {
