@@ -6,11 +6,19 @@
  * period. One real server with one real sandbox. Run as root (real sandboxes).
  */
 import { rm } from "node:fs/promises";
+import { request } from "node:http";
 import { createClient } from "@connectrpc/connect";
 import { createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { Code, ConnectError } from "@sandbar/protocol";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import {
+  OrganizationInvitationService,
+  OrganizationMemberService,
+  OrganizationRoleService,
+  OrganizationService,
+} from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
+import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { api, buildAgentBundle, startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
 
@@ -100,6 +108,102 @@ describe.skipIf(!root)("ids and strings are checked before PostgreSQL and the ag
 
   it("a clone of a relative path as its url is a 400 that says what a url is", async () => {
     expectError(await call("POST", toolbox("/git/clone"), { url: "../elsewhere", path: "cloned" }), 400, /url must be a URL/);
+  });
+});
+
+describe.skipIf(!root)("input that reached PostgreSQL, the kernel or a recursive walk (500s of a later sweep)", () => {
+  const headers = () => ({ authorization: `Bearer ${t.adminKey}` });
+  const failure = (p: Promise<unknown>) => p.then(() => undefined, (e: unknown) => ConnectError.from(e));
+
+  it("an empty or null organizationId over Connect and gRPC is a 400 (PostgreSQL's uuid parser refused it)", async () => {
+    for (const transport of [createConnectTransport({ baseUrl: t.url, httpVersion: "1.1" }), createGrpcTransport({ baseUrl: t.url })]) {
+      const members = createClient(OrganizationMemberService, transport);
+      const roles = createClient(OrganizationRoleService, transport);
+      const invitations = createClient(OrganizationInvitationService, transport);
+      const webhooks = createClient(WebhookService, transport);
+      const organizations = createClient(OrganizationService, transport);
+      const empty = { code: Code.InvalidArgument, rawMessage: "organizationId should not be empty" };
+      const organizationId = "";
+      expect(await failure(members.listMembers({ organizationId }, { headers: headers() }))).toMatchObject(empty);
+      expect(await failure(members.removeMember({ organizationId, userId: "someone" }, { headers: headers() }))).toMatchObject(empty);
+      expect(await failure(members.updateAssignedRoles({ organizationId, userId: "someone" }, { headers: headers() }))).toMatchObject(empty);
+      expect(await failure(roles.listRoles({ organizationId }, { headers: headers() }))).toMatchObject(empty);
+      expect(await failure(invitations.listInvitations({ organizationId }, { headers: headers() }))).toMatchObject(empty);
+      expect(await failure(webhooks.listWebhookEndpoints({ organizationId }, { headers: headers() }))).toMatchObject(empty);
+      expect(await failure(organizations.listAvailableSandboxClasses({ organizationId }, { headers: headers() }))).toMatchObject(empty);
+    }
+    // Connect's JSON with null: the field's default, the same answer.
+    const res = await fetch(`${t.url}/${OrganizationMemberService.typeName}/ListMembers`, { method: "POST", headers: { ...headers(), "content-type": "application/json" }, body: '{"organizationId":null}' });
+    expect({ status: res.status, body: await res.json() }).toEqual({ status: 400, body: { code: "invalid_argument", message: "organizationId should not be empty" } });
+  });
+
+  it("dates outside years 1-9999 are a 400 over REST, and over gRPC (a Timestamp past its own range)", async () => {
+    for (const path of ["/sandbox?createdAtAfter=", "/workspace?createdAtBefore=", "/sandbox/paginated?lastEventAfter=", "/admin/audit?from=", "/admin/audit?to="]) {
+      const field = path.split("?")[1]!.slice(0, -1);
+      expectError(await call("GET", path + encodeURIComponent("0000-01-01T00:00:00Z")), 400, new RegExp(`^${field} must be a valid ISO 8601 date string$`));
+      expect((await call("GET", path + encodeURIComponent("0001-01-01T00:00:00Z"))).status).toBe(200);
+    }
+    const sandboxes = createClient(SandboxService, createGrpcTransport({ baseUrl: t.url }));
+    const err = await failure(sandboxes.listSandboxes({ createdAtAfter: { seconds: -62135596801n, nanos: 0 } }, { headers: headers() }));
+    expect(err).toMatchObject({ code: Code.InvalidArgument, rawMessage: "createdAtAfter must be a valid ISO 8601 date string" });
+  });
+
+  it("env values past the limits are a 400 on execute, code-run and terminals (the kernel refused them: E2BIG)", async () => {
+    const big = { BIG: "v".repeat(1024 * 1024) };
+    expectError(await call("POST", toolbox("/process/execute"), { command: "ls /", envs: big }), 400, /^envs\.BIG must be shorter than or equal to 65536 characters, envs must be smaller than 262144 characters/);
+    expectError(await call("POST", toolbox("/process/code-run"), { code: "print(1)", envs: big }), 400, /envs\.BIG must be shorter than or equal to 65536 characters/);
+    expectError(await call("POST", toolbox("/process/pty"), { id: "big-env", envs: big }), 400, /envs\.BIG must be shorter than or equal to 65536 characters/);
+    const atLimit = await call("POST", toolbox("/process/execute"), { command: 'printf %s "$BIG" | wc -c', envs: { BIG: "v".repeat(64 * 1024) } });
+    expect(atLimit).toMatchObject({ status: 200, body: { exitCode: 0, result: "65536\n" } });
+  });
+
+  it("a 1 MB commit message is committed (it goes to git on stdin, not as an argument: E2BIG)", async () => {
+    expect((await call("POST", toolbox("/process/execute"), { command: "git init -q big-commit && echo x > big-commit/f" })).body.exitCode).toBe(0);
+    expect((await call("POST", toolbox("/git/add"), { path: "big-commit", files: ["f"] })).status).toBe(200);
+    const message = "m".repeat(1024 * 1024);
+    const commit = await call("POST", toolbox("/git/commit"), { path: "big-commit", message, author: "a", email: "a@example.com" });
+    expect(commit).toMatchObject({ status: 200, body: { hash: expect.stringMatching(/^[0-9a-f]{40}$/) } });
+    const size = await call("POST", toolbox("/process/execute"), { command: "git -C big-commit log -1 --format=%B | wc -c" });
+    expect(size.body.result).toBe(`${1024 * 1024 + 2}\n`); // the message, its line end, log's blank line
+  });
+
+  it("JSON nested deeper than 64 levels is a 400; wrong types for a JSON array too", async () => {
+    const orgId = (await call("GET", `/sandbox/${id}`)).body.organizationId;
+    const nested = (n: number) => '{"a":'.repeat(n) + "1" + "}".repeat(n);
+    expectError(await call("PUT", `/organizations/${orgId}/experimental-config`, nested(100_000)), 400, /^request body nests deeper than 64 levels$/);
+    expect((await call("PUT", `/organizations/${orgId}/experimental-config`, nested(63))).status).toBeLessThan(300);
+    const endpoint = await call("POST", `/webhooks/organizations/${orgId}/endpoints`, { url: "https://example.com/hook" });
+    const path = `/webhooks/organizations/${orgId}/endpoints/${endpoint.body.endpoint.id}`;
+    expectError(await call("PATCH", path, `{"eventTypes":${nested(100_000)}}`), 400, /nests deeper than 64 levels/);
+    expectError(await call("PATCH", path, { eventTypes: "sandbox.created" }), 400, /^eventTypes must be an array$/);
+    expectError(await call("PATCH", path, { eventTypes: { a: 1 } }), 400, /^eventTypes must be an array$/);
+    expectError(await call("PATCH", path, { eventTypes: [1, {}] }), 400, /^eventTypes must be an array of strings$/);
+    expect((await call("PATCH", path, { eventTypes: ["sandbox.created"] })).body.eventTypes).toEqual(["sandbox.created"]);
+    // Over Connect's JSON, protobuf-es refuses a Struct past 100 messages deep itself.
+    const organizations = createClient(OrganizationService, createConnectTransport({ baseUrl: t.url, httpVersion: "1.1", useBinaryFormat: false }));
+    const deep = JSON.parse(nested(200));
+    expect(await failure(organizations.setExperimentalConfig({ organizationId: orgId, config: deep }, { headers: headers() }))).toMatchObject({ code: Code.InvalidArgument });
+  });
+
+  it("numbers past a field's range are a 400 (a terminal's cols: uint32), before the WebSocket handshake", async () => {
+    for (const [query, message] of [["cols=99999999999", "cols is out of range"], ["rows=4294967296", "rows is out of range"], ["cols=-1", "cols must not be less than 0"], ["cols=1.5", "cols must be an integer number"]]) {
+      const refused = await new Promise<{ status?: number; body: string }>((resolve, reject) => {
+        const req = request(`${t.url}/api${toolbox(`/process/pty/create-connect?id=range&${query}`)}`, {
+          headers: { ...headers(), connection: "Upgrade", upgrade: "websocket", "sec-websocket-version": "13", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==" },
+        });
+        req.on("upgrade", (_res, socket) => {
+          socket.destroy();
+          resolve({ status: 101, body: "" });
+        });
+        req.on("response", (res) => {
+          let body = "";
+          res.setEncoding("utf8").on("data", (c: string) => (body += c)).on("end", () => resolve({ status: res.statusCode, body }));
+        });
+        req.on("error", reject);
+        req.end();
+      });
+      expect({ status: refused.status, message: JSON.parse(refused.body || "{}").message }).toEqual({ status: 400, message });
+    }
   });
 });
 

@@ -25,6 +25,8 @@ export interface GitRunOptions {
   env: NodeJS.ProcessEnv;
   credentials?: Credentials;
   signal?: AbortSignal;
+  /** Written to git's stdin (a commit message: argv holds at most 128 KiB per argument). */
+  input?: string;
 }
 
 export interface GitResult {
@@ -57,17 +59,20 @@ export function git(args: string[], opts: GitRunOptions): Promise<GitResult> {
     pre.push("-c", "credential.helper=", "-c", `credential.helper=${HELPER}`);
   }
   return new Promise((resolve, reject) => {
-    const child = spawn(...asUserProcess("git", [...pre, ...args], env), { cwd: opts.cwd, env, stdio: ["ignore", "pipe", "pipe"], signal: opts.signal });
+    const child = spawn(...asUserProcess("git", [...pre, ...args], env), { cwd: opts.cwd, env, stdio: [opts.input === undefined ? "ignore" : "pipe", "pipe", "pipe"], signal: opts.signal });
+    // git may exit before reading it all (a refused commit): EPIPE is not the failure to report.
+    child.stdin?.on("error", () => undefined).end(opts.input);
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     let outBytes = 0;
-    child.stdout.on("data", (d: Buffer) => {
+    child.stdout!.on("data", (d: Buffer) => {
       if (outBytes < OUTPUT_LIMIT) out.push(d);
       outBytes += d.length;
     });
-    child.stderr.on("data", (d: Buffer) => err.push(d));
+    child.stderr!.on("data", (d: Buffer) => err.push(d));
     child.once("error", (e) => {
       if ((e as NodeJS.ErrnoException).code === "ENOENT") reject(errors.unavailable("git is not installed in this sandbox"));
+      else if ((e as NodeJS.ErrnoException).code === "E2BIG") reject(errors.invalidArgument("git's arguments and environment are larger than the kernel takes (128 KiB per argument)"));
       else if (e.name === "AbortError") reject(errors.unavailable("git call cancelled"));
       else reject(errors.internal(`cannot run git: ${e.message}`));
     });

@@ -70,10 +70,12 @@ export function createGitService(ctx: AgentContext): ServiceImpl<typeof GitServi
       const dir = await repo(req.path);
       if (req.message.trim() === "") throw errors.invalidArgument("message is required");
       if (req.author.trim() === "" || req.email.trim() === "") throw errors.invalidArgument("author and email are required");
-      const args = ["-c", `user.name=${req.author}`, "-c", `user.email=${req.email}`, "commit", "--no-verify", "--cleanup=verbatim", "-m", req.message];
+      // The message on stdin: as an argument, one over 128 KiB could not be passed (E2BIG).
+      const args = ["-c", `user.name=${req.author}`, "-c", `user.email=${req.email}`, "commit", "--no-verify", "--cleanup=verbatim", "--file=-"];
       if (req.allowEmpty) args.push("--allow-empty");
       await git([...NO_HOOKS, ...args], {
         cwd: dir,
+        input: req.message.endsWith("\n") ? req.message : `${req.message}\n`, // as -m ends it
         env: { ...ctx.env, GIT_AUTHOR_NAME: req.author, GIT_AUTHOR_EMAIL: req.email, GIT_COMMITTER_NAME: req.author, GIT_COMMITTER_EMAIL: req.email },
         signal: call.signal,
       });

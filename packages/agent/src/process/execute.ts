@@ -7,7 +7,7 @@ import { errors } from "@sandbar/protocol";
 import type { AgentContext } from "../context.ts";
 import { fsError } from "../util/fs-errors.ts";
 import { resolvePath } from "../util/paths.ts";
-import { invalidEnvName, shellQuote } from "../util/shell.ts";
+import { envProblem, shellQuote } from "../util/shell.ts";
 import { signalTree } from "../util/kill.ts";
 import type { LaunchedShell, ShellLauncher } from "./launcher.ts";
 
@@ -34,7 +34,7 @@ export interface ExecuteOutput {
 /** Checks an execution's cwd and env; returns the cwd to use. */
 export async function prepareExecution(ctx: AgentContext, input: ExecuteInput): Promise<string> {
   if (input.command.trim() === "") throw errors.invalidArgument("command is required");
-  const badEnv = invalidEnvName(input.envs);
+  const badEnv = envProblem(input.envs);
   if (badEnv) throw errors.invalidArgument(badEnv);
   const cwd = input.cwd ? resolvePath(ctx.workDir, input.cwd, "cwd") : ctx.workDir;
   let st;

@@ -6,7 +6,7 @@ import type { AgentContext } from "../context.ts";
 import { signalTree } from "../util/kill.ts";
 import { asUserProcess } from "../process/user-spawn.ts";
 import { resolvePath } from "../util/paths.ts";
-import { invalidEnvName } from "../util/shell.ts";
+import { envProblem } from "../util/shell.ts";
 
 /** What a connected client receives. */
 export type PtyEventOut = { case: "connected" } | { case: "data"; value: Uint8Array } | { case: "exit"; exitCode: number; exitReason: string };
@@ -177,7 +177,7 @@ export class PtyManager {
     const cols = req.cols ?? 80;
     const rows = req.rows ?? 24;
     checkSize(cols, rows);
-    const badEnv = invalidEnvName(req.envs);
+    const badEnv = envProblem(req.envs);
     if (badEnv) throw errors.invalidArgument(badEnv);
     const cwd = req.cwd ? resolvePath(this.ctx.workDir, req.cwd, "cwd") : this.ctx.workDir;
     const st = await stat(cwd).catch(() => undefined);

@@ -1,3 +1,4 @@
+import { envLimitProblems } from "@sandbar/protocol";
 import { readFileSync } from "node:fs";
 
 /**
@@ -29,10 +30,14 @@ export function shellQuote(s: string): string {
 
 const envName = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
-/** Checks that every key is a valid environment variable name; returns an error text or undefined. */
-export function invalidEnvName(envs: Record<string, string>): string | undefined {
+/**
+ * Checks a call's environment variables: valid names, within ENV_LIMITS (past the kernel's
+ * limits the process would not start: E2BIG); returns an error text or undefined.
+ */
+export function envProblem(envs: Record<string, string>): string | undefined {
   for (const k of Object.keys(envs)) {
     if (!envName.test(k)) return `invalid environment variable name: ${JSON.stringify(k)}`;
   }
-  return undefined;
+  const problems = envLimitProblems("envs", envs);
+  return problems.length ? problems.join(", ") : undefined;
 }

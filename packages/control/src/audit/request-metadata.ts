@@ -1,5 +1,5 @@
 import type { DescMessage, Message } from "@bufbuild/protobuf";
-import { messageToJson, valueToJson } from "../gateway/json.ts";
+import { MAX_JSON_DEPTH, messageToJson, valueToJson } from "../gateway/json.ts";
 
 // What an audit entry keeps of a request: the request as the REST API spells it, without the
 // fields the contract marks secret ([debug_redact = true]: passwords, key values, tokens,
@@ -58,17 +58,20 @@ export function storable(text: string): string {
 /** The user information of a URL (`https://user:token@host/...`): a credential in any field. */
 const URL_USERINFO = /\b([a-z][a-z0-9+.-]*:\/\/)[^\s/?#@]*@/gi;
 
-/** Cuts long strings, masks credentials written into URLs, removes what PostgreSQL's jsonb refuses. */
-function tidy(value: unknown): unknown {
+/**
+ * Cuts long strings, masks credentials written into URLs, removes what PostgreSQL's jsonb refuses.
+ * Nesting past MAX_JSON_DEPTH is cut too: the entry is written before such a request is refused,
+ * and an unbounded walk of it overflowed the stack.
+ */
+function tidy(value: unknown, depth = 0): unknown {
   if (typeof value === "string") {
     const clean = storable(value).replace(URL_USERINFO, "$1***@");
     return clean.length > MAX_STRING ? `${clean.slice(0, MAX_STRING)}... (${clean.length} characters)` : clean;
   }
-  if (Array.isArray(value)) return value.map(tidy);
-  if (typeof value === "object" && value !== null) {
-    return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== null).map(([k, v]) => [tidy(k) as string, tidy(v)]));
-  }
-  return value;
+  if (typeof value !== "object" || value === null) return value;
+  if (depth >= MAX_JSON_DEPTH) return "... (nested too deep)";
+  if (Array.isArray(value)) return value.map((v) => tidy(v, depth + 1));
+  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== null).map(([k, v]) => [tidy(k) as string, tidy(v, depth + 1)]));
 }
 
 /** The request as stored in an entry's metadata; undefined when there is none (client streams). */

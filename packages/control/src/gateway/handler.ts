@@ -8,10 +8,11 @@ import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } f
 import type { RestRoute, RouteTable } from "./route-table.ts";
 import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
 import { RATE_LIMIT_HEADER } from "../limits/rate-limits.ts";
-import { readJsonBody, requestSignal, sendJson, statusOverride } from "./http-io.ts";
+import { readJsonBody, requestSignal, sendJson, statusOverride, upgradeRequired, write } from "./http-io.ts";
 import { clientBefore, clientVersion } from "./client-version.ts";
 import { callContext, type ImplIndex, precheckRequest } from "./rest-route.ts";
 import { textProblems } from "../services/validate.ts";
+import { reportUnexpected } from "../rpc/unexpected.ts";
 
 export type { ImplIndex };
 
@@ -39,6 +40,14 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       // Preflights are answered here, unless a route takes OPTIONS itself (the preview proxy's path form).
       if (verb === "OPTIONS" && table.match(verb, path)?.kind !== "handwritten") return void res.writeHead(204).end();
       const match = table.match(verb === "HEAD" ? "GET" : verb, path);
+      // A path only a WebSocket serves (no plain route of its own), asked for without the
+      // handshake: over HTTP/2, or HTTP/1.1 without Upgrade. The answer says so rather than 404.
+      const ws = verb === "GET" ? table.matchUpgrade(path) : undefined;
+      if (ws && ws.route.template !== match?.route.template) {
+        // Over HTTP/1.1 it names the upgrade to ask for (RFC 9110 15.5.22); HTTP/2 has no Upgrade header.
+        if (req.httpVersionMajor === 1) res.setHeader("upgrade", "websocket").setHeader("connection", "Upgrade");
+        throw upgradeRequired(`${basePath}${path}`);
+      }
       if (!match || match.kind === "upgrade") throw errors.notFound(`Cannot ${verb} ${basePath}${path}`);
       const signal = requestSignal(res);
       if (match.kind === "handwritten") {
@@ -178,11 +187,17 @@ async function stream(res: ServerResponse, route: RestRoute, messages: AsyncIter
   let next = await iterator.next();
   copyHeaders(res, ctx);
   res.writeHead(route.status, { "content-type": raw ? "text/plain; charset=utf-8" : "application/x-ndjson" });
-  while (!next.done && !res.destroyed) {
-    const msg = create(route.method.output, next.value as never) as unknown as Record<string, unknown>;
-    const chunk = raw ? (msg[field!.localName] as string | Uint8Array) : JSON.stringify(messageToJson(route.method.output, msg as unknown as Message, { omitUnset: route.omitUnset })) + "\n";
-    if (!res.write(chunk)) await new Promise((r) => res.once("drain", r));
-    next = await iterator.next();
+  try {
+    while (!next.done) {
+      const msg = create(route.method.output, next.value as never) as unknown as Record<string, unknown>;
+      const chunk = raw ? (msg[field!.localName] as string | Uint8Array) : JSON.stringify(messageToJson(route.method.output, msg as unknown as Message, { omitUnset: route.omitUnset })) + "\n";
+      await write(res, chunk);
+      next = await iterator.next();
+    }
+  } catch (err) {
+    // The client went away (or the stream failed after the 200): the call is ended, not left waiting.
+    await iterator.return?.().catch(() => undefined);
+    throw err;
   }
   res.end();
 }
@@ -195,6 +210,7 @@ function errorBody(path: string, err: unknown) {
 }
 
 export function sendError(res: ServerResponse, path: string, err: unknown) {
+  reportUnexpected(path, err);
   if (res.headersSent) return void res.destroy();
   const body = errorBody(path, err);
   // An error's rate-limit figures (429's Retry-After, a 401's failed-auth count) are headers; its other metadata stays inside.
@@ -206,6 +222,7 @@ export function sendError(res: ServerResponse, path: string, err: unknown) {
 
 /** Answers a WebSocket upgrade request with an HTTP error (before the handshake, so the status reaches the client). */
 export function refuse(socket: Duplex, path: string, err: unknown): void {
+  reportUnexpected(path, err);
   if (socket.destroyed) return;
   const body = errorBody(path, err);
   const text = JSON.stringify(body);

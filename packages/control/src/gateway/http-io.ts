@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { Code, ConnectError } from "@sandbar/protocol";
-import type { DecodeErrors } from "./json.ts";
+import { Code, ConnectError, errors } from "@sandbar/protocol";
+import { type DecodeErrors, MAX_JSON_DEPTH, textNestsDeeper } from "./json.ts";
 
 /** JSON request bodies are small; uploads stream through their own routes and are not limited by this. */
 export const MAX_JSON_BODY = 10 * 1024 * 1024;
@@ -13,6 +13,16 @@ const HTTP_STATUS_META = "x-sandbar-http-status";
 /** 413 over REST (RESOURCE_EXHAUSTED over RPC, as Connect itself answers a message over its limit). */
 export function payloadTooLarge(limit: number): ConnectError {
   return new ConnectError(`Request body is larger than the limit of ${limit} bytes`, Code.ResourceExhausted, { [HTTP_STATUS_META]: "413" });
+}
+
+/**
+ * 426 over REST: a WebSocket route asked for without the WebSocket handshake (over HTTP/2, whose
+ * extended CONNECT is not served, or HTTP/1.1 without `Upgrade: websocket`).
+ */
+export function upgradeRequired(path: string): ConnectError {
+  return new ConnectError(`${path} is a WebSocket: open it with an HTTP/1.1 request with Upgrade: websocket (WebSockets over HTTP/2 are not served)`, Code.FailedPrecondition, {
+    [HTTP_STATUS_META]: "426",
+  });
 }
 
 /** The HTTP status an error asks for instead of its code's, if any. */
@@ -28,6 +38,7 @@ export function statusOverride(err: ConnectError): number | undefined {
 export async function readJsonBody(req: IncomingMessage, errs: DecodeErrors, limit = MAX_JSON_BODY): Promise<unknown> {
   const text = await readBody(req, limit);
   if (text.trim() === "") return undefined;
+  if (textNestsDeeper(text)) return errs.add(`request body nests deeper than ${MAX_JSON_DEPTH} levels`);
   try {
     return JSON.parse(text);
   } catch {
@@ -84,6 +95,30 @@ export function requestSignal(res: ServerResponse): AbortSignal {
     if (!res.writableFinished) abort.abort();
   });
   return abort.signal;
+}
+
+/**
+ * True once what is written can no longer reach the client. HTTP/2's compatibility response has no
+ * `destroyed`; its stream does.
+ */
+export function responseGone(res: ServerResponse): boolean {
+  const stream = (res as { stream?: { destroyed: boolean } }).stream;
+  return stream ? stream.destroyed : res.destroyed;
+}
+
+/** Writes a chunk, waiting while the client reads slower than we produce; throws once the client is gone. */
+export async function write(res: ServerResponse, chunk: Uint8Array | string): Promise<void> {
+  if (responseGone(res)) throw errors.unavailable("the client went away");
+  if (res.write(chunk)) return;
+  await new Promise<void>((resolve) => {
+    const done = () => {
+      res.off("drain", done);
+      res.off("close", done);
+      resolve();
+    };
+    res.on("drain", done);
+    res.on("close", done);
+  });
 }
 
 /** A JSON response with its length. */

@@ -22,6 +22,36 @@ const TIMESTAMP = "google.protobuf.Timestamp";
 const STRUCT_TYPES = new Set(["google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"]);
 
 /**
+ * How deep a REST request's JSON may nest (objects and arrays). The contract's own messages nest
+ * a few levels; deeper JSON only made recursive walks (audit metadata) overflow their stacks.
+ */
+export const MAX_JSON_DEPTH = 64;
+
+/**
+ * Whether JSON text nests deeper than `limit`, read before it is parsed (a 10 MB body of
+ * brackets parses into millions of arrays). Brackets inside strings do not count.
+ */
+export function textNestsDeeper(text: string, limit = MAX_JSON_DEPTH): boolean {
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inString) {
+      if (c === 0x5c) i++; // backslash: the next character is escaped
+      else if (c === 0x22) inString = false;
+    } else if (c === 0x22) inString = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++depth > limit) return true;
+    } else if (c === 0x5d || c === 0x7d) depth--;
+  }
+  return false;
+}
+
+/** Timestamps PostgreSQL and google.protobuf.Timestamp both hold: years 1 to 9999 (UTC). */
+export const MIN_TIMESTAMP_SECONDS = -62135596800; // 0001-01-01T00:00:00Z
+export const MAX_TIMESTAMP_SECONDS = 253402300799; // 9999-12-31T23:59:59Z
+
+/**
  * `omitUnset`: leave unset optional fields out instead of writing null. The control API's DTOs
  * write null (as the reference's API does); the toolbox leaves them out (as its daemon does:
  * clients test a running command's `exitCode` against undefined).
@@ -169,13 +199,16 @@ function fieldValue(field: DescField, raw: unknown, source: Source, errs: Decode
 function singularMessageFromJson(desc: DescMessage, raw: unknown, source: Source, errs: DecodeErrors, name: string): unknown {
   if (desc.typeName === TIMESTAMP) {
     const date = typeof raw === "string" && ISO_DATE.test(raw) ? new Date(raw) : undefined;
-    if (!date || Number.isNaN(date.getTime())) return errs.add(`${name} must be a valid ISO 8601 date string`);
-    return timestampFromDate(date);
+    const seconds = date ? Math.floor(date.getTime() / 1000) : NaN;
+    // Year 0 parses (JavaScript's proleptic calendar) but no column or Timestamp takes it.
+    if (!(seconds >= MIN_TIMESTAMP_SECONDS && seconds <= MAX_TIMESTAMP_SECONDS)) return errs.add(`${name} must be a valid ISO 8601 date string`);
+    return timestampFromDate(date!);
   }
   if (desc.typeName === "google.protobuf.Struct") {
     if (typeof raw !== "object" || raw === null || Array.isArray(raw)) return errs.add(`${name} must be an object`);
     return raw as JsonValue;
   }
+  if (desc.typeName === "google.protobuf.ListValue" && !Array.isArray(raw)) return errs.add(`${name} must be an array`);
   if (STRUCT_TYPES.has(desc.typeName)) return raw as JsonValue;
   if (source === "text") return errs.add(`${name} must be an object`);
   return messageFromJson(desc, raw, errs, `${name}.`);
@@ -184,6 +217,7 @@ function singularMessageFromJson(desc: DescMessage, raw: unknown, source: Source
 const ISO_DATE = /^\d{4}-\d{2}-\d{2}([Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:?\d{2})?)?$/;
 const INT_TYPES = new Set([ScalarType.INT32, ScalarType.SINT32, ScalarType.SFIXED32, ScalarType.UINT32, ScalarType.FIXED32]);
 const LONG_TYPES = new Set([ScalarType.INT64, ScalarType.SINT64, ScalarType.SFIXED64, ScalarType.UINT64, ScalarType.FIXED64]);
+const FLOAT_MAX = 3.4028234663852886e38;
 const UNSIGNED = new Set([ScalarType.UINT32, ScalarType.FIXED32, ScalarType.UINT64, ScalarType.FIXED64]);
 
 function scalarFromJson(type: ScalarType, raw: unknown, source: Source, errs: DecodeErrors, name: string): unknown {
@@ -204,6 +238,7 @@ function scalarFromJson(type: ScalarType, raw: unknown, source: Source, errs: De
       if (UNSIGNED.has(type) && n < 0) return errs.add(`${name} must not be less than 0`);
       if (INT_TYPES.has(type) && (UNSIGNED.has(type) ? n > 2 ** 32 - 1 : n > 2 ** 31 - 1 || n < -(2 ** 31))) return errs.add(`${name} is out of range`);
       if (LONG_TYPES.has(type)) return Number.isSafeInteger(n) ? BigInt(n) : errs.add(`${name} is out of range`);
+      if (type === ScalarType.FLOAT && Math.abs(n) > FLOAT_MAX) return errs.add(`${name} is out of range`);
       return n;
     }
   }

@@ -76,8 +76,8 @@ export function callContext(method: DescMethod, req: CallRequest, signal: AbortS
     protocolName: "rest",
     requestMethod: req.method ?? "GET",
     url: req.url ?? "/",
-    // Node joins repeated request headers into one string (set-cookie aside), so the object maps straight to Headers.
-    requestHeader: req.headers as Record<string, string>,
+    // Not the object itself: an HTTP/2 request's carries pseudo-headers and a symbol key, which Headers refuses.
+    requestHeader: headersOf(req),
     requestSignal: signal,
     contextValues,
   });
@@ -117,5 +117,5 @@ export function headersOf(req: { headers: IncomingHttpHeaders }): Headers {
 }
 
 export { clientBefore, clientVersion, SDK_VERSION_PROTOCOL } from "./client-version.ts";
-export { readJsonBody, requestSignal, sendJson } from "./http-io.ts";
+export { readJsonBody, requestSignal, sendJson, write } from "./http-io.ts";
 export { DecodeErrors, messageFromJson } from "./json.ts";

@@ -1,12 +1,13 @@
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import { createContextKey, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
-import { asConnectError, Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
+import { Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
 import type { CallRecorder, CompleteCall } from "../audit/recorder.ts";
 import type { CallSite, Guard } from "../auth/guard.ts";
 import { authContextKey, type Principal } from "../auth/principal.ts";
 import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
 import { clientAddressKey } from "../server/client-address.ts";
-import { stringProblems } from "../services/validate.ts";
+import { requiredProblems, stringProblems } from "../services/validate.ts";
+import { reportUnexpected } from "./unexpected.ts";
 
 type AnyImpl = (input: unknown, ctx: HandlerContext) => unknown;
 
@@ -73,7 +74,7 @@ function wrap(method: DescMethod, fn: AnyImpl, guard: Guard, route: Route, recor
     // The entry is written before anything else runs (input refused as 400 is recorded too).
     if (recorder) call.complete = await recorder.begin(method, route, message, ctx);
     // Decoding problems (REST), then every string of the request: the one check both protocols pass.
-    const problems = [...ctx.values.get(inputProblemsKey), ...(message === undefined ? [] : stringProblems(method.input, message))];
+    const problems = [...ctx.values.get(inputProblemsKey), ...(message === undefined ? [] : [...requiredProblems(method, message), ...stringProblems(method.input, message)])];
     if (problems.length) throw errors.invalidArgument(problems.join(", "));
   };
   // Client streams: each message is checked as it is pulled (a plain iterator, not a generator:
@@ -143,6 +144,5 @@ function notYet(method: DescMethod): AnyImpl {
 }
 
 function failure(method: DescMethod, err: unknown): ConnectError {
-  if (!(err instanceof ConnectError)) console.error(`${method.parent.typeName}/${method.name} failed:`, err);
-  return asConnectError(err);
+  return reportUnexpected(`${method.parent.typeName}/${method.name}`, err);
 }

@@ -1,4 +1,4 @@
-import { errors } from "@sandbar/protocol";
+import { ENV_LIMITS, errors } from "@sandbar/protocol";
 import type { CreateSandboxRequest } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { Checks } from "../services/validate.ts";
 import type { NewSandbox } from "./manager.ts";
@@ -23,10 +23,10 @@ export const RESOURCES = {
 
 /**
  * Labels are returned with every sandbox in every list, and env goes into every process: both
- * are bounded (the reference sets no bound; a 1 MB label made every list 2 MB).
+ * are bounded (the reference sets no bound; a 1 MB label made every list 2 MB). ENV_LIMITS are
+ * the agent's too (execute, code-run, terminals), from @sandbar/protocol.
  */
 export const LABEL_LIMITS = { count: 64, key: 255, value: 1024, total: 16 * 1024 };
-export const ENV_LIMITS = { count: 256, key: 255, value: 64 * 1024, total: 256 * 1024 };
 
 /** Count, key, value and total size limits of a string map, as field problems. */
 export function mapLimits(checks: Checks, field: string, map: Record<string, string>, limits: typeof LABEL_LIMITS): Checks {

@@ -15,6 +15,17 @@ export interface Listener {
 }
 
 /**
+ * Upgrades go to the upgrade handler (WebSockets, and whatever the preview proxy forwards), but
+ * not `Upgrade: h2c` (curl --http2): Node's HTTP/2 server cannot take an HTTP/1.1 request as its
+ * first stream, so that request is served over HTTP/1.1, the upgrade ignored (RFC 9110 7.8 lets a
+ * server). Node before 22.21 / 24.9 does not ask this and still hands such requests to `upgrade`.
+ */
+function wantsUpgrade(req: http.IncomingMessage): boolean {
+  const offered = String(req.headers.upgrade ?? "").split(",").map((p) => p.trim().toLowerCase()).filter(Boolean);
+  return offered.some((p) => p !== "h2c");
+}
+
+/**
  * One TCP port for HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge, as gRPC uses):
  * the first bytes of each connection say which; the connection is handed to that server.
  * With `proxyProtocol`, connections from the listed load balancers first give their PROXY header.
@@ -24,7 +35,7 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
   // HTTP/1.1 sockets with a request in flight; idle ones are dropped at once on close.
   const busy = new Map<net.Socket, number>();
   let closing = false;
-  const h1 = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0 }, (req, res) => {
+  const h1 = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, shouldUpgradeCallback: wantsUpgrade }, (req, res) => {
     const ambiguous = hostProblem(req.rawHeaders);
     if (ambiguous) return badRequest(res, ambiguous);
     const socket = req.socket;

@@ -1,5 +1,6 @@
-import { type DescMessage, ScalarType } from "@bufbuild/protobuf";
-import { errors } from "@sandbar/protocol";
+import { type DescField, type DescMessage, type DescMethod, ScalarType } from "@bufbuild/protobuf";
+import { errors, httpBindingsOf } from "@sandbar/protocol";
+import { MAX_TIMESTAMP_SECONDS, MIN_TIMESTAMP_SECONDS } from "../gateway/json.ts";
 
 /** Collects input problems and raises them together as one INVALID_ARGUMENT, like the reference. */
 export class Checks {
@@ -73,7 +74,7 @@ export function stringProblems(desc: DescMessage, message: unknown): string[] {
 
 function walk(desc: DescMessage, message: unknown, prefix: string, problems: string[], depth: number): void {
   if (typeof message !== "object" || message === null || depth > MAX_DEPTH) return;
-  if (desc.typeName.startsWith("google.protobuf.")) return; // Struct, Timestamp: no ids or paths
+  if (desc.typeName.startsWith("google.protobuf.")) return wellKnown(desc, message, prefix.slice(0, -1), problems);
   const m = message as Record<string, unknown>;
   for (const field of desc.fields) {
     let value = m[field.localName];
@@ -115,6 +116,41 @@ function walk(desc: DescMessage, message: unknown, prefix: string, problems: str
         break;
     }
   }
+}
+
+/**
+ * Timestamps PostgreSQL can store: years 1 to 9999, Timestamp's own range, which a gRPC caller's
+ * seconds can leave. (Struct depth needs no check here: protobuf-es decodes no message deeper
+ * than 100 levels, the REST gateway no body deeper than MAX_JSON_DEPTH.)
+ */
+function wellKnown(desc: DescMessage, value: object, name: string, problems: string[]): void {
+  if (desc.typeName !== "google.protobuf.Timestamp") return;
+  const { seconds, nanos } = value as { seconds: bigint; nanos: number };
+  if (!(seconds >= MIN_TIMESTAMP_SECONDS && seconds <= MAX_TIMESTAMP_SECONDS && nanos >= 0 && nanos <= 999_999_999)) problems.push(`${name} must be a valid ISO 8601 date string`);
+}
+
+const pathFieldsCache = new WeakMap<DescMethod, DescField[]>();
+
+/** The fields every REST path of the method names (a catch-all `{x=**}` may be empty: not these). */
+function pathFields(method: DescMethod): DescField[] {
+  let fields = pathFieldsCache.get(method);
+  if (!fields) {
+    const named = httpBindingsOf(method).map((b) => new Set([...b.path.matchAll(/\{([a-z0-9_]+)\}/g)].map((m) => m[1])));
+    fields = method.input.fields.filter((f) => named.length > 0 && named.every((n) => n.has(f.name)) && f.fieldKind === "scalar" && f.scalar === ScalarType.STRING);
+    pathFieldsCache.set(method, fields);
+  }
+  return fields;
+}
+
+/**
+ * Ids a REST path always carries are required over RPC too: an empty (or null) one is a 400, where
+ * it reached PostgreSQL's uuid parser (500) or named nothing.
+ */
+export function requiredProblems(method: DescMethod, message: unknown): string[] {
+  const m = message as Record<string, unknown>;
+  return pathFields(method)
+    .filter((f) => typeof m[f.localName] !== "string" || (m[f.localName] as string).trim() === "")
+    .map((f) => `${f.jsonName} should not be empty`);
 }
 
 /** The problems of one text value bound to a field named `field` (path parameters, headers). */

@@ -1,8 +1,8 @@
-import type { MessageInitShape } from "@bufbuild/protobuf";
-import { errors } from "@sandbar/protocol";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { CreatePtyRequestSchema, PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
 import type { WebSocket } from "ws";
 import type { ToolboxCaller } from "./call.ts";
+import { setField } from "../../gateway/json.ts";
 import { DecodeErrors, readJsonMessage, sendJson } from "./http.ts";
 import type { RestHandler } from "./routes.ts";
 import { closeWith, messageOf, sendFrame } from "./ws-frames.ts";
@@ -66,26 +66,27 @@ export async function servePty(ws: WebSocket, caller: ToolboxCaller, sessionId: 
 /**
  * `…/process/pty/create-connect?id=&cols=&rows=&cwd=` (SDK 0.2xx): creates a lazily started
  * terminal, envs from the PTY_ENVS subprotocol, then connects to it in the same round trip.
+ * Numbers are decoded as the gateway decodes a query (a uint32 out of range is a problem, not a
+ * failure to encode); problems are raised after the caller is checked.
  */
-export function createConnectRequest(query: URLSearchParams, offered: string[]): MessageInitShape<typeof CreatePtyRequestSchema> {
-  const number = (name: string) => {
+export function createConnectRequest(query: URLSearchParams, offered: string[]): { input: MessageInitShape<typeof CreatePtyRequestSchema>; problems: string[] } {
+  const errs = new DecodeErrors();
+  const input = create(CreatePtyRequestSchema, { id: query.get("id") ?? "", cwd: query.get("cwd") || undefined, lazyStart: true });
+  for (const name of ["cols", "rows"] as const) {
     const text = query.get(name);
-    if (text === null || text === "") return undefined;
-    const n = Number(text);
-    if (!Number.isInteger(n) || n < 0) throw errors.invalidArgument(`${name} must be a positive integer`);
-    return n;
-  };
-  let envs: Record<string, string> = {};
+    if (text !== null && text !== "") setField(input as never, CreatePtyRequestSchema.field[name], text, "text", errs);
+  }
   const token = offered.find((p) => p.startsWith(PTY_ENVS));
   if (token) {
+    let envs: unknown;
     try {
-      envs = JSON.parse(Buffer.from(token.slice(PTY_ENVS.length), "base64url").toString("utf8")) as Record<string, string>;
+      envs = JSON.parse(Buffer.from(token.slice(PTY_ENVS.length), "base64url").toString("utf8"));
     } catch {
-      throw errors.invalidArgument("the PTY envs subprotocol is not base64url JSON");
+      errs.add("the PTY envs subprotocol is not base64url JSON");
     }
     if (typeof envs !== "object" || envs === null || Array.isArray(envs) || Object.values(envs).some((v) => typeof v !== "string")) {
-      throw errors.invalidArgument("the PTY envs must be an object of strings");
-    }
+      if (!errs.messages.length) errs.add("the PTY envs must be an object of strings");
+    } else input.envs = envs as Record<string, string>;
   }
-  return { id: query.get("id") ?? "", cwd: query.get("cwd") || undefined, cols: number("cols"), rows: number("rows"), envs, lazyStart: true };
+  return { input, problems: errs.messages };
 }

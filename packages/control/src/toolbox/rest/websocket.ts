@@ -56,9 +56,15 @@ const WS_ROUTES: Array<ToolboxRoute<WsRoute>> = [
   {
     verb: "GET",
     path: "/process/pty/create-connect",
-    handle: ptyRoute(async (caller, r) => (await caller.unary(PtyService.method.createPty, createConnectRequest(r.query, r.offered))).sessionId),
+    handle: ptyRoute(async (caller, r) => {
+      const { input, problems } = createConnectRequest(r.query, r.offered);
+      return (await caller.unary(PtyService.method.createPty, input, problems)).sessionId;
+    }),
   },
 ];
+
+/** The WebSocket paths under each toolbox prefix (the bad-input sweep reads them). */
+export const TOOLBOX_WS_PATHS = WS_ROUTES.map((r) => r.path);
 
 /**
  * WebSockets on the toolbox prefixes: command log following and PTY terminals, for the SDKs that
