@@ -62,7 +62,9 @@ import { dockerRegistryService, registryCredentialsFor, startInternalRegistry } 
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
 import { addressList, clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
+import { connectionLimits } from "./connection-limits.ts";
 import { listenOnePort } from "./listener.ts";
+import { raiseOpenFilesLimit } from "./open-files.ts";
 import type { AgentLocator } from "../toolbox/agent-locator.ts";
 import { mountToolbox, TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
 import { startWebhooks } from "../webhooks/index.ts";
@@ -182,6 +184,12 @@ export async function startControlServer(settings: Settings, log: (line: string)
   // The toolbox's unary gRPC calls in their plain form skip Connect's pipeline (same secured implementations).
   const grpcUnary = grpcUnaryFastPath(toolbox.services, (s) => impls.get(s.typeName) as never, MAX_JSON_BODY);
 
+  const files = raiseOpenFilesLimit();
+  const connections = connectionLimits(settings, files, log);
+  log(
+    `connections: at most ${connections.maxConnections}, ${connections.maxConnectionsPerAddress || "any number"} per client address` +
+      (files ? ` (open files limit ${files.soft}${files.raisedFrom ? `, raised from ${files.raisedFrom}` : ""}${files.error ? `; not raised to ${files.hard}: ${files.error}` : ""})` : ""),
+  );
   const listener = await listenOnePort(
     (req, res) => {
       const url = req.url ?? "";
@@ -197,6 +205,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     settings.host,
     (req, socket, head) => preview.upgradeHost(req, socket, head) || gateway.upgrade(req, socket, head),
     settings.proxyProtocolFrom.length ? { from: addressList(settings.proxyProtocolFrom), log } : undefined,
+    connections,
   );
   const port = listener.port;
   let stopped: Promise<void> | undefined;
