@@ -20,8 +20,8 @@ import { openFilesLimit } from "./open-files.ts";
 import { proxyV2 } from "./testing/proxy-headers.ts";
 
 const HEADERS_MS = 500;
-const BODY_MS = 700;
-const IDLE_MS = 1000;
+const BODY_MS = 1000;
+const IDLE_MS = 1200;
 /** A timeout has this many times its setting to act (the check runs every quarter of it; the machine is shared). */
 const SLACK = 6;
 
@@ -189,7 +189,7 @@ describe("timeouts on the one port", () => {
     const p = probe(port, "127.0.0.1", head + '{"name":"');
     trickle(p.socket, "s".repeat(10_000));
     await within(p.closed, SLACK * BODY_MS, "slow body without a key closed");
-    expect(p.received()).toMatch(/^HTTP\/1\.1 (401|408) /);
+    expect(p.received()).toMatch(/^HTTP\/1\.1 401 /);
   });
 
   it("HTTP/2: a stream whose body stalls is reset; an idle session is closed", async () => {
