@@ -184,11 +184,6 @@ export class ConnectionGuard {
     return true;
   }
 
-  /** Open connections counted under `address`'s key (tests, diagnostics). */
-  openFrom(address: string): number {
-    return this.perAddress.get(addressKey(address)) ?? 0;
-  }
-
   close(): void {
     clearInterval(this.sweeper);
     // Stops Node's head checks that attach started (and drops its idle connections, as the listener does).

@@ -105,6 +105,8 @@ export interface ControlOptions {
 
 export async function startControlServer(settings: Settings, log: (line: string) => void = console.log, options: ControlOptions = {}): Promise<ControlServer> {
   trustProxies(settings.trustedProxies);
+  // First, so that what the server starts (PostgreSQL) inherits it too.
+  const files = raiseOpenFilesLimit();
   let pg: RunningPostgres | undefined;
   const databaseUrl = settings.databaseUrl ?? (pg = await startEmbeddedPostgres(settings.dataDir, log)).url;
   const orm = await openDatabase(databaseUrl);
@@ -184,7 +186,6 @@ export async function startControlServer(settings: Settings, log: (line: string)
   // The toolbox's unary gRPC calls in their plain form skip Connect's pipeline (same secured implementations).
   const grpcUnary = grpcUnaryFastPath(toolbox.services, (s) => impls.get(s.typeName) as never, MAX_JSON_BODY);
 
-  const files = raiseOpenFilesLimit();
   const connections = connectionLimits(settings, files, log);
   log(
     `connections: at most ${connections.maxConnections}, ${connections.maxConnectionsPerAddress || "any number"} per client address` +
