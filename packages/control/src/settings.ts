@@ -4,6 +4,7 @@ import { loadObjectStorageSettings, type ObjectStorageSettings } from "./object-
 import { loadRateLimitSettings, type RateLimitSettings } from "./limits/settings.ts";
 import type { LoginThrottleOptions } from "./identity/login-throttle.ts";
 import { parseAddressList, parseTrustedProxies } from "./server/client-address.ts";
+import { type ConnectionSettings, loadConnectionSettings } from "./server/connection-limits.ts";
 import { loadRegistrySettings, type RegistrySettings } from "./snapshots/settings.ts";
 import { type InternalRegistrySettings, loadInternalRegistrySettings } from "./registries/internal/settings.ts";
 import { loadRemoteRunnerSettings, loadRunnerCheckSettings, type RemoteRunnerSettings, type RunnerCheckSettings } from "./runners/settings.ts";
@@ -65,6 +66,8 @@ export interface Settings {
   trustedProxies: string[];
   /** Load balancers (addresses or CIDRs) whose connections start with a PROXY protocol header stating the client (SANDBAR_PROXY_PROTOCOL_FROM); none by default. */
   proxyProtocolFrom: string[];
+  /** Caps on open connections and the port's timeouts (SANDBAR_MAX_CONNECTIONS*, SANDBAR_*_TIMEOUT_MS). */
+  connections: ConnectionSettings;
   /** Webhook delivery: destinations allowed, retries, timeouts (SANDBAR_WEBHOOK_*). */
   webhooks: WebhookSettings;
   /** Audit entries older than this many days are deleted (SANDBAR_AUDIT_RETENTION_DAYS); unset: kept forever. */
@@ -137,6 +140,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     encryptionKey: env.SANDBAR_ENCRYPTION_KEY || undefined,
     trustedProxies: parseTrustedProxies(env.SANDBAR_TRUSTED_PROXIES),
     proxyProtocolFrom: parseAddressList("SANDBAR_PROXY_PROTOCOL_FROM", env.SANDBAR_PROXY_PROTOCOL_FROM),
+    connections: loadConnectionSettings(env),
     webhooks: loadWebhookSettings(env),
     auditRetentionDays: env.SANDBAR_AUDIT_RETENTION_DAYS ? positiveDays(env, "SANDBAR_AUDIT_RETENTION_DAYS") : undefined,
     auditToolbox: booleanFlag(env, "SANDBAR_AUDIT_TOOLBOX"),

@@ -62,7 +62,9 @@ import { dockerRegistryService, registryCredentialsFor, startInternalRegistry } 
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
 import { addressList, clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
+import { connectionLimits } from "./connection-limits.ts";
 import { listenOnePort } from "./listener.ts";
+import { raiseOpenFilesLimit } from "./open-files.ts";
 import { runShutdownSteps } from "./shutdown-steps.ts";
 import type { AgentLocator } from "../toolbox/agent-locator.ts";
 import { mountToolbox, TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
@@ -104,6 +106,8 @@ export interface ControlOptions {
 
 export async function startControlServer(settings: Settings, log: (line: string) => void = console.log, options: ControlOptions = {}): Promise<ControlServer> {
   trustProxies(settings.trustedProxies);
+  // First, so that what the server starts (PostgreSQL) inherits it too.
+  const files = raiseOpenFilesLimit();
   let pg: RunningPostgres | undefined;
   const databaseUrl = settings.databaseUrl ?? (pg = await startEmbeddedPostgres(settings.dataDir, log)).url;
   const orm = await openDatabase(databaseUrl);
@@ -183,6 +187,11 @@ export async function startControlServer(settings: Settings, log: (line: string)
   // The toolbox's unary gRPC calls in their plain form skip Connect's pipeline (same secured implementations).
   const grpcUnary = grpcUnaryFastPath(toolbox.services, (s) => impls.get(s.typeName) as never, MAX_JSON_BODY);
 
+  const connections = connectionLimits(settings, files, log);
+  log(
+    `connections: at most ${connections.maxConnections}, ${connections.maxConnectionsPerAddress || "any number"} per client address` +
+      (files ? ` (open files limit ${files.soft}${files.raisedFrom ? `, raised from ${files.raisedFrom}` : ""}${files.error ? `; not raised to ${files.hard}: ${files.error}` : ""})` : ""),
+  );
   const listener = await listenOnePort(
     (req, res) => {
       const url = req.url ?? "";
@@ -198,6 +207,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     settings.host,
     (req, socket, head) => preview.upgradeHost(req, socket, head) || gateway.upgrade(req, socket, head),
     settings.proxyProtocolFrom.length ? { from: addressList(settings.proxyProtocolFrom), log } : undefined,
+    connections,
   );
   const port = listener.port;
   let stopped: Promise<void> | undefined;

@@ -2,6 +2,7 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import type { Duplex } from "node:stream";
+import { closeWith, ConnectionGuard, type ConnectionLimits } from "./connection-limits.ts";
 import { proxyAdmission, type ProxyProtocolOptions } from "./proxy-accept.ts";
 
 type Handler = (req: http.IncomingMessage | http2.Http2ServerRequest, res: http.ServerResponse | http2.Http2ServerResponse) => void;
@@ -29,13 +30,15 @@ function wantsUpgrade(req: http.IncomingMessage): boolean {
  * One TCP port for HTTP/1.1 and cleartext HTTP/2 (h2c with prior knowledge, as gRPC uses):
  * the first bytes of each connection say which; the connection is handed to that server.
  * With `proxyProtocol`, connections from the listed load balancers first give their PROXY header.
+ * `limits`: connection caps and timeouts (connection-limits.ts).
  */
-export function listenOnePort(handler: Handler, port: number, host: string, onUpgrade?: UpgradeHandler, proxyProtocol?: ProxyProtocolOptions): Promise<Listener> {
+export function listenOnePort(handler: Handler, port: number, host: string, onUpgrade: UpgradeHandler | undefined, proxyProtocol: ProxyProtocolOptions | undefined, limits: ConnectionLimits): Promise<Listener> {
   const admit = proxyAdmission(proxyProtocol);
+  const guard = new ConnectionGuard(limits);
   // HTTP/1.1 sockets with a request in flight; idle ones are dropped at once on close.
   const busy = new Map<net.Socket, number>();
   let closing = false;
-  const h1 = http.createServer({ keepAliveTimeout: 65_000, requestTimeout: 0, shouldUpgradeCallback: wantsUpgrade }, (req, res) => {
+  const h1 = http.createServer({ ...guard.http1Options, shouldUpgradeCallback: wantsUpgrade }, (req, res) => {
     const ambiguous = hostProblem(req.rawHeaders);
     if (ambiguous) return badRequest(res, ambiguous);
     const socket = req.socket;
@@ -51,16 +54,18 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
   // Upgrades (WebSockets) go to onUpgrade; any other is refused rather than left hanging.
   h1.on("upgrade", (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
     const ambiguous = hostProblem(req.rawHeaders);
-    if (ambiguous) return socket.end(rawAnswer(400, "Bad Request", ambiguous));
+    if (ambiguous) return closeWith(socket, rawAnswer(400, "Bad Request", ambiguous));
     if (!onUpgrade?.(req, socket, head)) socket.end("HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
   });
   // Requests Node refuses before any handler sees them (oversized headers, malformed HTTP) get
   // the API's JSON error body instead of Node's bare status line.
   h1.on("clientError", (err: NodeJS.ErrnoException, socket: Duplex) => {
     if (!socket.writable) return socket.destroy();
-    const [status, error] = err.code === "HPE_HEADER_OVERFLOW" ? [431, "Request Header Fields Too Large"] : [400, "Bad Request"];
-    const message = status === 431 ? "The request's URL and headers exceed 16 KB" : "Malformed HTTP request";
-    socket.end(rawAnswer(status, error, message));
+    const [status, error, message] =
+      err.code === "HPE_HEADER_OVERFLOW" ? [431, "Request Header Fields Too Large", "The request's URL and headers exceed 16 KB"]
+      : err.code === "ERR_HTTP_REQUEST_TIMEOUT" ? [408, "Request Timeout", "The request was not received in time (SANDBAR_HEADERS_TIMEOUT_MS, SANDBAR_BODY_TIMEOUT_MS)"]
+      : [400, "Bad Request", "Malformed HTTP request"];
+    closeWith(socket, rawAnswer(status, error, message));
   });
   const h2 = http2.createServer({}, (req, res) => {
     const ambiguous = hostProblem(req.rawHeaders);
@@ -79,8 +84,10 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
     sockets.add(socket);
     socket.once("close", () => sockets.delete(socket));
     socket.on("error", () => socket.destroy());
+    guard.accepted(socket);
     void admit(socket).then((admitted) => {
       if (!admitted || closing) return socket.destroy();
+      if (!guard.admit(socket)) return;
       socket.once("data", (first) => {
         socket.pause();
         socket.unshift(first);
@@ -95,6 +102,7 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
       socket.resume();
     });
   });
+  guard.attach(server, h1, h2);
   return new Promise((resolve, reject) => {
     server.once("error", reject);
     server.listen(port, host, () =>
@@ -102,6 +110,7 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
         port: (server.address() as net.AddressInfo).port,
         close: async (graceMs = 5000) => {
           closing = true;
+          guard.close();
           const closed = new Promise<void>((r) => server.close(() => r()));
           for (const s of sockets) if (h1Sockets.has(s) && !busy.has(s)) s.destroy();
           for (const s of sessions) s.close();
