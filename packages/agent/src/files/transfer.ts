@@ -1,9 +1,12 @@
-import { open, mkdir } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { lstat, mkdir, open, realpath, rename, stat, unlink } from "node:fs/promises";
 import type { FileHandle } from "node:fs/promises";
+import type { Stats } from "node:fs";
 import * as path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { fsError } from "../util/fs-errors.ts";
 import { noteMoved } from "../util/gc-pacer.ts";
+import { forgetUpload, recordUpload } from "./upload-journal.ts";
 
 /**
  * Size of the data chunks a download yields: just under 512 KiB, so that a
@@ -56,18 +59,72 @@ const WRITE_BATCH = 1024 * 1024;
 /** Most chunks in one writev(2) (Linux's IOV_MAX is 1024). */
 const MAX_IOV = 256;
 
+/** A temporary file an upload writes before it takes the target's place. */
+interface Replacement {
+  temp: string;
+  /** The file it replaces (a symbolic link's target: the link stays). */
+  target: string;
+  /** The upload's journal entry (upload-journal.ts). */
+  entry: string | undefined;
+}
+
+/** Bytes of a file name (NAME_MAX) and of what a temporary name adds to the target's. */
+const NAME_MAX = 255;
+const TEMP_SUFFIX = ".sandbar-upload-".length + 16;
+
+/** `.<name>.sandbar-upload-<16 hex>` beside target, the name cut to fit NAME_MAX; its random part. */
+function tempBeside(target: string): { temp: string; id: string } {
+  const id = randomBytes(8).toString("hex");
+  let name = path.basename(target);
+  while (Buffer.byteLength(name) > NAME_MAX - 1 - TEMP_SUFFIX) name = name.slice(0, -1);
+  return { temp: path.join(path.dirname(target), `.${name}.sandbar-upload-${id}`), id };
+}
+
 /**
- * A file being written by an upload: parents created, truncated on open.
+ * What an upload to p replaces: undefined when it must write p in place, as before uploads were
+ * atomic. In place: what a rename would change (a file with other hard links, a device or FIFO, a
+ * symbolic link to nothing), or a directory (its open fails as it did). `existing` is the stat of
+ * the file replaced, whose mode and owner the new one takes.
+ */
+async function replacementOf(p: string): Promise<{ target: string; existing?: Stats } | undefined> {
+  let st: Stats;
+  try {
+    st = await lstat(p);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return { target: p };
+    throw err;
+  }
+  let target = p;
+  if (st.isSymbolicLink()) {
+    try {
+      target = await realpath(p);
+      st = await stat(target);
+    } catch {
+      return undefined;
+    }
+  }
+  return st.isFile() && st.nlink === 1 ? { target, existing: st } : undefined;
+}
+
+/**
+ * A file being written by an upload: parents created. The content goes to a temporary file
+ * beside the target (the target's mode and owner given to it), renamed over the target on
+ * close and removed on failure, so the target is never seen half-written: an interrupted upload
+ * leaves the old file or none. Where a rename would change more than the content (see
+ * replacementOf), or the directory takes no new file, the target is truncated and written in
+ * place as before.
  * Chunks queue while a write is in flight and go to disk together in one
  * writev(2) when it returns, up to WRITE_AHEAD bytes queued or in flight, so
  * disk writes overlap with receiving and a fast sender costs one system call
  * (and one thread-pool round trip) per several chunks instead of one each.
  */
 export class UploadTarget {
+  /** The path asked for (errors name it). */
   readonly path: string;
   /** The destination as the caller gave it. */
   readonly shownPath: string;
   bytes = 0n;
+  private readonly replacement: Replacement | undefined;
   private fh: FileHandle | undefined;
   /** File offset of the first queued byte. */
   private offset = 0;
@@ -79,19 +136,56 @@ export class UploadTarget {
   private waiting: (() => void)[] = [];
   private failed: unknown;
 
-  private constructor(p: string, shownPath: string, fh: FileHandle) {
+  private constructor(p: string, shownPath: string, fh: FileHandle, replacement?: Replacement) {
     this.path = p;
     this.shownPath = shownPath;
     this.fh = fh;
+    this.replacement = replacement;
   }
 
   static async create(p: string, shownPath: string): Promise<UploadTarget> {
     try {
       await mkdir(path.dirname(p), { recursive: true, mode: 0o755 });
+      const plan = await replacementOf(p);
+      const replacement = plan && (await UploadTarget.openTemp(plan.target, plan.existing));
+      if (replacement) return new UploadTarget(p, shownPath, replacement.fh, replacement);
       return new UploadTarget(p, shownPath, await open(p, "w", 0o644));
     } catch (err) {
       throw fsError(err, p);
     }
+  }
+
+  /**
+   * The temporary file for target, with the existing file's mode and owner; undefined (in place
+   * then) when the directory takes no new file or the owner cannot be given (a file of another
+   * user that this one may write: only root could).
+   */
+  private static async openTemp(target: string, existing: Stats | undefined): Promise<(Replacement & { fh: FileHandle }) | undefined> {
+    const { temp, id } = tempBeside(target);
+    const entry = await recordUpload(id, temp);
+    let fh: FileHandle;
+    try {
+      fh = await open(temp, "wx", 0o644); // mode as a new target got it (the umask applies)
+    } catch (err) {
+      forgetUpload(entry);
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === "EACCES" || code === "EPERM" || code === "ENAMETOOLONG") return undefined;
+      throw err;
+    }
+    if (existing) {
+      try {
+        // chown first: it clears set-user-id and set-group-id bits, which chmod then restores.
+        if (existing.uid !== process.geteuid?.() || existing.gid !== process.getegid?.()) await fh.chown(existing.uid, existing.gid);
+        await fh.chmod(existing.mode & 0o7777);
+      } catch (err) {
+        await fh.close().catch(() => undefined);
+        await unlink(temp).catch(() => undefined);
+        forgetUpload(entry);
+        if ((err as NodeJS.ErrnoException).code === "EPERM") return undefined;
+        throw err;
+      }
+    }
+    return { temp, target, entry, fh };
   }
 
   /**
@@ -145,24 +239,31 @@ export class UploadTarget {
     for (const w of waiting) w();
   }
 
-  /** Waits for every write, then closes the file, surfacing close errors (they matter on network file systems). */
+  /**
+   * Waits for every write, then closes the file, surfacing close errors (they matter on network
+   * file systems), and puts it in the target's place.
+   */
   async close(): Promise<void> {
     const fh = this.fh;
     if (!fh) return;
     if (this.queue.length > 0) this.flushing ??= this.flush();
     this.fh = undefined;
     await this.flushing;
+    const r = this.replacement;
     try {
       if (this.failed !== undefined) throw this.failed;
       await fh.close();
-      if (this.bytes >= WRITEBACK_MIN_BYTES) startWriteback(this.path);
+      if (r) await rename(r.temp, r.target);
     } catch (err) {
       await fh.close().catch(() => undefined);
+      await this.removeTemp();
       throw fsError(err, this.path);
     }
+    forgetUpload(r?.entry);
+    if (this.bytes >= WRITEBACK_MIN_BYTES) startWriteback(r?.target ?? this.path);
   }
 
-  /** Closes without reporting: the upload failed anyway. */
+  /** Closes without reporting: the upload failed anyway. Its temporary file goes; a target written in place stays as far as it got. */
   async abandon(): Promise<void> {
     const fh = this.fh;
     this.fh = undefined;
@@ -170,6 +271,14 @@ export class UploadTarget {
     await this.flushing;
     this.queue = [];
     await fh?.close().catch(() => undefined);
+    if (fh) await this.removeTemp();
+  }
+
+  private async removeTemp(): Promise<void> {
+    const r = this.replacement;
+    if (!r) return;
+    await unlink(r.temp).catch(() => undefined);
+    forgetUpload(r.entry);
   }
 }
 

@@ -1,7 +1,10 @@
-import { rm } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { readdir, readFile, rm } from "node:fs/promises";
+import http from "node:http";
+import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
-import { sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
+import { eventually, sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
 
 // Real sandboxes running the real agent, through the REST API as clients call it: what a
 // sandbox's own workload does to its disk and its processes, and what the API answers then.
@@ -68,3 +71,64 @@ describe("a full disk", () => {
     await f.call("DELETE", `/sandbox/${s.id}`);
   });
 });
+
+/**
+ * A bulk upload that sends its first `mib` MiB (of a declared 64) and then waits: the agent is
+ * mid-upload until `hangUp`.
+ */
+function stalledUpload(id: string, dest: string, mib: number): { hangUp: () => void } {
+  const boundary = "----stall" + randomBytes(8).toString("hex");
+  const head = Buffer.from(
+    `--${boundary}\r\nContent-Disposition: form-data; name="files[0].path"\r\n\r\n${dest}\r\n` +
+      `--${boundary}\r\nContent-Disposition: form-data; name="files[0].file"; filename="f.bin"\r\nContent-Type: application/octet-stream\r\n\r\n`,
+  );
+  const url = new URL(`${toolbox(id)}/files/bulk-upload`);
+  const req = http.request({
+    host: url.hostname,
+    port: url.port,
+    method: "POST",
+    path: url.pathname,
+    headers: { authorization: `Bearer ${f.t.adminKey}`, "content-type": `multipart/form-data; boundary=${boundary}`, "content-length": head.length + (64 << 20) + 100 },
+  });
+  req.on("error", () => undefined);
+  req.write(head);
+  for (let i = 0; i < mib; i++) req.write(randomBytes(1 << 20));
+  return { hangUp: () => req.destroy() };
+}
+
+describe("uploads are atomic", () => {
+  it("an agent killed mid-upload leaves no partial file and an existing file as it was; the next agent removes the temporary files", async () => {
+    const s = await f.create({});
+    const exec = (command: string) => f.call("POST", `/toolbox/${s.id}/toolbox/process/execute`, { command });
+    expect((await exec("printf 'the old content' > ~/kept.bin && echo ok")).body.result).toBe("ok\n");
+    // The sandbox's home as the host sees it (through the sandbox's root mount).
+    const home = path.join(f.runtime.provider.layout.rootMount(s.id), "home/sandbar");
+    const temps = async () => (await readdir(home)).filter((n) => n.includes(".sandbar-upload-"));
+    const uploads = [stalledUpload(s.id, "/home/sandbar/kept.bin", 4), stalledUpload(s.id, "/home/sandbar/new.bin", 4)];
+    await eventually("both uploads to be under way", async () => (await temps()).length === 2);
+
+    const agent = await agentPid(s.id);
+    process.kill(agent, "SIGKILL");
+    for (const u of uploads) u.hangUp();
+    // The supervisor restarts the agent; the new one removes what the killed one's uploads left.
+    await eventually("the agent to answer again", async () => (await exec("echo back")).body?.result === "back\n");
+    expect((await f.call("GET", `/sandbox/${s.id}`)).body.health.agentRestarts).toBe(1);
+    await eventually("the temporary files to go", async () => (await temps()).length === 0);
+    expect(await readFile(path.join(home, "kept.bin"), "utf8")).toBe("the old content");
+    expect((await readdir(home)).includes("new.bin")).toBe(false);
+    await f.call("DELETE", `/sandbox/${s.id}`);
+  });
+});
+
+/** Host pid of a sandbox's agent: the child of its init (pid 1 inside) that runs the sandbox's node. */
+async function agentPid(id: string): Promise<number> {
+  const pids = await f.runtime.provider.cgroups.agentPids(id);
+  const status = async (pid: number) => readFile(`/proc/${pid}/status`, "utf8").catch(() => "");
+  let init: number | undefined;
+  for (const pid of pids) if (/^NSpid:\s+\d+\s+1\s*$/m.test(await status(pid))) init = pid;
+  for (const pid of pids) {
+    const parent = Number(/^PPid:\s+(\d+)/m.exec(await status(pid))?.[1]);
+    if (parent === init && (await readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "")).startsWith("/opt/sandbar/bin/node\0")) return pid;
+  }
+  throw new Error(`no agent process in sandbox ${id}`);
+}

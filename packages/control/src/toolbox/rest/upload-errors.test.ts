@@ -178,14 +178,25 @@ describe("uploads through the framed transport", () => {
     expect(sha256(await readFile(join(small, "fits.bin")))).toBe(sha256(block));
   });
 
-  it("a client that hangs up mid-upload: the agent's call ends, nothing left open", async () => {
+  it("a client that hangs up mid-upload: the agent's call ends, nothing left open, no partial file, an existing one intact", async () => {
     const fds = await agentFds();
-    const dest = join(f.root, "hangup/part.bin");
-    const sending = bulkUpload(dest, 64, randomBytes(MIB), 8);
-    await until("the upload to start", () => exists(dest));
-    // The server may answer the broken body before the client's socket is gone: either is fine.
-    await sending.catch(() => undefined);
-    await until("the agent's descriptors to close", async () => (await agentFds()) <= fds);
+    const dir = join(f.root, "hangup");
+    const dest = join(dir, "part.bin");
+    const kept = join(dir, "kept.bin");
+    await mkdir(dir, { recursive: true });
+    await writeFile(kept, "the old content");
+    const temps = async () => (await readdir(dir)).filter((n) => n.includes(".sandbar-upload-"));
+    for (const target of [dest, kept]) {
+      const sending = bulkUpload(target, 64, randomBytes(MIB), 8);
+      // The upload writes a temporary file beside its target, renamed there only once complete.
+      await until("the upload to start", async () => (await temps()).length > 0);
+      // The server may answer the broken body before the client's socket is gone: either is fine.
+      await sending.catch(() => undefined);
+      await until("the agent's descriptors to close", async () => (await agentFds()) <= fds);
+      await until("the temporary file to go", async () => (await temps()).length === 0);
+    }
+    expect(await exists(dest)).toBe(false);
+    expect(await readFile(kept, "utf8")).toBe("the old content");
     const block = randomBytes(MIB);
     const ok = await bulkUpload(join(f.root, "after-hangup.bin"), 3, block);
     expect(ok.status).toBe(200);
