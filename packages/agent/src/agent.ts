@@ -39,6 +39,8 @@ export interface AgentOptions {
    */
   preload?: boolean;
   log?: (message: string, err?: unknown) => void;
+  /** See AgentContext.sandboxed; default false. */
+  sandboxed?: boolean;
 }
 
 export interface Agent {
@@ -102,6 +104,7 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
     shell: options.shell ?? detectShell(env),
     version: AGENT_VERSION,
     shutdown: shutdown.signal,
+    sandboxed: options.sandboxed ?? false,
     log,
   };
 

@@ -92,6 +92,23 @@ export class SessionManager {
     await s.delete(graceMs);
   }
 
+  /**
+   * After every user process was killed: each session whose shell is gone (within `withinMs`,
+   * the time its exit takes to be seen) gets a new shell, keeping its id, commands and logs.
+   */
+  async renewShells(withinMs = 2000): Promise<void> {
+    await Promise.all(
+      [...this.sessions.values()].map(async (s) => {
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([s.ended, new Promise<void>((r) => (timer = setTimeout(r, withinMs)))]);
+        clearTimeout(timer);
+        // Deleted meanwhile, or a shell that lived through it: left as it is.
+        if (s.alive || this.sessions.get(s.id) !== s) return;
+        this.sessions.set(s.id, s.renewed({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, log: this.ctx.log }));
+      }),
+    );
+  }
+
   /** Ends every session (agent shutdown). */
   async closeAll(graceMs: number): Promise<void> {
     const all = [...this.sessions.values()];

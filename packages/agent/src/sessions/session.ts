@@ -204,6 +204,19 @@ export class Session {
     return this.exitInfo === undefined;
   }
 
+  /** Resolves once the shell has exited (its running command finished with the shell's status). */
+  get ended(): Promise<void> {
+    return this.exited;
+  }
+
+  /** The same session with a new shell, after this one's was killed: its commands and logs go on. */
+  renewed(opts: Omit<SessionOptions, "id" | "dir">): Session {
+    const fresh = new Session({ ...opts, id: this.id, dir: this.dir });
+    for (const [id, cmd] of this.commands) fresh.commands.set(id, cmd);
+    fresh.last = this.last;
+    return fresh;
+  }
+
   /**
    * After an agent restart: the commands the session ran before, from its directory, oldest
    * first. Their processes ended with the old agent (their pipes ended in it); this session's

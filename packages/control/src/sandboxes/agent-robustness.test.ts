@@ -72,6 +72,57 @@ describe("a full disk", () => {
   });
 });
 
+describe("a fork bomb", () => {
+  const BOMB = "bash -c ':(){ :|:& };:'";
+  const saturated = async (id: string) => (await f.call("GET", `/sandbox/${id}`)).body.health?.pidsSaturated === true;
+
+  it("shows as saturation in the sandbox's health; kill-all ends it, the next execution answers, sessions get a new shell", async () => {
+    const s = await f.create({});
+    const tb = `/toolbox/${s.id}/toolbox`;
+    expect((await f.call("POST", `${tb}/process/session`, { sessionId: "work" })).status).toBe(201);
+    expect((await f.call("POST", `${tb}/process/session/work/exec`, { command: "echo before" })).body.output).toBe("before\n");
+    expect((await f.call("GET", `/sandbox/${s.id}`)).body.health.pidsSaturated).toBe(false);
+
+    expect((await f.call("POST", `${tb}/process/execute`, { command: BOMB })).status).toBe(200);
+    await eventually("the sandbox's health to say its processes are saturated", () => saturated(s.id), 60_000);
+
+    const killed = await f.call("POST", `${tb}/process/kill-all`, {});
+    expect(killed.status, JSON.stringify(killed.body)).toBe(200);
+    expect(killed.body.killed).toBeGreaterThan(100);
+    // Answered once the bomb is gone: the next execution starts as on an idle sandbox.
+    const ok = await f.call("POST", `${tb}/process/execute`, { command: "echo ok", timeout: 30 });
+    expect(ok.status, JSON.stringify(ok.body)).toBe(200);
+    expect(ok.body).toEqual({ exitCode: 0, result: "ok\n" });
+    const health = (await f.call("GET", `/sandbox/${s.id}`)).body.health;
+    expect(health).toMatchObject({ pidsSaturated: false, agentRunning: true, agentRestarts: 0 });
+    expect(health.pids).toBeLessThan(50);
+    // The session's shell was a user process too: the session goes on in a new one, its log kept.
+    const after = await f.call("POST", `${tb}/process/session/work/exec`, { command: "echo after" });
+    expect(after.status, JSON.stringify(after.body)).toBe(200);
+    expect(after.body.output).toBe("after\n");
+    expect((await f.call("GET", `${tb}/process/session/work`)).body.commands.map((c: { command: string }) => c.command)).toEqual(["echo before", "echo after"]);
+    await f.call("DELETE", `/sandbox/${s.id}`);
+  });
+
+  it("kill -9 -1 from a session ends it too (and the agent, same uid: its init restarts it)", async () => {
+    const s = await f.create({});
+    const tb = `/toolbox/${s.id}/toolbox`;
+    expect((await f.call("POST", `${tb}/process/execute`, { command: BOMB })).status).toBe(200);
+    await eventually("the sandbox's health to say its processes are saturated", () => saturated(s.id), 60_000);
+    // A session made during the bomb: its shell starts from the agent's reserve, kill is a builtin.
+    expect((await f.call("POST", `${tb}/process/session`, { sessionId: "s" })).status).toBe(201);
+    // Accepted at once; the shell runs it once it gets the CPU its thousands of siblings share.
+    await f.call("POST", `${tb}/process/session/s/exec`, { command: "kill -9 -1", runAsync: true });
+    // kill(-1) is atomic against forks: everything goes at once (the init then reaps thousands).
+    await eventually("the bomb to be gone", async () => {
+      const h = (await f.call("GET", `/sandbox/${s.id}`)).body.health;
+      return h.agentRestarts >= 1 && h.pids < 50 && !h.pidsSaturated;
+    }, 120_000);
+    await eventually("an execution to answer", async () => (await f.call("POST", `${tb}/process/execute`, { command: "echo ok", timeout: 30 })).body?.result === "ok\n", 30_000);
+    await f.call("DELETE", `/sandbox/${s.id}`);
+  });
+});
+
 /**
  * A bulk upload that sends its first `mib` MiB (of a declared 64) and then waits: the agent is
  * mid-upload until `hangUp`.
