@@ -1,12 +1,12 @@
 import { randomBytes } from "node:crypto";
 import { lstat, mkdir, open, realpath, rename, stat, unlink } from "node:fs/promises";
 import type { FileHandle } from "node:fs/promises";
-import type { Stats } from "node:fs";
+import { readFileSync, type Stats } from "node:fs";
 import * as path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { fsError } from "../util/fs-errors.ts";
 import { noteMoved } from "../util/gc-pacer.ts";
-import { forgetUpload, recordUpload } from "./upload-journal.ts";
+import { uploadEnded, uploadStarted } from "./upload-journal.ts";
 
 /**
  * Size of the data chunks a download yields: just under 512 KiB, so that a
@@ -64,8 +64,20 @@ interface Replacement {
   temp: string;
   /** The file it replaces (a symbolic link's target: the link stays). */
   target: string;
-  /** The upload's journal entry (upload-journal.ts). */
-  entry: string | undefined;
+}
+
+let umaskBits: number | undefined;
+
+/** This process's umask (read once from /proc: process.umask() without arguments is deprecated). */
+function umask(): number {
+  if (umaskBits === undefined) {
+    try {
+      umaskBits = parseInt(/^Umask:\s+([0-7]+)/m.exec(readFileSync("/proc/self/status", "latin1"))?.[1] ?? "022", 8);
+    } catch {
+      umaskBits = 0o777; // unknown: always chmod
+    }
+  }
+  return umaskBits;
 }
 
 /** Bytes of a file name (NAME_MAX) and of what a temporary name adds to the target's. */
@@ -73,11 +85,10 @@ const NAME_MAX = 255;
 const TEMP_SUFFIX = ".sandbar-upload-".length + 16;
 
 /** `.<name>.sandbar-upload-<16 hex>` beside target, the name cut to fit NAME_MAX; its random part. */
-function tempBeside(target: string): { temp: string; id: string } {
-  const id = randomBytes(8).toString("hex");
+function tempBeside(target: string): string {
   let name = path.basename(target);
   while (Buffer.byteLength(name) > NAME_MAX - 1 - TEMP_SUFFIX) name = name.slice(0, -1);
-  return { temp: path.join(path.dirname(target), `.${name}.sandbar-upload-${id}`), id };
+  return path.join(path.dirname(target), `.${name}.sandbar-upload-${randomBytes(8).toString("hex")}`);
 }
 
 /**
@@ -145,8 +156,12 @@ export class UploadTarget {
 
   static async create(p: string, shownPath: string): Promise<UploadTarget> {
     try {
-      await mkdir(path.dirname(p), { recursive: true, mode: 0o755 });
-      const plan = await replacementOf(p);
+      // The parent made and the target looked at side by side (one thread-pool round trip less);
+      // the parent's failure is the one to report (a file where a directory should be: EEXIST).
+      const [made, looked] = await Promise.allSettled([mkdir(path.dirname(p), { recursive: true, mode: 0o755 }), replacementOf(p)]);
+      if (made.status === "rejected") throw made.reason;
+      if (looked.status === "rejected") throw looked.reason;
+      const plan = looked.value;
       const replacement = plan && (await UploadTarget.openTemp(plan.target, plan.existing));
       if (replacement) return new UploadTarget(p, shownPath, replacement.fh, replacement);
       return new UploadTarget(p, shownPath, await open(p, "w", 0o644));
@@ -161,31 +176,41 @@ export class UploadTarget {
    * user that this one may write: only root could).
    */
   private static async openTemp(target: string, existing: Stats | undefined): Promise<(Replacement & { fh: FileHandle }) | undefined> {
-    const { temp, id } = tempBeside(target);
-    const entry = await recordUpload(id, temp);
-    let fh: FileHandle;
-    try {
-      fh = await open(temp, "wx", 0o644); // mode as a new target got it (the umask applies)
-    } catch (err) {
-      forgetUpload(entry);
-      const code = (err as NodeJS.ErrnoException).code;
+    const temp = tempBeside(target);
+    // A new target's mode as before (0644 through the umask); an existing one's, exactly.
+    const mode = existing ? existing.mode & 0o7777 : 0o644;
+    // Its directory recorded while it is made (side by side, a round trip less; only the first
+    // upload into a directory writes a record): only an agent killed in between could leave a
+    // file no record leads to.
+    const [, opened] = await Promise.all([
+      uploadStarted(temp),
+      open(temp, "wx", mode & 0o777).then(
+        (fh) => ({ fh }),
+        (err: unknown) => ({ err }),
+      ),
+    ]);
+    if ("err" in opened) {
+      uploadEnded(temp);
+      const code = (opened.err as NodeJS.ErrnoException).code;
       if (code === "EACCES" || code === "EPERM" || code === "ENAMETOOLONG") return undefined;
-      throw err;
+      throw opened.err;
     }
+    const { fh } = opened;
     if (existing) {
       try {
         // chown first: it clears set-user-id and set-group-id bits, which chmod then restores.
-        if (existing.uid !== process.geteuid?.() || existing.gid !== process.getegid?.()) await fh.chown(existing.uid, existing.gid);
-        await fh.chmod(existing.mode & 0o7777);
+        const chowned = existing.uid !== process.geteuid?.() || existing.gid !== process.getegid?.();
+        if (chowned) await fh.chown(existing.uid, existing.gid);
+        if ((mode & 0o7000) !== 0 || (mode & umask()) !== 0) await fh.chmod(mode);
       } catch (err) {
         await fh.close().catch(() => undefined);
         await unlink(temp).catch(() => undefined);
-        forgetUpload(entry);
+        uploadEnded(temp);
         if ((err as NodeJS.ErrnoException).code === "EPERM") return undefined;
         throw err;
       }
     }
-    return { temp, target, entry, fh };
+    return { temp, target, fh };
   }
 
   /**
@@ -259,7 +284,7 @@ export class UploadTarget {
       await this.removeTemp();
       throw fsError(err, this.path);
     }
-    forgetUpload(r?.entry);
+    if (r) uploadEnded(r.temp);
     if (this.bytes >= WRITEBACK_MIN_BYTES) startWriteback(r?.target ?? this.path);
   }
 
@@ -278,7 +303,7 @@ export class UploadTarget {
     const r = this.replacement;
     if (!r) return;
     await unlink(r.temp).catch(() => undefined);
-    forgetUpload(r.entry);
+    uploadEnded(r.temp);
   }
 }
 
