@@ -84,7 +84,7 @@ function umask(): number {
 const NAME_MAX = 255;
 const TEMP_SUFFIX = ".sandbar-upload-".length + 16;
 
-/** `.<name>.sandbar-upload-<16 hex>` beside target, the name cut to fit NAME_MAX; its random part. */
+/** `.<name>.sandbar-upload-<16 random hex>` beside target, the name cut to fit NAME_MAX. */
 function tempBeside(target: string): string {
   let name = path.basename(target);
   while (Buffer.byteLength(name) > NAME_MAX - 1 - TEMP_SUFFIX) name = name.slice(0, -1);
