@@ -179,16 +179,13 @@ export class UploadTarget {
     const temp = tempBeside(target);
     // A new target's mode as before (0644 through the umask); an existing one's, exactly.
     const mode = existing ? existing.mode & 0o7777 : 0o644;
-    // Its directory recorded while it is made (side by side, a round trip less; only the first
-    // upload into a directory writes a record): only an agent killed in between could leave a
-    // file no record leads to.
-    const [, opened] = await Promise.all([
-      uploadStarted(temp),
-      open(temp, "wx", mode & 0o777).then(
-        (fh) => ({ fh }),
-        (err: unknown) => ({ err }),
-      ),
-    ]);
+    // Its directory recorded before it is made (only the first upload into a directory in this
+    // agent's life waits for a write), so a crash leaves no file the next agent does not look for.
+    await uploadStarted(temp);
+    const opened = await open(temp, "wx", mode & 0o777).then(
+      (fh) => ({ fh }),
+      (err: unknown) => ({ err }),
+    );
     if ("err" in opened) {
       uploadEnded(temp);
       const code = (opened.err as NodeJS.ErrnoException).code;
