@@ -10,6 +10,7 @@ import type { RpcHandler } from "./rpc.ts";
 import type { Areas } from "./services.ts";
 import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
 import { createTunnelServer } from "./tunnel.ts";
+import { openUploadJournal } from "./files/upload-journal.ts";
 import { detectShell } from "./util/shell.ts";
 import { AGENT_VERSION } from "./version.ts";
 import { writeErr } from "./util/stdio.ts";
@@ -38,6 +39,8 @@ export interface AgentOptions {
    */
   preload?: boolean;
   log?: (message: string, err?: unknown) => void;
+  /** See AgentContext.sandboxed; default false. */
+  sandboxed?: boolean;
 }
 
 export interface Agent {
@@ -87,6 +90,8 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
   // first), which on a loaded host waits for a core each way, on the critical path of a start.
   const stateDir = options.stateDir ?? mkdtempSync(path.join(tmpdir(), "sandbar-agent-"));
   mkdirSync(stateDir, { recursive: true, mode: 0o700 });
+  // Before any upload of this agent: what earlier agents' interrupted uploads left goes.
+  openUploadJournal(path.join(stateDir, "uploads"));
   const root = options.root !== undefined ? path.resolve(options.root) : undefined;
   const shutdown = new AbortController();
   const ctx: AgentContext = {
@@ -99,6 +104,7 @@ export async function startAgent(options: AgentOptions): Promise<Agent> {
     shell: options.shell ?? detectShell(env),
     version: AGENT_VERSION,
     shutdown: shutdown.signal,
+    sandboxed: options.sandboxed ?? false,
     log,
   };
 

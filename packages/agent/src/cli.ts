@@ -66,6 +66,9 @@ export async function runAgent(): Promise<void> {
   } else {
     // Children must never see the secret.
     delete process.env.SANDBAR_AGENT_SECRET;
+    // Started by a supervising init (the sandbox's, or the agent's own when it was pid 1) that is
+    // pid 1 of this pid namespace: a sandbox's agent.
+    const sandboxed = process.ppid === 1 && (process.env.SANDBAR_AGENT_RESTARTS !== undefined || process.env[INIT_MARKER] === "1");
     delete process.env[INIT_MARKER];
     const restarts = Number(process.env.SANDBAR_AGENT_RESTARTS ?? "0") || 0;
     delete process.env.SANDBAR_AGENT_RESTARTS;
@@ -108,6 +111,7 @@ export async function runAgent(): Promise<void> {
       stateDir: values["state-dir"],
       shell: values.shell,
       preload: values.preload,
+      sandboxed,
     }).catch((err: unknown) => fail(`cannot start: ${(err as Error).message}`));
     agent = started;
 

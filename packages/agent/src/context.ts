@@ -17,6 +17,11 @@ export interface AgentContext {
   readonly version: string;
   /** Aborted when the agent shuts down. */
   readonly shutdown: AbortSignal;
+  /**
+   * The agent is a sandbox's: the child of the supervising init that is pid 1 of the sandbox's own
+   * pid namespace, so every other process it can signal there is the user's (KillAllProcesses).
+   */
+  readonly sandboxed: boolean;
   /** Errors worth an operator's attention that no caller receives. */
   readonly log: (message: string, err?: unknown) => void;
 }

@@ -101,6 +101,11 @@ export interface SandboxUsage {
   pidsLimit: number;
   /** Forks refused because the pids limit was reached. */
   pidsLimitHits: number;
+  /**
+   * The user's processes are at their pids limit now, so their forks are refused (a fork bomb
+   * holds it there): the user leaf's on the linux provider, the container's on Docker.
+   */
+  pidsSaturated?: boolean;
   cpuUsageUsec?: number;
   cpuPeriods: number;
   cpuThrottledPeriods: number;

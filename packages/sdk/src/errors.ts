@@ -92,6 +92,15 @@ export class ConfigurationError extends SandbarError {
   }
 }
 
+/**
+ * The HTTP status the server said an error stands for when its code's is not the one (a full disk:
+ * RESOURCE_EXHAUSTED, but 400 over REST); undefined when it said none.
+ */
+export function statusOverride(metadata: Headers): number | undefined {
+  const v = Number(metadata.get("x-sandbar-http-status") ?? "");
+  return Number.isInteger(v) && v >= 400 && v < 600 ? v : undefined;
+}
+
 /** Seconds from a Retry-After value: delta-seconds or an HTTP date; undefined when absent or unreadable. */
 export function parseRetryAfter(value: string | null, now = Date.now()): number | undefined {
   if (value === null || value.trim() === "") return undefined;
@@ -116,8 +125,9 @@ export function toSandbarError(err: unknown, signal?: AbortSignal): SandbarError
   // A SandbarError thrown inside the transport (an interceptor) comes back wrapped by Connect.
   if (err instanceof ConnectError && err.cause instanceof SandbarError) return err.cause;
   const ce = ConnectError.from(err);
-  const [code, status] = byCode[ce.code] ?? ["unknown", 500];
   const metadata = ce.metadata;
+  const [code, byCodeStatus] = byCode[ce.code] ?? ["unknown", 500];
+  const status = statusOverride(metadata) ?? byCodeStatus;
   const opts = { metadata, cause: err };
   const message = ce.rawMessage || ce.message;
   switch (ce.code) {
@@ -134,6 +144,8 @@ export function toSandbarError(err: unknown, signal?: AbortSignal): SandbarError
     case Code.Canceled:
       return new CanceledError(message, code, status, opts);
     case Code.ResourceExhausted:
+      // A full disk is RESOURCE_EXHAUSTED too, answered 400 over REST: not a rate limit.
+      if (status !== 429) return new SandbarError(message, code, status, opts);
       return new RateLimitedError(message, { ...opts, retryAfter: parseRetryAfter(metadata.get("retry-after")) });
     default:
       return new SandbarError(message, code, status, opts);

@@ -2,7 +2,7 @@ import { getOption, hasOption, type DescMethod } from "@bufbuild/protobuf";
 import { MethodOptions_IdempotencyLevel } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { http } from "@sandbar/protocol/gen/google/api/annotations_pb.js";
-import { parseRetryAfter } from "./errors.ts";
+import { parseRetryAfter, statusOverride } from "./errors.ts";
 
 export interface RetryOptions {
   /** Attempts in all, the first included (default 4; 1 turns retries off). */
@@ -74,7 +74,9 @@ export function retryInterceptor(options: RetryOptions = {}): Interceptor {
         return await next(req);
       } catch (err) {
         const ce = ConnectError.from(err);
-        if (attempt >= o.maxAttempts || !RETRYABLE.has(ce.code) || req.signal.aborted) throw err;
+        // RESOURCE_EXHAUSTED that is no 429 (a full disk) stays so however often it is asked.
+        const override = statusOverride(ce.metadata);
+        if (attempt >= o.maxAttempts || !RETRYABLE.has(ce.code) || (override !== undefined && override !== 429) || req.signal.aborted) throw err;
         const delayMs = retryDelayMs(attempt, ce.metadata, o);
         if (delayMs === undefined) throw err;
         o.onRetry?.({ method: `${req.service.typeName}/${req.method.name}`, attempt, delayMs, code: ce.code });

@@ -18,12 +18,13 @@ import { chunksOf, CHUNK_BYTES } from "./toolbox/chunks.ts";
 let server: http2.Http2Server;
 let url: string;
 const seen: { method: string; authorization: string | null; organization: string | null }[] = [];
-let failures: { code: Code; retryAfter?: string }[] = [];
+let failures: { code: Code; retryAfter?: string; httpStatus?: string }[] = [];
 
 function next(method: string, header: Headers): void {
   seen.push({ method, authorization: header.get("authorization"), organization: header.get("x-sandbar-organization-id") });
   const f = failures.shift();
-  if (f) throw new ConnectError("refused by the stand-in", f.code, f.retryAfter ? { "retry-after": f.retryAfter } : undefined);
+  const meta = { ...(f?.retryAfter ? { "retry-after": f.retryAfter } : {}), ...(f?.httpStatus ? { "x-sandbar-http-status": f.httpStatus } : {}) };
+  if (f) throw new ConnectError("refused by the stand-in", f.code, meta);
 }
 
 beforeAll(async () => {
@@ -90,6 +91,16 @@ describe("retries", () => {
     failures = [{ code: Code.Internal }];
     await expect(c.sandboxes.get("x")).rejects.toMatchObject({ code: "internal", status: 500 });
     expect(seen.map((s) => s.method)).toEqual(["createSandbox", "getSandbox"]);
+    c.close();
+  });
+
+  it("a full disk (RESOURCE_EXHAUSTED that the server says is a 400) is no rate limit: not retried, not RateLimitedError", async () => {
+    failures = [{ code: Code.ResourceExhausted, httpStatus: "400" }];
+    const c = client({ retry: { baseDelayMs: 1 } });
+    const err = await c.sandboxes.get("x").catch((e: unknown) => e);
+    expect(err).not.toBeInstanceOf(RateLimitedError);
+    expect(err).toMatchObject({ code: "resource_exhausted", status: 400 });
+    expect(seen).toHaveLength(1);
     c.close();
   });
 

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { chmod, mkdir, readFile, stat, symlink, writeFile } from "node:fs/promises";
+import { chmod, link, lstat, mkdir, readdir, readFile, stat, symlink, writeFile } from "node:fs/promises";
 import * as path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
@@ -234,6 +234,34 @@ describe("transfer", () => {
     }
     expect(got).toEqual({ "multi/a.txt": "alpha", [p("multi/empty")]: "", "multi/deep/b.txt": "beta" });
     expect(errs).toEqual({ "multi/none": "404 FILE_NOT_FOUND", multi: "400 INVALID_FILE_PATH" });
+  });
+
+  it("replaces a file whole: the mode it had, a symbolic link kept (its target replaced), a hard-linked file written in place", async () => {
+    const up = (dest: string, text: string, headers?: Record<string, string>) => {
+      async function* body() {
+        yield { part: { case: "header" as const, value: { path: dest } } };
+        yield { part: { case: "data" as const, value: Buffer.from(text) } };
+      }
+      return fs.uploadFile(body(), { headers });
+    };
+    await mkdir(p("replace"), { recursive: true });
+    await writeFile(p("replace/script.sh"), "old");
+    await chmod(p("replace/script.sh"), 0o751);
+    await up("replace/script.sh", "new");
+    expect([await readFile(p("replace/script.sh"), "utf8"), (await stat(p("replace/script.sh"))).mode & 0o7777]).toEqual(["new", 0o751]);
+    await symlink("script.sh", p("replace/link"));
+    await up("replace/link", "through the link");
+    expect((await lstat(p("replace/link"))).isSymbolicLink()).toBe(true);
+    expect(await readFile(p("replace/script.sh"), "utf8")).toBe("through the link");
+    await writeFile(p("replace/one"), "old");
+    await link(p("replace/one"), p("replace/two"));
+    await up("replace/one", "both names");
+    expect(await readFile(p("replace/two"), "utf8")).toBe("both names");
+    // A caller that seals its uploads (control) and whose stream ends without the seal: cancelled, nothing written.
+    const err = await errOf(up("replace/script.sh", "unsealed", { "x-sandbar-upload-sealed": "1" }));
+    expect(err?.code).toBe(Code.Canceled);
+    expect(await readFile(p("replace/script.sh"), "utf8")).toBe("through the link");
+    expect((await readdir(p("replace"))).sort()).toEqual(["link", "one", "script.sh", "two"]);
   });
 
   it("refuses malformed uploads and downloads", async () => {

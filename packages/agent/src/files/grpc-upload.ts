@@ -4,7 +4,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { UploadFileRequestSchema, UploadFileResponseSchema, UploadFilesResponseSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { errorTrailers, isPlainGrpc } from "../util/plain-grpc.ts";
-import { UploadReceiver } from "./upload-receiver.ts";
+import { UPLOAD_SEALED_HEADER, UploadReceiver } from "./upload-receiver.ts";
 
 /**
  * FileService.UploadFile / UploadFiles over plain gRPC, decoded straight from
@@ -45,9 +45,10 @@ export async function serveDirectUpload(req: Http2ServerRequest, res: Http2Serve
   let answer: Uint8Array;
   try {
     if (!opts.authorized(req.headers.authorization)) throw errors.unauthenticated();
-    await decode(req, receiver, opts.readMaxBytes);
-    // A stream the client reset ends early: what arrived is not the whole upload.
-    if (req.aborted) throw new ConnectError("the upload was cancelled", Code.Canceled);
+    const sealed = await decode(req, receiver, opts.readMaxBytes);
+    // A stream the client reset ends early: what arrived is not the whole upload. (A Node client
+    // that cancels sends its end of stream before the reset: a sealing caller says so.)
+    if (req.aborted || (req.headers[UPLOAD_SEALED_HEADER] !== undefined && !sealed)) throw new ConnectError("the upload was cancelled", Code.Canceled);
     const files = await receiver.finish();
     answer = many
       ? toBinary(UploadFilesResponseSchema, create(UploadFilesResponseSchema, { files }))
@@ -85,7 +86,9 @@ const DATA_TAG = 0x12;
  * message (a header, or data encoded otherwise) is gathered whole and parsed
  * with the schema.
  */
-async function decode(req: AsyncIterable<Buffer>, receiver: UploadReceiver, readMaxBytes: number): Promise<void> {
+async function decode(req: AsyncIterable<Buffer>, receiver: UploadReceiver, readMaxBytes: number): Promise<boolean> {
+  /** The last message was empty (a sealing caller's end of upload). */
+  let sealed = false;
   const head = Buffer.alloc(ENVELOPE_HEADER);
   let headFill = 0;
   const prefix = Buffer.alloc(PREFIX);
@@ -120,6 +123,7 @@ async function decode(req: AsyncIterable<Buffer>, receiver: UploadReceiver, read
         if (length > readMaxBytes) throw new ConnectError(`message size ${length} is larger than configured readMaxBytes ${readMaxBytes}`, Code.ResourceExhausted);
         prefixFill = 0;
         prefixNeed = Math.min(length, PREFIX);
+        sealed = length === 0;
         if (length === 0) {
           length = -1; // An empty message: no part, nothing to do.
         }
@@ -176,6 +180,7 @@ async function decode(req: AsyncIterable<Buffer>, receiver: UploadReceiver, read
     if (pieces.length > 0) await receiver.data(pieces);
   }
   if (length >= 0 || headFill > 0) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
+  return sealed;
 }
 
 /**

@@ -1,6 +1,6 @@
 import { chmod, chown, cp, lstat, mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import * as path from "node:path";
-import type { ServiceImpl } from "@connectrpc/connect";
+import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import type { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import type { AgentContext } from "../context.ts";
@@ -13,7 +13,7 @@ import { lookupGid, lookupUid, parseMode } from "./owners.ts";
 import { replaceInFile } from "./replace.ts";
 import { searchFiles } from "./search.ts";
 import { openForDownload, readChunks } from "./transfer.ts";
-import { UploadReceiver, type Uploaded } from "./upload-receiver.ts";
+import { UPLOAD_SEALED_HEADER, UploadReceiver, type Uploaded } from "./upload-receiver.ts";
 
 const DEFAULT_LIMIT = 10_000;
 const MAX_LIMIT = 100_000;
@@ -193,27 +193,34 @@ export function createFileService(ctx: AgentContext): ServiceImpl<typeof FileSer
       }
     },
 
-    async uploadFile(requests) {
-      const [file] = await receiveUpload(requests, new UploadReceiver(resolve, false));
+    async uploadFile(requests, call) {
+      const [file] = await receiveUpload(requests, new UploadReceiver(resolve, false), call.requestHeader.has(UPLOAD_SEALED_HEADER));
       return { file };
     },
 
-    async uploadFiles(requests) {
-      return { files: await receiveUpload(requests, new UploadReceiver(resolve, true)) };
+    async uploadFiles(requests, call) {
+      return { files: await receiveUpload(requests, new UploadReceiver(resolve, true), call.requestHeader.has(UPLOAD_SEALED_HEADER)) };
     },
   };
 }
 
-/** Feeds an upload's decoded messages to its receiver; a failure abandons the open file. */
+/**
+ * Feeds an upload's decoded messages to its receiver; a failure abandons the open file. `sealing`:
+ * the caller ends a complete upload with an empty message (see UPLOAD_SEALED_HEADER).
+ */
 async function receiveUpload(
   requests: AsyncIterable<{ part: { case: "header"; value: { path: string } } | { case: "data"; value: Uint8Array } | { case: undefined; value?: undefined } }>,
   receiver: UploadReceiver,
+  sealing = false,
 ): Promise<Uploaded[]> {
   try {
+    let sealed = false;
     for await (const req of requests) {
+      sealed = req.part.case === undefined;
       if (req.part.case === "header") await receiver.header(req.part.value.path);
       else if (req.part.case === "data") await receiver.data([req.part.value]);
     }
+    if (sealing && !sealed) throw new ConnectError("the upload was cancelled", Code.Canceled);
     return await receiver.finish();
   } catch (err) {
     await receiver.abandon();

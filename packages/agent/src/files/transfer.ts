@@ -1,9 +1,12 @@
-import { open, mkdir } from "node:fs/promises";
+import { randomBytes } from "node:crypto";
+import { lstat, mkdir, open, realpath, rename, stat, unlink } from "node:fs/promises";
 import type { FileHandle } from "node:fs/promises";
+import { readFileSync, type Stats } from "node:fs";
 import * as path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { fsError } from "../util/fs-errors.ts";
 import { noteMoved } from "../util/gc-pacer.ts";
+import { uploadEnded, uploadStarted } from "./upload-journal.ts";
 
 /**
  * Size of the data chunks a download yields: just under 512 KiB, so that a
@@ -56,18 +59,83 @@ const WRITE_BATCH = 1024 * 1024;
 /** Most chunks in one writev(2) (Linux's IOV_MAX is 1024). */
 const MAX_IOV = 256;
 
+/** A temporary file an upload writes before it takes the target's place. */
+interface Replacement {
+  temp: string;
+  /** The file it replaces (a symbolic link's target: the link stays). */
+  target: string;
+}
+
+let umaskBits: number | undefined;
+
+/** This process's umask (read once from /proc: process.umask() without arguments is deprecated). */
+function umask(): number {
+  if (umaskBits === undefined) {
+    try {
+      umaskBits = parseInt(/^Umask:\s+([0-7]+)/m.exec(readFileSync("/proc/self/status", "latin1"))?.[1] ?? "022", 8);
+    } catch {
+      umaskBits = 0o777; // unknown: always chmod
+    }
+  }
+  return umaskBits;
+}
+
+/** Bytes of a file name (NAME_MAX) and of what a temporary name adds to the target's. */
+const NAME_MAX = 255;
+const TEMP_SUFFIX = ".sandbar-upload-".length + 16;
+
+/** `.<name>.sandbar-upload-<16 random hex>` beside target, the name cut to fit NAME_MAX. */
+function tempBeside(target: string): string {
+  let name = path.basename(target);
+  while (Buffer.byteLength(name) > NAME_MAX - 1 - TEMP_SUFFIX) name = name.slice(0, -1);
+  return path.join(path.dirname(target), `.${name}.sandbar-upload-${randomBytes(8).toString("hex")}`);
+}
+
 /**
- * A file being written by an upload: parents created, truncated on open.
+ * What an upload to p replaces: undefined when it must write p in place, as before uploads were
+ * atomic. In place: what a rename would change (a file with other hard links, a device or FIFO, a
+ * symbolic link to nothing), or a directory (its open fails as it did). `existing` is the stat of
+ * the file replaced, whose mode and owner the new one takes.
+ */
+async function replacementOf(p: string): Promise<{ target: string; existing?: Stats } | undefined> {
+  let st: Stats;
+  try {
+    st = await lstat(p);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === "ENOENT") return { target: p };
+    throw err;
+  }
+  let target = p;
+  if (st.isSymbolicLink()) {
+    try {
+      target = await realpath(p);
+      st = await stat(target);
+    } catch {
+      return undefined;
+    }
+  }
+  return st.isFile() && st.nlink === 1 ? { target, existing: st } : undefined;
+}
+
+/**
+ * A file being written by an upload: parents created. The content goes to a temporary file
+ * beside the target (the target's mode and owner given to it), renamed over the target on
+ * close and removed on failure, so the target is never seen half-written: an interrupted upload
+ * leaves the old file or none. Where a rename would change more than the content (see
+ * replacementOf), or the directory takes no new file, the target is truncated and written in
+ * place as before.
  * Chunks queue while a write is in flight and go to disk together in one
  * writev(2) when it returns, up to WRITE_AHEAD bytes queued or in flight, so
  * disk writes overlap with receiving and a fast sender costs one system call
  * (and one thread-pool round trip) per several chunks instead of one each.
  */
 export class UploadTarget {
+  /** The path asked for (errors name it). */
   readonly path: string;
   /** The destination as the caller gave it. */
   readonly shownPath: string;
   bytes = 0n;
+  private readonly replacement: Replacement | undefined;
   private fh: FileHandle | undefined;
   /** File offset of the first queued byte. */
   private offset = 0;
@@ -79,19 +147,67 @@ export class UploadTarget {
   private waiting: (() => void)[] = [];
   private failed: unknown;
 
-  private constructor(p: string, shownPath: string, fh: FileHandle) {
+  private constructor(p: string, shownPath: string, fh: FileHandle, replacement?: Replacement) {
     this.path = p;
     this.shownPath = shownPath;
     this.fh = fh;
+    this.replacement = replacement;
   }
 
   static async create(p: string, shownPath: string): Promise<UploadTarget> {
     try {
-      await mkdir(path.dirname(p), { recursive: true, mode: 0o755 });
+      // The parent made and the target looked at side by side (one thread-pool round trip less);
+      // the parent's failure is the one to report (a file where a directory should be: EEXIST).
+      const [made, looked] = await Promise.allSettled([mkdir(path.dirname(p), { recursive: true, mode: 0o755 }), replacementOf(p)]);
+      if (made.status === "rejected") throw made.reason;
+      if (looked.status === "rejected") throw looked.reason;
+      const plan = looked.value;
+      const replacement = plan && (await UploadTarget.openTemp(plan.target, plan.existing));
+      if (replacement) return new UploadTarget(p, shownPath, replacement.fh, replacement);
       return new UploadTarget(p, shownPath, await open(p, "w", 0o644));
     } catch (err) {
       throw fsError(err, p);
     }
+  }
+
+  /**
+   * The temporary file for target, with the existing file's mode and owner; undefined (in place
+   * then) when the directory takes no new file or the owner cannot be given (a file of another
+   * user that this one may write: only root could).
+   */
+  private static async openTemp(target: string, existing: Stats | undefined): Promise<(Replacement & { fh: FileHandle }) | undefined> {
+    const temp = tempBeside(target);
+    // A new target's mode as before (0644 through the umask); an existing one's, exactly.
+    const mode = existing ? existing.mode & 0o7777 : 0o644;
+    // Its directory recorded before it is made (only the first upload into a directory in this
+    // agent's life waits for a write), so a crash leaves no file the next agent does not look for.
+    await uploadStarted(temp);
+    const opened = await open(temp, "wx", mode & 0o777).then(
+      (fh) => ({ fh }),
+      (err: unknown) => ({ err }),
+    );
+    if ("err" in opened) {
+      uploadEnded(temp);
+      const code = (opened.err as NodeJS.ErrnoException).code;
+      if (code === "EACCES" || code === "EPERM" || code === "ENAMETOOLONG") return undefined;
+      throw opened.err;
+    }
+    const { fh } = opened;
+    if (existing) {
+      try {
+        // chown first: it clears set-user-id and set-group-id bits, which chmod then restores.
+        const chowned = existing.uid !== process.geteuid?.() || existing.gid !== process.getegid?.();
+        if (chowned) await fh.chown(existing.uid, existing.gid);
+        if ((mode & 0o7000) !== 0 || (mode & umask()) !== 0) await fh.chmod(mode);
+      } catch (err) {
+        await fh.close().catch(() => undefined);
+        await unlink(temp).catch(() => undefined);
+        uploadEnded(temp);
+        if ((err as NodeJS.ErrnoException).code === "EPERM") return undefined;
+        throw err;
+      }
+    }
+    return { temp, target, fh };
   }
 
   /**
@@ -145,24 +261,31 @@ export class UploadTarget {
     for (const w of waiting) w();
   }
 
-  /** Waits for every write, then closes the file, surfacing close errors (they matter on network file systems). */
+  /**
+   * Waits for every write, then closes the file, surfacing close errors (they matter on network
+   * file systems), and puts it in the target's place.
+   */
   async close(): Promise<void> {
     const fh = this.fh;
     if (!fh) return;
     if (this.queue.length > 0) this.flushing ??= this.flush();
     this.fh = undefined;
     await this.flushing;
+    const r = this.replacement;
     try {
       if (this.failed !== undefined) throw this.failed;
       await fh.close();
-      if (this.bytes >= WRITEBACK_MIN_BYTES) startWriteback(this.path);
+      if (r) await rename(r.temp, r.target);
     } catch (err) {
       await fh.close().catch(() => undefined);
+      await this.removeTemp();
       throw fsError(err, this.path);
     }
+    if (r) uploadEnded(r.temp);
+    if (this.bytes >= WRITEBACK_MIN_BYTES) startWriteback(r?.target ?? this.path);
   }
 
-  /** Closes without reporting: the upload failed anyway. */
+  /** Closes without reporting: the upload failed anyway. Its temporary file goes; a target written in place stays as far as it got. */
   async abandon(): Promise<void> {
     const fh = this.fh;
     this.fh = undefined;
@@ -170,6 +293,14 @@ export class UploadTarget {
     await this.flushing;
     this.queue = [];
     await fh?.close().catch(() => undefined);
+    if (fh) await this.removeTemp();
+  }
+
+  private async removeTemp(): Promise<void> {
+    const r = this.replacement;
+    if (!r) return;
+    await unlink(r.temp).catch(() => undefined);
+    uploadEnded(r.temp);
   }
 }
 

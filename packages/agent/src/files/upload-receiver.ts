@@ -1,6 +1,13 @@
 import { errors } from "@sandbar/protocol";
 import { UploadTarget } from "./transfer.ts";
 
+/**
+ * A caller that sends this request header (control does) ends a complete upload with an empty
+ * message: an upload whose stream ends without one was cancelled, whatever the stream says (a
+ * Node client that cancels a call sends its end of stream before the reset).
+ */
+export const UPLOAD_SEALED_HEADER = "x-sandbar-upload-sealed";
+
 /** A file an upload wrote: the destination as the caller gave it, and its size. */
 export interface Uploaded {
   path: string;

@@ -2,6 +2,7 @@ import { spawn } from "node:child_process";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { asUserProcess } from "../process/user-spawn.ts";
+import { diskFull, saysDiskFull } from "../util/fs-errors.ts";
 
 /** HTTP basic credentials for one call. */
 export interface Credentials {
@@ -27,6 +28,8 @@ export interface GitRunOptions {
   signal?: AbortSignal;
   /** Written to git's stdin (a commit message: argv holds at most 128 KiB per argument). */
   input?: string;
+  /** The directory the call writes (a clone's destination); default cwd. Named by a disk-full error. */
+  target?: string;
 }
 
 export interface GitResult {
@@ -80,19 +83,21 @@ export function git(args: string[], opts: GitRunOptions): Promise<GitResult> {
       const stdout = Buffer.concat(out).toString("utf8");
       const stderr = redact(Buffer.concat(err).toString("utf8"), opts.credentials);
       if (code === 0) resolve({ stdout, stderr });
-      else reject(gitError(stderr || stdout, args));
+      else reject(gitError(stderr || stdout, args, opts.target ?? opts.cwd));
     });
   });
 }
 
 const MAX_ERROR_TEXT = 2000;
 
-/** Classifies a failed git call by its message, as the reference does. */
-export function gitError(message: string, args: string[]): ConnectError {
+/** Classifies a failed git call by its message, as the reference does; `target` is the directory it wrote. */
+export function gitError(message: string, args: string[], target?: string): ConnectError {
   const full = message.trim().replace(/^(fatal|error): /gm, "") || `git ${args[0]} failed`;
   // Errors travel as HTTP/2 headers: git's text (which echoes paths and URLs) is kept short.
   const text = full.length > MAX_ERROR_TEXT ? `${full.slice(0, MAX_ERROR_TEXT)}…` : full;
   const m = message.toLowerCase();
+  // Before the patterns below: git's words for a full disk name files that "could not be created".
+  if (saysDiskFull(m)) return diskFull(target === undefined ? text : `${target} (${text})`, /disk quota exceeded/.test(m));
   if (/authentication failed|could not read username|could not read password|terminal prompts disabled|http 401|401 unauthorized|invalid username or password/.test(m)) {
     return new ConnectError(`authentication failed: ${text}`, Code.Unauthenticated);
   }

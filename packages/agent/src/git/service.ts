@@ -30,8 +30,8 @@ export function createGitService(ctx: AgentContext): ServiceImpl<typeof GitServi
     }
     return dir;
   };
-  const run = (cwd: string, args: string[], signal?: AbortSignal, credentials?: Credentials) =>
-    git([...NO_HOOKS, ...args], { cwd, env: ctx.env, signal, credentials });
+  const run = (cwd: string, args: string[], signal?: AbortSignal, credentials?: Credentials, target?: string) =>
+    git([...NO_HOOKS, ...args], { cwd, env: ctx.env, signal, credentials, target });
 
   const currentBranch = async (dir: string, signal?: AbortSignal): Promise<string> => {
     const { stdout } = await run(dir, ["symbolic-ref", "--quiet", "--short", "HEAD"], signal).catch(() => {
@@ -54,7 +54,7 @@ export function createGitService(ctx: AgentContext): ServiceImpl<typeof GitServi
       if (req.insecureSkipTls) args.unshift("-c", "http.sslVerify=false");
       if (req.branch) args.push("--branch", req.branch);
       args.push("--", url, dest);
-      await run(ctx.workDir, args, call.signal, credentialsOf(req));
+      await run(ctx.workDir, args, call.signal, credentialsOf(req), dest);
       if (req.commitId) await run(dest, ["checkout", "--detach", req.commitId], call.signal);
       return {};
     },

@@ -8,6 +8,7 @@ import type { AgentContext } from "../context.ts";
 import { shellQuote } from "../util/shell.ts";
 import { execute } from "./execute.ts";
 import type { ShellLauncher } from "./launcher.ts";
+import { fsCall } from "../util/fs-errors.ts";
 
 /** Output lines with this prefix carry a chart (JSON) rather than text. */
 const ARTIFACT_PREFIX = "dtn_artifact_k39fd2:";
@@ -72,7 +73,7 @@ export async function codeRun(ctx: AgentContext, launcher: ShellLauncher, input:
   const code = input.language === CodeLanguage.JAVASCRIPT || input.language === CodeLanguage.TYPESCRIPT
     ? `process.argv.splice(1, 1);\n${input.code}`
     : input.code;
-  await writeFile(file, code, { mode: 0o600 });
+  await fsCall(file, () => writeFile(file, code, { mode: 0o600 }));
   try {
     const out = await execute(ctx, launcher, { command: commandFor(ctx, input.language, file, input.argv), envs: input.envs, timeout: input.timeout }, signal);
     const { result, charts } = extractArtifacts(out.result);

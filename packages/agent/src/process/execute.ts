@@ -5,7 +5,7 @@ import * as path from "node:path";
 import { constants } from "node:os";
 import { errors } from "@sandbar/protocol";
 import type { AgentContext } from "../context.ts";
-import { fsError } from "../util/fs-errors.ts";
+import { fsCall, fsError } from "../util/fs-errors.ts";
 import { resolvePath } from "../util/paths.ts";
 import { envProblem, shellQuote } from "../util/shell.ts";
 import { signalTree } from "../util/kill.ts";
@@ -58,7 +58,8 @@ export async function execute(ctx: AgentContext, launcher: ShellLauncher, input:
   let script = input.command;
   if (Buffer.byteLength(script) > INLINE_LIMIT) {
     scriptFile = path.join(ctx.stateDir, `exec-${randomUUID()}.sh`);
-    await writeFile(scriptFile, script, { mode: 0o600 });
+    const file = scriptFile;
+    await fsCall(file, () => writeFile(file, script, { mode: 0o600 }));
     script = `. ${shellQuote(scriptFile)}`;
   }
   try {

@@ -26,6 +26,13 @@ const AT_START = new Set(["BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPT
 /** `$$`, `${$}` and `$PPID` name the host in a subshell: such scripts get a shell of their own. */
 const NEEDS_OWN_SHELL = /\$\{?\$|PPID|\0/;
 
+/**
+ * After a host could not fork an execution in time (the user's pids are full: a fork storm),
+ * executions go straight to shells of the agent's own for this long: the agent forks them from
+ * its reserve, where each one more host would first hold an execution for a second.
+ */
+const BYPASS_MS = 10_000;
+
 /** What an execution runs in: a ChildProcess, or a subshell of a host (the same events). */
 export interface LaunchedShell {
   readonly pid?: number | undefined;
@@ -54,6 +61,8 @@ export class ShellLauncher {
   private next: SubshellHost | undefined;
   /** An execution found the sequential host busy: job-running hosts are kept from then on. */
   private concurrent = false;
+  /** Until then (ms since the epoch) executions skip the hosts: one could not fork in time. */
+  private bypassUntil = 0;
   private readonly idle: NodeJS.Timeout;
   private readonly ctx: AgentContext;
   private readonly hostable: boolean;
@@ -74,7 +83,7 @@ export class ShellLauncher {
   /** A shell running script in cwd, with envs added to the agent's environment. */
   async launch(script: string, cwd: string, envs: Record<string, string>): Promise<LaunchedShell> {
     if (!this.hostable || script.length > HOST_SCRIPT_LIMIT || NEEDS_OWN_SHELL.test(script) || this.ctx.shutdown.aborted) return this.own(script, cwd, envs);
-    if (Object.keys(envs).some((k) => AT_START.has(k))) return this.own(script, cwd, envs);
+    if (Object.keys(envs).some((k) => AT_START.has(k)) || Date.now() < this.bypassUntil) return this.own(script, cwd, envs);
     this.idle.refresh();
     const host = this.freeSequential() ?? this.host();
     if (!host) return this.own(script, cwd, envs);
@@ -86,8 +95,11 @@ export class ShellLauncher {
     // Always cd: the host's own cwd may be a work dir that was removed and made again since.
     let prelude = `${env}cd -- ${shellQuote(cwd)} || exit 1\n`;
     for (const [k, v] of Object.entries(envs)) prelude += `export ${k}=${shellQuote(v)}\n`;
-    // Undefined: the host died before running it (killed by the user, say); nothing ran.
-    return (await host.run(`${prelude}${script}`)) ?? this.own(script, cwd, envs);
+    // Undefined: the host died before running it (killed by the user, or stalled); nothing ran.
+    const shell = await host.run(`${prelude}${script}`);
+    if (shell) return shell;
+    if (host.stalled) this.bypassUntil = Date.now() + BYPASS_MS;
+    return this.own(script, cwd, envs);
   }
 
   /**
@@ -95,7 +107,7 @@ export class ShellLauncher {
    * answered: starting a host forks this process, which blocks the event loop.
    */
   refillSoon(): void {
-    if (!this.hostable || this.ctx.shutdown.aborted) return;
+    if (!this.hostable || this.ctx.shutdown.aborted || Date.now() < this.bypassUntil) return;
     const sequentialReady = this.sequential?.free && (this.sequential.free >= LOW_SLOTS || this.spareSequential?.free);
     if (sequentialReady && (!this.concurrent || (this.current?.free && (this.current.free >= LOW_SLOTS || this.next?.free)))) return;
     setImmediate(() => {

@@ -9,6 +9,7 @@ import type { Session, SessionCommand } from "../sessions/session.ts";
 import { STDOUT } from "../sessions/command-log.ts";
 import { codeRun } from "./code-run.ts";
 import { execute } from "./execute.ts";
+import { killAllProcesses } from "./kill-all.ts";
 import { ShellLauncher } from "./launcher.ts";
 
 function sessionView(s: Session) {
@@ -73,6 +74,12 @@ export function createProcessService(ctx: AgentContext, sessions: SessionManager
         }),
       ]);
       return { cmdId: command.id, exitCode, ...(await collect(command)) };
+    },
+
+    async killAllProcesses() {
+      const killed = await killAllProcesses(ctx);
+      await sessions.renewShells();
+      return { killed };
     },
 
     getSessionCommand(req) {

@@ -152,6 +152,7 @@ export class SubshellHost {
   readonly #requests: Writable;
   #next = 0;
   #alive = true;
+  #stalled = false;
   /** Executions started whose status is not in yet. */
   #running = 0;
   readonly sequential: boolean;
@@ -171,6 +172,11 @@ export class SubshellHost {
     // Neither the host nor an unused pipe may keep the agent running.
     this.#child.unref();
     for (let s = 3; s < this.#child.stdio.length; s++) (this.#child.stdio[s] as Socket).unref();
+  }
+
+  /** The host was ended because it could not fork an execution in time (the user's pids are full). */
+  get stalled(): boolean {
+    return this.#stalled;
   }
 
   /** The host bash's pid. */
@@ -204,7 +210,10 @@ export class SubshellHost {
     return new Promise((resolve) => {
       // Ending the host decides it: either the job exists and reports its pid, or the status
       // pipe ends without one (nothing ran; the script is run elsewhere, never twice).
-      const stalled = setTimeout(() => this.stop(), START_TIMEOUT_MS);
+      const stalled = setTimeout(() => {
+        this.#stalled = true;
+        this.stop();
+      }, START_TIMEOUT_MS);
       const shell = new Subshell(output);
       let text = "";
       let exited = false;

@@ -2,6 +2,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { mkdir, writeFile } from "node:fs/promises";
 import * as path from "node:path";
 import { errors } from "@sandbar/protocol";
+import { fsCall } from "../util/fs-errors.ts";
 import type { AgentContext } from "../context.ts";
 import { Session, SESSION_FILE } from "./session.ts";
 import type { SessionCommand } from "./session.ts";
@@ -59,7 +60,7 @@ export class SessionManager {
     if (this.sessions.has(id)) throw errors.alreadyExists(`session already exists: ${id}`);
     // Directory names are the agent's own: session ids may hold any character.
     const dir = path.join(this.ctx.stateDir, "sessions", String(++this.counter));
-    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await fsCall(dir, () => mkdir(dir, { recursive: true, mode: 0o700 }));
     // Best effort: without it the session is not brought back after an agent restart.
     await writeFile(path.join(dir, SESSION_FILE), JSON.stringify({ id }), { mode: 0o600 }).catch(() => undefined);
     if (this.sessions.has(id)) throw errors.alreadyExists(`session already exists: ${id}`);
@@ -89,6 +90,23 @@ export class SessionManager {
     const s = this.get(id);
     this.sessions.delete(id);
     await s.delete(graceMs);
+  }
+
+  /**
+   * After every user process was killed: each session whose shell is gone (within `withinMs`,
+   * the time its exit takes to be seen) gets a new shell, keeping its id, commands and logs.
+   */
+  async renewShells(withinMs = 2000): Promise<void> {
+    await Promise.all(
+      [...this.sessions.values()].map(async (s) => {
+        let timer: NodeJS.Timeout | undefined;
+        await Promise.race([s.ended, new Promise<void>((r) => (timer = setTimeout(r, withinMs)))]);
+        clearTimeout(timer);
+        // Deleted meanwhile, or a shell that lived through it: left as it is.
+        if (s.alive || this.sessions.get(s.id) !== s) return;
+        this.sessions.set(s.id, s.renewed({ shell: this.ctx.shell, cwd: this.ctx.workDir, env: this.ctx.env, log: this.ctx.log }));
+      }),
+    );
   }
 
   /** Ends every session (agent shutdown). */

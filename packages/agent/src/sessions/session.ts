@@ -12,6 +12,7 @@ import { errors } from "@sandbar/protocol";
 import { shellQuote } from "../util/shell.ts";
 import { terminateTree } from "../util/kill.ts";
 import { asUserProcess } from "../process/user-spawn.ts";
+import { diskFull, fsCall, saysDiskFull } from "../util/fs-errors.ts";
 import { CommandLog, STDERR, STDOUT } from "./command-log.ts";
 import type { StreamId } from "./command-log.ts";
 
@@ -203,6 +204,19 @@ export class Session {
     return this.exitInfo === undefined;
   }
 
+  /** Resolves once the shell has exited (its running command finished with the shell's status). */
+  get ended(): Promise<void> {
+    return this.exited;
+  }
+
+  /** The same session with a new shell, after this one's was killed: its commands and logs go on. */
+  renewed(opts: Omit<SessionOptions, "id" | "dir">): Session {
+    const fresh = new Session({ ...opts, id: this.id, dir: this.dir });
+    for (const [id, cmd] of this.commands) fresh.commands.set(id, cmd);
+    fresh.last = this.last;
+    return fresh;
+  }
+
   /**
    * After an agent restart: the commands the session ran before, from its directory, oldest
    * first. Their processes ended with the old agent (their pipes ended in it); this session's
@@ -229,13 +243,19 @@ export class Session {
     if (!this.alive) throw errors.failedPrecondition(`the shell of session ${this.id} has exited; delete the session and create it again`);
     const id = randomUUID();
     const cmd = new SessionCommand(id, command, async, suppressInputEcho, path.join(this.dir, `${id}.log`));
-    await writeFile(path.join(this.dir, `${id}.sh`), command + "\n", { mode: 0o600 });
-    await writeFile(path.join(this.dir, `${id}.json`), JSON.stringify({ command, async, suppressInputEcho }), { mode: 0o600 });
+    // The session's files are on the sandbox's disk: a full one is the caller's to hear about.
+    const script = path.join(this.dir, `${id}.sh`);
+    await fsCall(script, () => writeFile(script, command + "\n", { mode: 0o600 }));
+    const meta = path.join(this.dir, `${id}.json`);
+    await fsCall(meta, () => writeFile(meta, JSON.stringify({ command, async, suppressInputEcho }), { mode: 0o600 }));
     if (async) {
       // A FIFO as stdin, held open by the agent so later input can be written to it.
-      cmd.inputPath = path.join(this.dir, `${id}.in`);
-      await execFileP("mkfifo", ["-m", "600", cmd.inputPath]);
-      cmd.input = await open(cmd.inputPath, "r+");
+      const fifo = path.join(this.dir, `${id}.in`);
+      cmd.inputPath = fifo;
+      await execFileP("mkfifo", ["-m", "600", fifo]).catch((err: unknown) => {
+        throw saysDiskFull(String((err as { stderr?: unknown }).stderr ?? "")) ? diskFull(fifo) : err;
+      });
+      cmd.input = await fsCall(fifo, () => open(fifo, "r+"));
     }
     this.commands.set(id, cmd);
     this.queue.push(cmd);

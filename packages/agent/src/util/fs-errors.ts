@@ -1,5 +1,20 @@
-import { ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
+
+/**
+ * A full file system (ENOSPC) or quota (EDQUOT) while writing p. gRPC's code stays
+ * RESOURCE_EXHAUSTED (what the code means), but REST renders that code as 429, which clients take
+ * for a rate limit and retry: the error asks control for 400 instead, the status the reference's
+ * toolbox answers for a failed write.
+ */
+export function diskFull(p: string, quota = false): ConnectError {
+  return new ConnectError(`${quota ? "disk quota exceeded" : "no space left on device"}: ${p}`, Code.ResourceExhausted, { "x-sandbar-http-status": "400" });
+}
+
+/** Whether a tool's message (git's, mkfifo's) says the disk or the quota is full. */
+export function saysDiskFull(text: string): boolean {
+  return /no space left on device|disk quota exceeded/i.test(text);
+}
 
 /** A Node file-system error as the ConnectError a caller should see, naming the path. */
 export function fsError(err: unknown, p: string): ConnectError {
@@ -26,8 +41,9 @@ export function fsError(err: unknown, p: string): ConnectError {
     case "EROFS":
       return errors.failedPrecondition(`read-only file system: ${p}`);
     case "ENOSPC":
+      return diskFull(p);
     case "EDQUOT":
-      return errors.resourceExhausted(`no space left on device: ${p}`);
+      return diskFull(p, true);
     case "EBUSY":
       return errors.failedPrecondition(`resource busy: ${p}`);
     case "EXDEV":

@@ -1,4 +1,4 @@
-import { readdirSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 
 /** Parent pid of every process, read from /proc. */
 function parentsByPid(): Map<number, number> {
@@ -24,8 +24,48 @@ function parentsByPid(): Map<number, number> {
   return parents;
 }
 
-/** Every live descendant of pid (children first found first). */
+/** Whether the kernel has /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN); known on first use. */
+let childrenFiles: boolean | undefined;
+
+/** The children of every thread of pid (none once it is gone). */
+function childrenOf(pid: number): number[] {
+  let tids: string[];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return [];
+  }
+  const out: number[] = [];
+  for (const tid of tids) {
+    let text = "";
+    try {
+      text = readFileSync(`/proc/${pid}/task/${tid}/children`, "latin1");
+    } catch {
+      // The thread exited meanwhile.
+    }
+    for (const c of text.split(" ")) if (/^\d+$/.test(c)) out.push(Number(c));
+  }
+  return out;
+}
+
+/**
+ * Every live descendant of pid (children first found first). Walked down from pid through the
+ * children files where the kernel has them: what it reads grows with the tree, not with every
+ * process there is (a whole /proc scan blocked the agent for seconds under a fork bomb).
+ */
 export function descendants(pid: number): number[] {
+  childrenFiles ??= existsSync(`/proc/self/task/${process.pid}/children`);
+  if (childrenFiles) {
+    const out: number[] = [];
+    const queue = [pid];
+    while (queue.length > 0) {
+      for (const c of childrenOf(queue.shift()!)) {
+        out.push(c);
+        queue.push(c);
+      }
+    }
+    return out;
+  }
   const parents = parentsByPid();
   const children = new Map<number, number[]>();
   for (const [child, parent] of parents) {

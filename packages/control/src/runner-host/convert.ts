@@ -105,6 +105,7 @@ export function statusToProto(s: RuntimeSandbox): SandboxStatus {
             memoryLimitBytes: BigInt(h.memoryLimitBytes),
             pids: h.pids,
             pidsLimit: h.pidsLimit,
+            pidsSaturated: h.pidsSaturated,
           },
         }
       : {}),
@@ -127,6 +128,7 @@ export function statusFromProto(s: SandboxStatus): RuntimeSandbox {
       memoryLimitBytes: Number(h.memoryLimitBytes),
       pids: h.pids,
       pidsLimit: h.pidsLimit,
+      pidsSaturated: h.pidsSaturated,
     };
   }
   return out;

@@ -294,8 +294,8 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
 
 function healthOf({ usage, agent }: SandboxInfo): RuntimeHealth | undefined {
   if (!usage || !agent) return undefined;
-  const { oomKills, pidsLimitHits, memoryBytes, memoryLimitBytes, pids, pidsLimit } = usage;
-  return { agentRunning: agent.running, agentRestarts: agent.restarts, lastAgentRestartAt: agent.lastRestartAt, oomKills, pidsLimitHits, memoryBytes, memoryLimitBytes, pids, pidsLimit };
+  const { oomKills, pidsLimitHits, memoryBytes, memoryLimitBytes, pids, pidsLimit, pidsSaturated = false } = usage;
+  return { agentRunning: agent.running, agentRestarts: agent.restarts, lastAgentRestartAt: agent.lastRestartAt, oomKills, pidsLimitHits, memoryBytes, memoryLimitBytes, pids, pidsLimit, pidsSaturated };
 }
 
 /** debootstrap prints a line per package and step; the log gets each step and a count every 25 packages. */

@@ -67,6 +67,8 @@ export interface RuntimeHealth {
   memoryLimitBytes: number;
   pids: number;
   pidsLimit: number;
+  /** The user's processes are at their own pids limit now. */
+  pidsSaturated: boolean;
 }
 
 export interface SandboxRuntime {

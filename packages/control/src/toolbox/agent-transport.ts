@@ -1,11 +1,19 @@
 import type { DescMessage, DescMethodStreaming, MessageInitShape } from "@bufbuild/protobuf";
-import { createContextValues, type ContextValues, type StreamResponse, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createContextValues, type ContextValues, type StreamResponse, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, createNodeHttpClient, type Http2SessionManager } from "@connectrpc/connect-node";
 import { createMethodSerializationLookup, createMethodUrl, pipe, runStreamingCall, transformParseEnvelope, transformSplitEnvelope } from "@connectrpc/connect/protocol";
 import { requestHeaderWithCompression, validateResponseWithCompression, validateTrailer } from "@connectrpc/connect/protocol-grpc";
 import { framedDataField, uploadFrames } from "./upload-frames.ts";
 
 const BASE_URL = "http://agent";
+
+/** An empty gRPC message: the end of a complete upload (see the agent's UPLOAD_SEALED_HEADER). */
+const SEAL = new Uint8Array(5);
+
+function sealed(header: Headers): Headers {
+  header.set("x-sandbar-upload-sealed", "1");
+  return header;
+}
 
 /**
  * The gRPC transport to one agent: connect's, except that a client stream of file content
@@ -42,12 +50,21 @@ export function createAgentTransport(sessionManager: Http2SessionManager): Trans
           requestMethod: "POST",
           url: createMethodUrl(BASE_URL, method),
           // No accepted compression: the one answer is a few bytes.
-          header: requestHeaderWithCompression(true, timeoutMs, header, [], null),
+          header: sealed(requestHeaderWithCompression(true, timeoutMs, header, [], null)),
           contextValues: contextValues ?? createContextValues(),
           message: input,
         },
         next: async (req) => {
-          const body = uploadFrames(method.input, field, req.message);
+          const frames = uploadFrames(method.input, field, req.message);
+          // The agent takes the upload as complete (and puts its files in place) only with the
+          // empty message that ends a complete one: a cancelled call's stream may still end
+          // cleanly (the input ends when the call is aborted; Node sends the end of stream
+          // before its reset).
+          const body = (async function* () {
+            yield* frames;
+            if (req.signal.aborted) throw ConnectError.from(req.signal.reason, Code.Canceled);
+            yield SEAL;
+          })();
           // A call that ends before the input does (the agent refused it, a reset): the input is
           // closed, so its source (the request body's parser) stops too.
           const closeInput = () => void body.return(undefined).catch(() => undefined);

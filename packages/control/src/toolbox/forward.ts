@@ -1,5 +1,5 @@
 import type { DescMethod, DescMethodUnary, DescService } from "@bufbuild/protobuf";
-import type { CallOptions, HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { ConnectError, type CallOptions, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { organizationOf } from "../auth/principal.ts";
 import { sandboxIdKey } from "../gateway/rest-route.ts";
@@ -38,7 +38,11 @@ function forwarder(service: DescService, method: DescMethod, locator: AgentLocat
   };
   if (method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming") {
     return async function* (input: unknown, ctx: HandlerContext) {
-      yield* (await target(ctx))(input) as AsyncIterable<unknown>;
+      try {
+        yield* (await target(ctx))(input) as AsyncIterable<unknown>;
+      } catch (err) {
+        throw relayed(err);
+      }
     };
   }
   if (method.methodKind === "unary") {
@@ -53,10 +57,34 @@ function forwarder(service: DescService, method: DescMethod, locator: AgentLocat
         onHeader: (h) => {
           for (const k in h) if (k.startsWith("x-sandbar-")) ctx.responseHeader.set(k, String(h[k]));
         },
+      }).catch((err: unknown) => {
+        throw relayed(err);
       });
     };
   }
-  return async (input: unknown, ctx: HandlerContext) => (await target(ctx))(input);
+  return async (input: unknown, ctx: HandlerContext) => {
+    try {
+      return await (await target(ctx))(input);
+    } catch (err) {
+      throw relayed(err);
+    }
+  };
+}
+
+const HTTP_STATUS_META = "x-sandbar-http-status";
+
+/**
+ * The agent's error as this server's own, keeping the HTTP status the agent asked REST to answer
+ * (a full disk: RESOURCE_EXHAUSTED, 400). Connect relays none of an error's metadata once it came
+ * off the wire (the agent's headers are not the caller's), so gRPC callers would lose it.
+ */
+function relayed(err: unknown): unknown {
+  if (!(err instanceof ConnectError) || !err.isWireError) return err;
+  const status = err.metadata.get(HTTP_STATUS_META);
+  if (status === null) return err;
+  const own = new ConnectError(err.rawMessage, err.code, { [HTTP_STATUS_META]: status }, undefined, err.cause);
+  own.details.push(...err.details);
+  return own;
 }
 
 /** The sandbox's agent (REST: the path's sandbox, a typed value of the call; gRPC: the caller's metadata); counts as activity. */

@@ -1,6 +1,7 @@
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import type { SandboxUsage } from "../provider.ts";
+import { saturated } from "../linux/cgroups/types.ts";
 
 // A container's usage, read from its cgroups (v1 or v2) as the linux provider reads its own, found
 // through its first process's /proc/<pid>/cgroup: cheaper than the engine's stats call, and it has
@@ -56,6 +57,7 @@ export async function usageOfPid(pid: number): Promise<SandboxUsage | undefined>
       pids: pids ? ((await num(path.join(pids, "pids.current"))) ?? 0) : 0,
       pidsLimit: pids ? ((await num(path.join(pids, "pids.max"))) ?? Infinity) : Infinity,
       pidsLimitHits: pids ? ((await keyed(path.join(pids, "pids.events"))).get("max") ?? 0) : 0,
+      pidsSaturated: pids ? saturated(await num(path.join(pids, "pids.current")), await num(path.join(pids, "pids.max"))) : false,
       cpuUsageUsec: usageNs === undefined ? undefined : Math.round(usageNs / 1000),
       cpuPeriods: cpuStat.get("nr_periods") ?? 0,
       cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,
@@ -73,6 +75,7 @@ export async function usageOfPid(pid: number): Promise<SandboxUsage | undefined>
     pids: (await num(path.join(dir, "pids.current"))) ?? 0,
     pidsLimit: (await num(path.join(dir, "pids.max"))) ?? Infinity,
     pidsLimitHits: (await keyed(path.join(dir, "pids.events"))).get("max") ?? 0,
+    pidsSaturated: saturated(await num(path.join(dir, "pids.current")), await num(path.join(dir, "pids.max"))),
     cpuUsageUsec: cpuStat.get("usage_usec"),
     cpuPeriods: cpuStat.get("nr_periods") ?? 0,
     cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,

@@ -281,7 +281,8 @@ export class DockerProvider implements SandboxProvider {
     await mkdir(L.runtime(id), { recursive: true, mode: 0o711 });
     await mkdir(L.runDir(id), { recursive: true, mode: 0o700 });
     await chown(L.runDir(id), user.uid, user.gid);
-    const env = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, ...spec.env };
+    // As the linux provider: `nproc` (and OpenMP, OpenBLAS) see the CPU quota.
+    const env = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, OMP_NUM_THREADS: String(Math.max(1, Math.ceil(spec.cpu))), ...spec.env };
     await writeOwned(path.join(L.runDir(id), "env"), envFile(env), user);
     if (spec.init.secret !== undefined) await writeOwned(path.join(L.runDir(id), "secret"), spec.init.secret, user);
     await writeFile(path.join(L.runtime(id), "resolv.conf"), this.#networks.resolvConf(), { mode: 0o644 });

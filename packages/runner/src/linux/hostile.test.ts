@@ -105,6 +105,8 @@ describe("hostile workloads: the agent keeps answering", () => {
     await execute(id, `python3 -c '${storm}' >/dev/null 2>&1 &`);
     const hit = await until(() => f.provider.inspect(id), (i) => (i.usage?.pidsLimitHits ?? 0) > 0);
     expect(hit.usage?.pidsLimitHits).toBeGreaterThan(0);
+    // The user leaf at its own limit reads as saturated (the sandbox's total is not reached: the agent's reserve).
+    expect((await until(() => f.provider.inspect(id), (i) => i.usage?.pidsSaturated === true)).usage?.pidsSaturated).toBe(true);
     // The user leaf is full while the storm lasts; the agent's reserve is not.
     await recovers("forkStorm", id);
     const info = await f.provider.inspect(id);

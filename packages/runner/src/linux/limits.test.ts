@@ -73,6 +73,13 @@ describe("linux sandbox limits", () => {
     expect(used).toBeLessThan(wall * 0.35);
   });
 
+  it("nproc shows the CPU quota (rounded up), not the host's CPUs; the sandbox's own env still wins", async () => {
+    const id = await started("nproc", { cpu: 0.5 });
+    expect((await sh(f.provider, id, "nproc; echo $OMP_NUM_THREADS")).stdout).toBe("1\n1\n");
+    const own = await started("nproc-env", { cpu: 0.5, env: { OMP_NUM_THREADS: "3" } });
+    expect((await sh(f.provider, own, "nproc")).stdout).toBe("3\n");
+  });
+
   it("caps the writable layer: ENOSPC at the disk limit, base and host untouched", async () => {
     const id = await started("disk", { diskGiB: 64 / 1024 });
     const res = await sh(f.provider, id, "head -c 200M /dev/zero > ~/fill; echo rc=$?; df -m / | tail -1");

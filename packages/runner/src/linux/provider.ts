@@ -319,7 +319,8 @@ export class LinuxProvider implements SandboxProvider {
       for (const u of userProcs) mounts.push({ source: u.source, target: u.target, readonly: false });
 
       phase("cgroup");
-      const env = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, ...spec.env };
+      // `nproc` (and OpenMP, OpenBLAS) honour OMP_NUM_THREADS: the CPU quota rather than the host's CPUs.
+      const env = { PATH: DEFAULT_PATH, HOME: user.home, USER: user.name, OMP_NUM_THREADS: String(Math.max(1, Math.ceil(spec.cpu))), ...spec.env };
       // /dev/shm is memory charged to the user leaf that no OOM kill gives back: half its budget.
       const shmBytes = Math.floor(userLimits.memoryBytes / 2);
       const netns = await this.#setUpNetwork(spec, mounts);

@@ -24,6 +24,14 @@ export class Processes {
     return this.client.execute({ command, cwd, envs: env, timeout }, opts);
   }
 
+  /**
+   * Kills every process the sandbox runs for the user (a fork bomb too) at once; sessions get a
+   * new shell. Answers how many there were, once they are gone.
+   */
+  async killAll(opts?: CallOptions): Promise<number> {
+    return (await this.client.killAllProcesses({}, opts)).killed;
+  }
+
   async createSession(sessionId: string, opts?: CallOptions): Promise<void> {
     await this.client.createSession({ sessionId }, opts);
   }

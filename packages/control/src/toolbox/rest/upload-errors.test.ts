@@ -4,7 +4,7 @@ import { mkdir, readdir, readFile, rm, stat, writeFile } from "node:fs/promises"
 import http from "node:http";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { createClient } from "@connectrpc/connect";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -154,15 +154,23 @@ describe("uploads through the framed transport", () => {
     expect(ok.status).toBe(200);
   });
 
-  it("a full disk mid-stream: 429 with the agent's message, nothing left open", async (ctx) => {
+  it("a full disk mid-stream: 400 (not 429: no rate limit) with the agent's message naming the path, nothing left open", async (ctx) => {
     if (!small) return ctx.skip(); // needs root for the tmpfs
     const fds = await agentFds();
     const dest = join(small, "full.bin");
     const sent = await bulkUpload(dest, 8, randomBytes(MIB));
-    expect(sent.status).toBe(429);
-    expect(JSON.parse(sent.body).message).toMatch(/no space left on device/);
+    expect(sent.status).toBe(400);
+    expect(JSON.parse(sent.body).message).toBe(`no space left on device: ${dest}`);
     await until("the agent's descriptors to close", async () => (await agentFds()) <= fds);
-    await rm(dest);
+    // Over gRPC the code stays RESOURCE_EXHAUSTED, with the status REST answers in its metadata.
+    const client = createClient(FileService, createGrpcTransport({ baseUrl: f.url }));
+    async function* big() {
+      yield { part: { case: "header" as const, value: { path: dest } } };
+      for (let i = 0; i < 8; i++) yield { part: { case: "data" as const, value: randomBytes(MIB) } };
+    }
+    const err = ConnectError.from(await client.uploadFile(big(), { headers: { authorization: `Bearer ${f.adminKey}`, [SANDBOX_ID_HEADER]: SANDBOX } }).catch((e: unknown) => e));
+    expect([err.code, err.rawMessage, err.metadata.get("x-sandbar-http-status")]).toEqual([Code.ResourceExhausted, `no space left on device: ${dest}`, "400"]);
+    await rm(dest, { force: true });
     // Room again: the same session takes the next upload into that file system.
     const block = randomBytes(MIB);
     const ok = await bulkUpload(join(small, "fits.bin"), 1, block);
@@ -170,14 +178,25 @@ describe("uploads through the framed transport", () => {
     expect(sha256(await readFile(join(small, "fits.bin")))).toBe(sha256(block));
   });
 
-  it("a client that hangs up mid-upload: the agent's call ends, nothing left open", async () => {
+  it("a client that hangs up mid-upload: the agent's call ends, nothing left open, no partial file, an existing one intact", async () => {
     const fds = await agentFds();
-    const dest = join(f.root, "hangup/part.bin");
-    const sending = bulkUpload(dest, 64, randomBytes(MIB), 8);
-    await until("the upload to start", () => exists(dest));
-    // The server may answer the broken body before the client's socket is gone: either is fine.
-    await sending.catch(() => undefined);
-    await until("the agent's descriptors to close", async () => (await agentFds()) <= fds);
+    const dir = join(f.root, "hangup");
+    const dest = join(dir, "part.bin");
+    const kept = join(dir, "kept.bin");
+    await mkdir(dir, { recursive: true });
+    await writeFile(kept, "the old content");
+    const temps = async () => (await readdir(dir)).filter((n) => n.includes(".sandbar-upload-"));
+    for (const target of [dest, kept]) {
+      const sending = bulkUpload(target, 64, randomBytes(MIB), 8);
+      // The upload writes a temporary file beside its target, renamed there only once complete.
+      await until("the upload to start", async () => (await temps()).length > 0);
+      // The server may answer the broken body before the client's socket is gone: either is fine.
+      await sending.catch(() => undefined);
+      await until("the agent's descriptors to close", async () => (await agentFds()) <= fds);
+      await until("the temporary file to go", async () => (await temps()).length === 0);
+    }
+    expect(await exists(dest)).toBe(false);
+    expect(await readFile(kept, "utf8")).toBe("the old content");
     const block = randomBytes(MIB);
     const ok = await bulkUpload(join(f.root, "after-hangup.bin"), 3, block);
     expect(ok.status).toBe(200);

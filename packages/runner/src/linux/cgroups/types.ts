@@ -36,6 +36,8 @@ export interface CgroupStats {
   pids: number;
   pidsLimit: number;
   pidsLimitHits: number;
+  /** The user leaf is at its own pids limit now: user forks are refused (see SandboxUsage). */
+  pidsSaturated?: boolean;
   cpuUsageUsec?: number;
   cpuPeriods: number;
   cpuThrottledPeriods: number;
@@ -109,6 +111,11 @@ export async function treeCounter(dir: string, file: string, key: string): Promi
   const read = async (d: string) => parseKeyed((await readText(path.join(d, file))) ?? "").get(key) ?? 0;
   const [own, agent, user] = await Promise.all([read(dir), read(path.join(dir, AGENT_LEAF)), read(path.join(dir, USER_LEAF))]);
   return Math.max(own, agent + user);
+}
+
+/** A pids group at its limit (a limit of "max" never is). */
+export function saturated(current: number | undefined, max: number | undefined): boolean {
+  return current !== undefined && max !== undefined && Number.isFinite(max) && current >= max;
 }
 
 export async function readPids(file: string): Promise<number[]> {

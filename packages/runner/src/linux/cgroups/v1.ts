@@ -1,7 +1,7 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { CgroupBackend, CgroupLimits, CgroupStats, UserLimits } from "./types.ts";
-import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
+import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
 
 // cgroup v1: one hierarchy per controller (memory, pids, cpu required; cpuacct and freezer used
 // when mounted). A sandbox gets `<hierarchy>/<our own cgroup>/<group>/<name>` in each of them.
@@ -92,7 +92,7 @@ export class CgroupV1 implements CgroupBackend {
     const cpu = this.#dir("cpu", name)!;
     const acct = this.#dir("cpuacct", name);
     // Independent reads, at once (a start answers with them).
-    const [oomKills, pidsLimitHits, cpuText, usageNs, memoryBytes, memoryPeakBytes, memoryLimitBytes, pidsNow, pidsLimit] = await Promise.all([
+    const [oomKills, pidsLimitHits, cpuText, usageNs, memoryBytes, memoryPeakBytes, memoryLimitBytes, pidsNow, pidsLimit, userPids, userPidsLimit] = await Promise.all([
       treeCounter(mem, "memory.oom_control", "oom_kill"),
       treeCounter(pids, "pids.events", "max"),
       readText(path.join(cpu, "cpu.stat")),
@@ -102,6 +102,8 @@ export class CgroupV1 implements CgroupBackend {
       readNumber(path.join(mem, "memory.limit_in_bytes")),
       readNumber(path.join(pids, "pids.current")),
       readNumber(path.join(pids, "pids.max")),
+      readNumber(path.join(pids, USER_LEAF, "pids.current")),
+      readNumber(path.join(pids, USER_LEAF, "pids.max")),
     ]);
     const cpuStat = parseKeyed(cpuText ?? "");
     return {
@@ -112,6 +114,7 @@ export class CgroupV1 implements CgroupBackend {
       pids: pidsNow ?? 0,
       pidsLimit: pidsLimit ?? Infinity,
       pidsLimitHits,
+      pidsSaturated: saturated(userPids, userPidsLimit),
       cpuUsageUsec: usageNs === undefined ? undefined : Math.round(usageNs / 1000),
       cpuPeriods: cpuStat.get("nr_periods") ?? 0,
       cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,

@@ -104,6 +104,8 @@ describe("cgroup v2 back end", () => {
     await writeFile(path.join(dir, "memory.events"), "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n");
     await writeFile(path.join(dir, "pids.current"), "7\n");
     await writeFile(path.join(dir, "pids.events"), "max 31\n");
+    // The user leaf at its own limit (the sandbox's is 10 too: no user limits given).
+    await writeFile(path.join(dir, "user", "pids.current"), "10\n");
     await writeFile(path.join(dir, "cpu.stat"), "usage_usec 123456\nuser_usec 100000\nsystem_usec 23456\nnr_periods 40\nnr_throttled 17\nthrottled_usec 890000\n");
     await writeFile(path.join(dir, "cgroup.procs"), "101\n102\n");
     expect(await cg.stats("s")).toEqual({
@@ -114,6 +116,7 @@ describe("cgroup v2 back end", () => {
       pids: 7,
       pidsLimit: 10,
       pidsLimitHits: 31,
+      pidsSaturated: true,
       cpuUsageUsec: 123456,
       cpuPeriods: 40,
       cpuThrottledPeriods: 17,

@@ -1,7 +1,7 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { CgroupBackend, CgroupLimits, CgroupStats, UserLimits } from "./types.ts";
-import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
+import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
 import { rmdirRetry } from "./v1.ts";
 
 // cgroup v2 (unified): one tree; `<our own cgroup>/<group>/<name>` per sandbox, with memory, pids
@@ -127,6 +127,7 @@ export class CgroupV2 implements CgroupBackend {
       pids: (await readNumber(path.join(d, "pids.current"))) ?? 0,
       pidsLimit: (await readNumber(path.join(d, "pids.max"))) ?? Infinity,
       pidsLimitHits,
+      pidsSaturated: saturated(await readNumber(path.join(d, USER_LEAF, "pids.current")), await readNumber(path.join(d, USER_LEAF, "pids.max"))),
       cpuUsageUsec: cpuStat.get("usage_usec"),
       cpuPeriods: cpuStat.get("nr_periods") ?? 0,
       cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,

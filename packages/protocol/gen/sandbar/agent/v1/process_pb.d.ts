@@ -12,6 +12,36 @@ import type { EmptySchema } from "@bufbuild/protobuf/wkt";
 export declare const file_sandbar_agent_v1_process: GenFile;
 
 /**
+ * @generated from message sandbar.agent.v1.KillAllProcessesRequest
+ */
+export declare type KillAllProcessesRequest = Message<"sandbar.agent.v1.KillAllProcessesRequest"> & {
+};
+
+/**
+ * Describes the message sandbar.agent.v1.KillAllProcessesRequest.
+ * Use `create(KillAllProcessesRequestSchema)` to create a new message.
+ */
+export declare const KillAllProcessesRequestSchema: GenMessage<KillAllProcessesRequest>;
+
+/**
+ * @generated from message sandbar.agent.v1.KillAllProcessesResponse
+ */
+export declare type KillAllProcessesResponse = Message<"sandbar.agent.v1.KillAllProcessesResponse"> & {
+  /**
+   * Processes that were signalled.
+   *
+   * @generated from field: int32 killed = 1;
+   */
+  killed: number;
+};
+
+/**
+ * Describes the message sandbar.agent.v1.KillAllProcessesResponse.
+ * Use `create(KillAllProcessesResponseSchema)` to create a new message.
+ */
+export declare const KillAllProcessesResponseSchema: GenMessage<KillAllProcessesResponse>;
+
+/**
  * @generated from message sandbar.agent.v1.ExecuteRequest
  */
 export declare type ExecuteRequest = Message<"sandbar.agent.v1.ExecuteRequest"> & {
@@ -620,6 +650,19 @@ export declare const ProcessService: GenService<{
     methodKind: "unary";
     input: typeof SessionExecuteRequestSchema;
     output: typeof SessionExecuteResponseSchema;
+  },
+  /**
+   * Ends every process the user runs in the sandbox at once (SIGKILL): executions, session
+   * shells, terminals, language servers and whatever they started, a fork bomb included; not the
+   * agent. Sessions keep their ids and logs and get a new shell (a command that was running ends
+   * with 137). Answers once they are gone. Only in a sandbox (elsewhere FAILED_PRECONDITION).
+   *
+   * @generated from rpc sandbar.agent.v1.ProcessService.KillAllProcesses
+   */
+  killAllProcesses: {
+    methodKind: "unary";
+    input: typeof KillAllProcessesRequestSchema;
+    output: typeof KillAllProcessesResponseSchema;
   },
   /**
    * @generated from rpc sandbar.agent.v1.ProcessService.GetSessionCommand

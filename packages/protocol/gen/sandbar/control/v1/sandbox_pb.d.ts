@@ -316,6 +316,15 @@ export declare type SandboxHealth = Message<"sandbar.control.v1.SandboxHealth"> 
    * @generated from field: int32 pids_limit = 9;
    */
   pidsLimit: number;
+
+  /**
+   * The user's processes are at their own pids limit now (below pids_limit: the agent keeps a
+   * reserve): their forks are refused, a fork bomb holds it. ProcessService.KillAllProcesses
+   * (POST .../process/kill-all) ends them.
+   *
+   * @generated from field: bool pids_saturated = 10;
+   */
+  pidsSaturated: boolean;
 };
 
 /**

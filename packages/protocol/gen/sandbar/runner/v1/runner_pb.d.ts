@@ -314,6 +314,13 @@ export declare type SandboxHealth = Message<"sandbar.runner.v1.SandboxHealth"> &
    * @generated from field: uint32 pids_limit = 9;
    */
   pidsLimit: number;
+
+  /**
+   * The user's processes are at their own pids limit now.
+   *
+   * @generated from field: bool pids_saturated = 10;
+   */
+  pidsSaturated: boolean;
 };
 
 /**
