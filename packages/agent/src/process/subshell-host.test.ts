@@ -1,3 +1,4 @@
+import { existsSync } from "node:fs";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
@@ -110,5 +111,46 @@ describe("a sequential host", () => {
     h.retire();
     expect(await finished(shell)).toEqual({ output: "after\n", code: 4, signal: null });
     expect(await h.run("true")).toBeUndefined();
+  });
+});
+
+/** Until the agent has reaped process pid (node has handled its exit). */
+async function reaped(pid: number): Promise<void> {
+  while (existsSync(`/proc/${pid}`)) await new Promise((r) => setTimeout(r, 5));
+}
+
+describe("an execution read only after its host has exited (the agent late to read, as under CPU starvation)", () => {
+  // Node flows a child's stdio streams once it exits: an execution's output, still waiting for
+  // the reader that "p" brings, went to no listener and the execution answered exit 0, "".
+  const late = async (h: SubshellHost, shell: Subshell) => {
+    // The status is in (the output was written before it) and node has handled the host's exit.
+    const code = await new Promise((r) => shell.once("exit", r));
+    await reaped(h.pid!);
+    let output = "";
+    if (shell.stdout.destroyed) return { output, code };
+    shell.stdout.on("data", (d: Buffer) => (output += d));
+    await new Promise((r) => shell.stdout.once("close", r));
+    return { output, code };
+  };
+
+  it("keeps the output of a job whose host ended after its last slot", async () => {
+    const h = host();
+    for (let i = 0; i < SLOTS - 1; i++) expect(await finished((await h.run("true"))!)).toMatchObject({ code: 0 });
+    const last = (await h.run("echo s-k-$((6*7))"))!;
+    expect(await late(h, last)).toEqual({ output: "s-k-42\n", code: 0 });
+  });
+
+  it("keeps the output of a sequential host's last execution", async () => {
+    const h = sequential();
+    for (let i = 0; i < SLOTS - 1; i++) expect(await finished((await h.run("true"))!)).toMatchObject({ code: 0 });
+    const last = (await h.run("echo s-k-$((6*7))"))!;
+    expect(await late(h, last)).toEqual({ output: "s-k-42\n", code: 0 });
+  });
+
+  it("keeps the output of a job whose host was stopped", async () => {
+    const h = host();
+    const shell = (await h.run("echo s-k-$((6*7))"))!;
+    h.stop();
+    expect(await late(h, shell)).toEqual({ output: "s-k-42\n", code: 0 });
   });
 });

@@ -150,6 +150,8 @@ export interface HostOptions {
 export class SubshellHost {
   readonly #child: ChildProcess;
   readonly #requests: Writable;
+  /** The host's descriptors by number (the slots' from 4 on), held here and not in #child.stdio. */
+  readonly #pipes: Socket[];
   #next = 0;
   #alive = true;
   /** Executions started whose status is not in yet. */
@@ -165,12 +167,19 @@ export class SubshellHost {
     for (let s = 0; s < SLOTS; s++) stdio.push("pipe", "pipe");
     this.#child = spawn(options.shell, ["-c", this.sequential ? sequentialScript(options.prelude) : hostScript(options.prelude)], { cwd: options.cwd, env: this.env, detached: true, stdio });
     this.#requests = this.#child.stdio[3] as Writable;
+    // The slots' pipes are the executions', not the host's: node flows a child's readable stdio
+    // streams once it exits (so unread output does not pile up), and the output of an execution
+    // whose reader was not attached yet (it comes with the "p" line, read after the host's exit
+    // on a starved agent) went to no listener: answered exit 0 with no output.
+    const held = this.#child.stdio as unknown as (Readable | Writable | null)[];
+    this.#pipes = held.slice() as Socket[];
+    for (let fd = 4; fd < held.length; fd++) held[fd] = null;
     this.#requests.on("error", () => this.#gone());
     this.#child.once("error", () => this.#gone());
     this.#child.once("exit", () => this.#gone());
     // Neither the host nor an unused pipe may keep the agent running.
     this.#child.unref();
-    for (let s = 3; s < this.#child.stdio.length; s++) (this.#child.stdio[s] as Socket).unref();
+    for (let s = 3; s < this.#pipes.length; s++) this.#pipes[s].unref();
   }
 
   /** The host bash's pid. */
@@ -196,8 +205,8 @@ export class SubshellHost {
     if (this.free === 0 || this.busy) return Promise.resolve(undefined);
     const slot = this.#next++;
     this.#running++;
-    const output = this.#child.stdio[out(slot)] as Socket;
-    const report = this.#child.stdio[status(slot)] as Socket;
+    const output = this.#pipes[out(slot)];
+    const report = this.#pipes[status(slot)];
     output.ref();
     report.ref();
     this.#requests.write(`${script}\0`);
@@ -271,8 +280,8 @@ export class SubshellHost {
     this.#alive = false;
     // The slots no job took: nothing will write them.
     for (let s = this.#next; s < SLOTS; s++) {
-      (this.#child.stdio[out(s)] as Socket | null)?.destroy();
-      (this.#child.stdio[status(s)] as Socket | null)?.destroy();
+      this.#pipes[out(s)].destroy();
+      this.#pipes[status(s)].destroy();
     }
   }
 }
