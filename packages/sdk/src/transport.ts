@@ -5,6 +5,12 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 import type { ResolvedConfig } from "./config.ts";
 import { ConfigurationError } from "./errors.ts";
 import { retryInterceptor, type RetryOptions } from "./retry.ts";
+import { budgeted, SendBudget } from "./send-budget.ts";
+
+/** Upload bytes the connection holds in node's stream queues at most (send-budget.ts). */
+const UPLOAD_QUEUE_BYTES = 8 * 1024 * 1024;
+/** maxSessionMemory of the connection, in MB: the upload queue and room for the rest (node refuses any HEADERS arriving past it). */
+const SESSION_MEMORY_MB = 32;
 
 /** Header naming the organization a JWT acts in (API keys belong to one already). */
 export const ORGANIZATION_HEADER = "x-sandbar-organization-id";
@@ -41,12 +47,19 @@ export interface SandbarTransport {
 
 /** gRPC over HTTP/2 (h2c for http://, TLS with ALPN for https://) to the server's one port. */
 export function createSandbarTransport(config: ResolvedConfig, retry?: RetryOptions, tokenProvider?: TokenProvider): SandbarTransport {
-  const sessionManager = new Http2SessionManager(config.grpcBaseUrl);
-  const transport = createGrpcTransport({
+  const sessionManager = new Http2SessionManager(config.grpcBaseUrl, undefined, { maxSessionMemory: SESSION_MEMORY_MB });
+  const grpc = createGrpcTransport({
     baseUrl: config.grpcBaseUrl,
     sessionManager,
     // The credentials sit inside the retries (interceptors run first to last), so each attempt asks for a fresh token.
     interceptors: [retryInterceptor(retry), credentialsInterceptor(config, tokenProvider)],
   });
+  // Client streams (uploads) side by side share the connection's upload queue.
+  const budget = new SendBudget(UPLOAD_QUEUE_BYTES);
+  const transport: Transport = {
+    unary: (method, signal, timeoutMs, header, message, contextValues) => grpc.unary(method, signal, timeoutMs, header, message, contextValues),
+    stream: (method, signal, timeoutMs, header, input, contextValues) =>
+      grpc.stream(method, signal, timeoutMs, header, method.methodKind === "client_streaming" ? budgeted(input, budget) : input, contextValues),
+  };
   return { transport, close: () => sessionManager.abort() };
 }

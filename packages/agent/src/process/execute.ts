@@ -16,7 +16,7 @@ export const RESULT_LIMIT = 32 * 1024 * 1024;
 /** Scripts longer than this go through a file: a single argv entry is limited to 128 KiB. */
 const INLINE_LIMIT = 100 * 1024;
 /** After the shell exits, how long background processes that kept its output open are waited for. */
-const DRAIN_MS = 100;
+export const DRAIN_MS = 100;
 
 export interface ExecuteInput {
   command: string;
@@ -113,6 +113,7 @@ function run(child: LaunchedShell, input: ExecuteInput, signal?: AbortSignal): P
     child.once("error", (err) => finish({ exitCode: -1, result: err.message }));
     child.once("exit", (code, sig) => {
       const done = () => {
+        if (settled) return;
         let result = Buffer.concat(chunks).toString("utf8");
         if (dropped > 0) result += `\n[output truncated: ${dropped} more bytes]\n`;
         finish({ exitCode: code ?? 128 + (sig ? (constants.signals[sig] ?? 0) : 0), result });
@@ -120,8 +121,14 @@ function run(child: LaunchedShell, input: ExecuteInput, signal?: AbortSignal): P
       // Output may still be in flight; background children may hold the pipes open for good.
       let open = outputs.length;
       const grace = setTimeout(() => {
-        for (const o of outputs) o.destroy();
-        done();
+        // Judged after this turn's poll phase (setImmediate runs after it), not before it: node
+        // reaps every child that has exited on any SIGCHLD, so this shell can be reaped before its
+        // output (already in the pipes: it has exited) is read, and on an agent starved past
+        // DRAIN_MS the output was dropped (answered with its exit code and no output).
+        setImmediate(() => {
+          for (const o of outputs) if (!o.readableEnded) o.destroy();
+          done();
+        });
       }, DRAIN_MS);
       const closed = () => {
         if (--open === 0) {

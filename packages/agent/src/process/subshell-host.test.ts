@@ -1,8 +1,13 @@
+import { execFile } from "node:child_process";
+import { closeSync, constants, existsSync, openSync, readFileSync, writeSync } from "node:fs";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
+import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SLOTS, SubshellHost, type Subshell } from "./subshell-host.ts";
+import { SLOTS, START_TIMEOUT_MS, SubshellHost, type Subshell } from "./subshell-host.ts";
+
+const run = promisify(execFile);
 
 let dir: string;
 beforeAll(async () => {
@@ -110,5 +115,122 @@ describe("a sequential host", () => {
     h.retire();
     expect(await finished(shell)).toEqual({ output: "after\n", code: 4, signal: null });
     expect(await h.run("true")).toBeUndefined();
+  });
+});
+
+/** Until the agent has reaped process pid (node has handled its exit). */
+async function reaped(pid: number): Promise<void> {
+  while (existsSync(`/proc/${pid}`)) await new Promise((r) => setTimeout(r, 5));
+}
+
+describe("an execution read only after its host has exited (the agent late to read, as under CPU starvation)", () => {
+  // Node flows a child's stdio streams once it exits: an execution's output, still waiting for
+  // the reader that "p" brings, went to no listener and the execution answered exit 0, "".
+  const late = async (h: SubshellHost, shell: Subshell) => {
+    // The status is in (the output was written before it) and node has handled the host's exit.
+    const code = await new Promise((r) => shell.once("exit", r));
+    await reaped(h.pid!);
+    let output = "";
+    if (shell.stdout.destroyed) return { output, code };
+    shell.stdout.on("data", (d: Buffer) => (output += d));
+    await new Promise((r) => shell.stdout.once("close", r));
+    return { output, code };
+  };
+
+  it("keeps the output of a job whose host ended after its last slot", async () => {
+    const h = host();
+    for (let i = 0; i < SLOTS - 1; i++) expect(await finished((await h.run("true"))!)).toMatchObject({ code: 0 });
+    const last = (await h.run("echo s-k-$((6*7))"))!;
+    expect(await late(h, last)).toEqual({ output: "s-k-42\n", code: 0 });
+  });
+
+  it("keeps the output of a sequential host's last execution", async () => {
+    const h = sequential();
+    for (let i = 0; i < SLOTS - 1; i++) expect(await finished((await h.run("true"))!)).toMatchObject({ code: 0 });
+    const last = (await h.run("echo s-k-$((6*7))"))!;
+    expect(await late(h, last)).toEqual({ output: "s-k-42\n", code: 0 });
+  });
+
+  it("keeps the output of a job whose host was stopped", async () => {
+    const h = host();
+    const shell = (await h.run("echo s-k-$((6*7))"))!;
+    h.stop();
+    expect(await late(h, shell)).toEqual({ output: "s-k-42\n", code: 0 });
+  });
+});
+
+describe("a sequential host judged stalled (no pid line within START_TIMEOUT_MS)", () => {
+  /** Blocks this process's event loop (an agent starved of CPU) until `until` holds and `ms` have passed. */
+  const starve = (ms: number, until: () => boolean = () => true) => {
+    const end = Date.now() + ms;
+    const tick = new Int32Array(new SharedArrayBuffer(4));
+    while (Date.now() < end || !until()) {
+      if (Date.now() > end + 10_000) throw new Error("starve: the condition never held");
+      Atomics.wait(tick, 0, 0, 5);
+    }
+  };
+  /** Whether a child of the host waits at a gate (blocked opening its FIFO). */
+  const atGate = (host: number) =>
+    readFileSync(`/proc/${host}/task/${host}/children`, "utf8").trim().split(" ").filter(Boolean).some((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/wchan`, "utf8") === "wait_for_partner";
+      } catch {
+        return false;
+      }
+    });
+  /** A FIFO a script waits at (`read -r _ < gate`) until opened; opened read-write, so never blocking this side. */
+  const gates: number[] = [];
+  const gate = async (name: string) => {
+    const file = path.join(dir, name);
+    await run("mkfifo", [file]);
+    const open = () => {
+      const fd = openSync(file, constants.O_RDWR);
+      gates.push(fd);
+      writeSync(fd, "go\n");
+    };
+    return { file, open };
+  };
+  afterAll(() => gates.forEach((fd) => closeSync(fd)));
+
+  it("stalling after its fork and before the report: the script runs once, reported as running", async () => {
+    const marker = path.join(dir, "once");
+    // The host stops itself where it used to write the subshell's pid (a starved host): it was
+    // then ended and the script run again by the launcher while the subshell (its own process
+    // group) ran it too.
+    const h = host(`__host=$BASHPID; echo() { [ "$1" = p ] && [ "$BASHPID" = "$__host" ] && kill -STOP $BASHPID; builtin echo "$@"; }; `, true);
+    const shell = await h.run(`echo ran >> ${marker}; echo done`);
+    expect(shell, "the script ran: it must not be reported as not run").toBeDefined();
+    expect(await finished(shell!)).toEqual({ output: "done\n", code: 0, signal: null });
+    expect(await readFile(marker, "utf8")).toBe("ran\n");
+    h.stop();
+  });
+
+  it("on an agent starved past the limit, the pid line already in the pipe is read before the host is judged", async () => {
+    const g = await gate("gate-1");
+    const h = sequential();
+    const pending = h.run(`read -r _ < ${g.file}; echo s-k-$((6*7))`);
+    // The subshell has reported and waits at the gate; the agent wakes after the limit.
+    starve(START_TIMEOUT_MS + 100, () => atGate(h.pid!));
+    const shell = (await pending)!;
+    expect(shell).toBeDefined();
+    const result = finished(shell);
+    g.open();
+    expect(await result).toEqual({ output: "s-k-42\n", code: 0, signal: null });
+    h.stop();
+  });
+
+  it("whose subshell is forked but slow to report is not ended: the execution keeps its status", async () => {
+    const reported = await gate("gate-2");
+    const ends = await gate("gate-3");
+    // The subshell (not the host) waits at a gate before it reports, as a starved one would.
+    const h = host(`__host=$BASHPID; echo() { [ "$1" = p ] && [ "$BASHPID" != "$__host" ] && read -r _ < ${reported.file}; builtin echo "$@"; }; `, true);
+    const pending = h.run(`read -r _ < ${ends.file}; echo s-k-$((6*7))`);
+    starve(START_TIMEOUT_MS + 100, () => atGate(h.pid!));
+    // Opened once the stall has been judged (a timer after the stall's, in the same phase).
+    setTimeout(() => (reported.open(), ends.open()), 0);
+    const shell = await pending;
+    expect(shell).toBeDefined();
+    expect(await finished(shell!)).toEqual({ output: "s-k-42\n", code: 0, signal: null });
+    h.stop();
   });
 });

@@ -20,8 +20,10 @@
  *
  * A sequential host (`sequential`, see sequentialScript) forks the subshell itself and waits for
  * it: one fork per execution instead of two, one execution at a time (`busy` until its status is
- * in). Its "p" is the subshell's pid. Without "s" the host died while the subshell ran (killed by
- * user code): the subshell may go on, and is reported as SIGKILL once it is gone.
+ * in). The subshell writes its own "p" before anything else (a host ended between its fork and a
+ * "p" of its own left a subshell running the script while the launcher ran it again). Without
+ * "s" the host died while the subshell ran (killed by user code): the subshell may go on, and is
+ * reported as SIGKILL once it is gone.
  *
  * What a subshell cannot give: `$$` and `$PPID` are the host's. The launcher sends scripts that
  * mention them to a shell of their own.
@@ -38,9 +40,10 @@ export const SLOTS = 16;
 /**
  * A host that has not forked an execution's job by then is ended. bash retries a refused fork
  * for about 15 s (a fork storm filling the user's pids): the execution goes to a shell of the
- * agent's own instead, which the agent's reserve can still start.
+ * agent's own instead, which the agent's reserve can still start. Not a sequential host that has
+ * forked (its subshell, starved of CPU, has not reported yet): see run().
  */
-const START_TIMEOUT_MS = 1000;
+export const START_TIMEOUT_MS = 1000;
 
 /** How often a process whose status died with its parent is looked for, until it is gone. */
 const ORPHAN_POLL_MS = 20;
@@ -103,8 +106,7 @@ done
  * merely stopped; job control is back on for the next fork (its own process group).
  */
 function sequentialScript(prelude: string): string {
-  return hostLoop(prelude, sequentialClosers, `  eval "( exec \${__sandbar_close[__sandbar_slot]} 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ) &"
-  echo p $! >&$__sandbar_t
+  return hostLoop(prelude, sequentialClosers, `  eval "( echo p \\$BASHPID >&$__sandbar_t; exec \${__sandbar_close[__sandbar_slot]} 1>&$__sandbar_o 2>&1 $__sandbar_o>&-; set +m; unset __sandbar_close __sandbar_slot __sandbar_o __sandbar_t; eval \\"\\$__sandbar_script\\" ) &"
   exec {__sandbar_o}>&-
   set +m
   wait $!
@@ -150,6 +152,8 @@ export interface HostOptions {
 export class SubshellHost {
   readonly #child: ChildProcess;
   readonly #requests: Writable;
+  /** The host's descriptors by number (the slots' from 4 on), held here and not in #child.stdio. */
+  readonly #pipes: Socket[];
   #next = 0;
   #alive = true;
   #stalled = false;
@@ -166,12 +170,19 @@ export class SubshellHost {
     for (let s = 0; s < SLOTS; s++) stdio.push("pipe", "pipe");
     this.#child = spawn(options.shell, ["-c", this.sequential ? sequentialScript(options.prelude) : hostScript(options.prelude)], { cwd: options.cwd, env: this.env, detached: true, stdio });
     this.#requests = this.#child.stdio[3] as Writable;
+    // The slots' pipes are the executions', not the host's: node flows a child's readable stdio
+    // streams once it exits (so unread output does not pile up), and the output of an execution
+    // whose reader was not attached yet (it comes with the "p" line, read after the host's exit
+    // on a starved agent) went to no listener: answered exit 0 with no output.
+    const held = this.#child.stdio as unknown as (Readable | Writable | null)[];
+    this.#pipes = held.slice() as Socket[];
+    for (let fd = 4; fd < held.length; fd++) held[fd] = null;
     this.#requests.on("error", () => this.#gone());
     this.#child.once("error", () => this.#gone());
     this.#child.once("exit", () => this.#gone());
     // Neither the host nor an unused pipe may keep the agent running.
     this.#child.unref();
-    for (let s = 3; s < this.#child.stdio.length; s++) (this.#child.stdio[s] as Socket).unref();
+    for (let s = 3; s < this.#pipes.length; s++) this.#pipes[s].unref();
   }
 
   /** The host was ended because it could not fork an execution in time (the user's pids are full). */
@@ -202,19 +213,31 @@ export class SubshellHost {
     if (this.free === 0 || this.busy) return Promise.resolve(undefined);
     const slot = this.#next++;
     this.#running++;
-    const output = this.#child.stdio[out(slot)] as Socket;
-    const report = this.#child.stdio[status(slot)] as Socket;
+    const output = this.#pipes[out(slot)];
+    const report = this.#pipes[status(slot)];
     output.ref();
     report.ref();
     this.#requests.write(`${script}\0`);
     return new Promise((resolve) => {
       // Ending the host decides it: either the job exists and reports its pid, or the status
       // pipe ends without one (nothing ran; the script is run elsewhere, never twice).
-      const stalled = setTimeout(() => {
-        this.#stalled = true;
-        this.stop();
-      }, START_TIMEOUT_MS);
       const shell = new Subshell(output);
+      let closed = false;
+      const judge = () => {
+        // Judged after this turn's poll phase (setImmediate runs after it): an agent that was
+        // itself starved past the limit reads a "p" already in the pipe before ending its host.
+        setImmediate(() => {
+          if (shell.pid !== undefined || closed) return;
+          // A sequential host with a child has forked this execution's subshell, which reports
+          // once it runs (a starved one, not a refused fork); ending the host would lose its status.
+          if (this.sequential && this.#forked()) stalled = setTimeout(judge, START_TIMEOUT_MS);
+          else {
+            this.#stalled = true;
+            this.stop();
+          }
+        });
+      };
+      let stalled = setTimeout(judge, START_TIMEOUT_MS);
       let text = "";
       let exited = false;
       const exit = (code: number | null, signal: NodeJS.Signals | null) => {
@@ -235,10 +258,13 @@ export class SubshellHost {
             clearTimeout(stalled);
             shell.pid = Number(value);
             resolve(shell);
-          } else if (kind === "s") exit(Number(value), null);
+          } else if (kind === "s" && shell.pid !== undefined) exit(Number(value), null);
+          // A status without "p": a sequential host's subshell died before it reported, before the
+          // script; the pipe's end says nothing ran.
         }
       });
       report.once("close", () => {
+        closed = true;
         clearTimeout(stalled);
         if (shell.pid === undefined) {
           this.#running--;
@@ -263,6 +289,16 @@ export class SubshellHost {
     this.#gone();
   }
 
+  /** Whether the host has a child process (a sequential host: the subshell it forked). */
+  #forked(): boolean {
+    const pid = this.#child.pid;
+    try {
+      return readFileSync(`/proc/${pid}/task/${pid}/children`, "latin1").trim() !== "";
+    } catch {
+      return false;
+    }
+  }
+
   /** Ends the host; executions it started go on (each job is its own process group). */
   stop(): void {
     if (this.#child.pid !== undefined) {
@@ -280,8 +316,8 @@ export class SubshellHost {
     this.#alive = false;
     // The slots no job took: nothing will write them.
     for (let s = this.#next; s < SLOTS; s++) {
-      (this.#child.stdio[out(s)] as Socket | null)?.destroy();
-      (this.#child.stdio[status(s)] as Socket | null)?.destroy();
+      this.#pipes[out(s)].destroy();
+      this.#pipes[status(s)].destroy();
     }
   }
 }

@@ -3,12 +3,25 @@ import { createClient, type Client } from "@connectrpc/connect";
 import { Http2SessionManager } from "@connectrpc/connect-node";
 import type { AgentDial } from "../sandboxes/runtime.ts";
 import { createAgentTransport } from "./agent-transport.ts";
+import { SendBudget } from "./send-budget.ts";
 
 /** Open connections kept to agents; the least recently used beyond this are closed. */
 const MAX_AGENTS = 512;
+/**
+ * Upload bytes one connection holds in node's stream queues at most (send-budget.ts): twice the
+ * agent's connection window (its CONNECTION_WINDOW_SIZE), so queued frames still keep it full.
+ */
+export const UPLOAD_QUEUE_BYTES = 8 * 1024 * 1024;
+/**
+ * maxSessionMemory of a connection to an agent, in MB: the upload queue, plus room for what other
+ * calls queue (unary requests, a stream's current message) and nghttp2's own state. Node refuses
+ * any HEADERS arriving past it (the answers to calls in flight among them).
+ */
+const SESSION_MEMORY_MB = 32;
 
 interface Entry {
   manager: Http2SessionManager;
+  budget: SendBudget;
   clients: Map<string, Client<DescService>>;
 }
 
@@ -23,7 +36,7 @@ export class AgentClients {
     const entry = this.entry(agent);
     let client = entry.clients.get(service.typeName);
     if (!client) {
-      const transport = createAgentTransport(entry.manager);
+      const transport = createAgentTransport(entry.manager, entry.budget);
       client = createClient(service, transport) as unknown as Client<DescService>;
       entry.clients.set(service.typeName, client);
     }
@@ -44,8 +57,9 @@ export class AgentClients {
       const manager = new Http2SessionManager("http://agent", { idleConnectionTimeoutMs: 60_000 }, {
         createConnection: () => agent.api(),
         settings: { initialWindowSize: 1024 * 1024 },
+        maxSessionMemory: SESSION_MEMORY_MB,
       });
-      entry = { manager, clients: new Map() };
+      entry = { manager, budget: new SendBudget(UPLOAD_QUEUE_BYTES), clients: new Map() };
       if (this.entries.size >= MAX_AGENTS) this.forget(this.entries.keys().next().value!);
     }
     this.entries.set(socket, entry);

@@ -2,7 +2,8 @@ import type { DescMessage, DescMethodStreaming, MessageInitShape } from "@bufbui
 import { Code, ConnectError, createContextValues, type ContextValues, type StreamResponse, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, createNodeHttpClient, type Http2SessionManager } from "@connectrpc/connect-node";
 import { createMethodSerializationLookup, createMethodUrl, pipe, runStreamingCall, transformParseEnvelope, transformSplitEnvelope } from "@connectrpc/connect/protocol";
-import { requestHeaderWithCompression, validateResponseWithCompression, validateTrailer } from "@connectrpc/connect/protocol-grpc";
+import { headerGrpcStatus, requestHeaderWithCompression, validateResponseWithCompression, validateTrailer } from "@connectrpc/connect/protocol-grpc";
+import { budgeted, lostAnswer, noting, type SendBudget, type UploadProgress } from "./send-budget.ts";
 import { framedDataField, uploadFrames } from "./upload-frames.ts";
 
 const BASE_URL = "http://agent";
@@ -21,9 +22,11 @@ function sealed(header: Headers): Headers {
  * (uploadFrames: no serialization or envelope copies; an upload is CPU-bound, and those copies
  * were a third of control's JS time). The rest of that call is connect's own: its HTTP/2 client
  * on the same session (headers, abort and reset handling), its response and trailer validation,
- * its error mapping; the bytes on the wire are standard gRPC frames either way.
+ * its error mapping; the bytes on the wire are standard gRPC frames either way. Its pieces take
+ * room in the connection's `budget` (send-budget.ts), and a call that ends without the agent's
+ * answer says what is known of the file (lostAnswer) rather than the bare stream error.
  */
-export function createAgentTransport(sessionManager: Http2SessionManager): Transport {
+export function createAgentTransport(sessionManager: Http2SessionManager, budget: SendBudget): Transport {
   const connect = createGrpcTransport({ baseUrl: BASE_URL, sessionManager });
   const httpClient = createNodeHttpClient({ httpVersion: "2", sessionProvider: () => sessionManager });
   return {
@@ -55,25 +58,29 @@ export function createAgentTransport(sessionManager: Http2SessionManager): Trans
           message: input,
         },
         next: async (req) => {
-          const frames = uploadFrames(method.input, field, req.message);
+          const progress: UploadProgress = { files: 0, whole: false };
+          const frames = uploadFrames(method.input, field, noting(req.message, field, progress));
           // The agent takes the upload as complete (and puts its files in place) only with the
           // empty message that ends a complete one: a cancelled call's stream may still end
           // cleanly (the input ends when the call is aborted; Node sends the end of stream
           // before its reset).
-          const body = (async function* () {
+          const sealed = (async function* () {
             yield* frames;
             if (req.signal.aborted) throw ConnectError.from(req.signal.reason, Code.Canceled);
             yield SEAL;
           })();
+          const body = budgeted(sealed, budget, progress);
           // A call that ends before the input does (the agent refused it, a reset): the input is
           // closed, so its source (the request body's parser) stops too.
           const closeInput = () => void body.return(undefined).catch(() => undefined);
+          // Broken off without the agent's status (not the caller's own cancel or deadline).
+          const unanswered = (err: unknown) => (req.signal.aborted ? err : lostAnswer(err, progress));
           let uRes;
           try {
             uRes = await httpClient({ url: req.url, method: "POST", header: req.header, signal: req.signal, body });
           } catch (err) {
             closeInput();
-            throw err;
+            throw unanswered(err);
           }
           const { foundStatus, headerError } = validateResponseWithCompression([], uRes.status, uRes.header);
           if (headerError) {
@@ -83,7 +90,12 @@ export function createAgentTransport(sessionManager: Http2SessionManager): Trans
           const { trailer } = uRes;
           const message = pipe(uRes.body, transformSplitEnvelope(0xffffffff), transformParseEnvelope(serialization.getO(true)), async function* (messages) {
             try {
-              yield* messages;
+              try {
+                yield* messages;
+              } catch (err) {
+                throw unanswered(err);
+              }
+              if (!foundStatus && !trailer.has(headerGrpcStatus)) throw unanswered(new Error("the stream ended without a status"));
               if (!foundStatus) validateTrailer(trailer, uRes.header);
             } finally {
               closeInput();

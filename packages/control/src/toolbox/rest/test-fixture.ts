@@ -48,7 +48,7 @@ export async function startFixture(opts: { agentProcess?: boolean } = {}): Promi
     agentPid = child.pid!;
     stopAgent = () =>
       new Promise((resolve) => {
-        if (child.exitCode !== null) return resolve();
+        if (child.exitCode !== null || child.signalCode !== null) return resolve(); // ended already (a test may kill it)
         child.once("exit", () => resolve());
         child.kill("SIGTERM");
       });
