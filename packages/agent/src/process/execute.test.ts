@@ -26,6 +26,7 @@ beforeAll(async () => {
     envChanges: new EventTarget(),
     shell: "/bin/bash",
     version: "test",
+    sandboxed: false,
     shutdown: shutdown.signal,
     log: () => undefined,
   };

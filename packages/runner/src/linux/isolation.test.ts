@@ -85,10 +85,10 @@ describe("linux sandbox isolation", () => {
     expect(res.stdout.trim().split("\n")).toEqual(["0", "CapEff:\t0000000000000000", "denied", "hi"]);
   });
 
-  it("sees none of the host's environment, only its own plus PATH/HOME/USER", async () => {
+  it("sees none of the host's environment, only its own plus PATH/HOME/USER and its CPU quota for nproc", async () => {
     const res = await sh(f.provider, a, "env");
     const keys = res.stdout.trim().split("\n").map((l) => l.split("=")[0]).sort();
-    expect(keys).toEqual(["GREETING", "HOME", "PATH", "PWD", "USER"]);
+    expect(keys).toEqual(["GREETING", "HOME", "OMP_NUM_THREADS", "PATH", "PWD", "USER"]);
     expect(res.stdout).toContain("GREETING=hello from a");
     expect(res.stdout).toContain("HOME=/home/sandbar");
     for (const hostKey of Object.keys(process.env)) if (!["HOME", "PATH", "PWD", "USER"].includes(hostKey)) expect(keys).not.toContain(hostKey);

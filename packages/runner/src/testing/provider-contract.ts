@@ -139,8 +139,8 @@ export function providerContract(get: () => ProviderFixture, created: Set<string
     if (!options.gvisor) expect((await sh(provider, id, "unshare -U true 2>/dev/null && echo nested-ok || echo nested-denied")).stdout).toBe("nested-denied\n");
     const keys = (await sh(provider, id, "env")).stdout.trim().split("\n").map((l) => l.split("=")[0]);
     expect(keys).toContain("GREETING");
-    // The engine adds HOSTNAME (the sandbox's id); nothing else beyond the sandbox's own.
-    for (const k of keys) expect(["GREETING", "HOME", "PATH", "PWD", "USER", "HOSTNAME", "SHLVL", "_"]).toContain(k);
+    // The engine adds HOSTNAME (the sandbox's id); nothing else beyond the sandbox's own (its CPU quota for nproc included).
+    for (const k of keys) expect(["GREETING", "HOME", "OMP_NUM_THREADS", "PATH", "PWD", "USER", "HOSTNAME", "SHLVL", "_"]).toContain(k);
     await sh(provider, id, "echo changed > /srv/shared/gone.txt; echo new > /srv/shared/new.txt");
     expect(await readFile(path.join(rootfs, "srv/shared/gone.txt"), "utf8")).toBe("gone\n");
     await expect(readFile(path.join(rootfs, "srv/shared/new.txt"))).rejects.toThrow();
