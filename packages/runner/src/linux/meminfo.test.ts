@@ -72,7 +72,7 @@ describe("a sandbox's /proc/meminfo", () => {
     expect(after.total).toBe(GiB);
     expect(after.used - before.used).toBeLessThan(260 * 2 ** 20);
     expect(after.available).toBeLessThan(before.available - 190 * 2 ** 20);
-    const leaf = (await sh(f.provider, id, "cat /proc/$(pgrep -f "bytearra[y]")/cgroup")).stdout;
+    const leaf = (await sh(f.provider, id, `cat /proc/$(pgrep -f "bytearra[y]")/cgroup`)).stdout;
     expect(leaf).toMatch(/\/user$/m);
 
     expect(f.provider.meminfo.tracked()).toContain(id);
@@ -86,11 +86,11 @@ describe("a sandbox's /proc/meminfo", () => {
     const again = await LinuxProvider.open({ dataDir: f.dataDir, uidBase: (await f.provider.inspect(id)).hostUid - 10, uidCount: 1024, meminfoRefreshMs: 200 });
     try {
       expect(again.meminfo.tracked()).toContain(id);
-      await f.provider.meminfo.untrack(id); // the old runner is gone: only the new one writes
+      f.provider.meminfo.untrack(id); // the old runner is gone: only the new one writes
       await again.resize(id, { memoryGiB: 0.75 });
       await until("the new limit", () => free(id), (v) => v.total === 0.75 * GiB);
     } finally {
-      await again.meminfo.close();
+      again.meminfo.close();
     }
   });
 });

@@ -41,7 +41,9 @@ export function meminfoTemplate(host: string): MeminfoTemplate {
       continue;
     }
     // The kernel pads the label to 16 columns then the figure to 8; a wider figure pushes on.
-    const width = Math.max(spaces.length + value.length, Math.max(1, 16 - key.length - 1) + digits);
+    // Page counts (HugePages_*) read 0 and keep the host's width.
+    const own = spaces.length + value.length;
+    const width = kb === undefined ? own : Math.max(own, Math.max(1, 16 - key.length - 1) + digits);
     lines.push({ key, text: `${key}:`, width, kb: kb !== undefined });
   }
   const hostTotalBytes = Number(total[1]) * 1024;

@@ -178,7 +178,7 @@ export class LinuxProvider implements SandboxProvider {
   async #adoptMeminfoViews(): Promise<void> {
     for (const id of await listRecordIds(this.layout)) {
       await this.#lock.with(id, async () => {
-        if ((await this.cgroups.pids(id)).length > 0) await this.meminfo.adopt(id, meminfoFile(this.layout, id));
+        if ((await this.cgroups.pids(id)).length > 0) this.meminfo.adopt(id, meminfoFile(this.layout, id));
       }).catch((err: unknown) => this.#log(`sandbox ${id}: /proc/meminfo view: ${err instanceof Error ? err.message : String(err)}`));
     }
   }
@@ -336,7 +336,7 @@ export class LinuxProvider implements SandboxProvider {
       for (const u of userProcs) mounts.push({ source: u.source, target: u.target, readonly: false });
       // The sandbox group's memory in /proc/meminfo's format (free, top, os.totalmem), bound
       // over the kernel's (bwrap applies mounts after its --proc); refreshed until the teardown.
-      await this.meminfo.create(id, meminfoFile(L, id));
+      this.meminfo.create(id, meminfoFile(L, id));
       mounts.push({ source: meminfoFile(L, id), target: "/proc/meminfo", readonly: true });
 
       phase("cgroup");
@@ -468,7 +468,7 @@ export class LinuxProvider implements SandboxProvider {
       if ((await Promise.all(this.cgroups.paths(id).map(exists))).some(Boolean)) tally.add("cgroups");
     }
     if (!idle) await endSandboxProcesses(this.cgroups, id, graceMs);
-    await this.meminfo.untrack(id);
+    this.meminfo.untrack(id);
     await this.cgroups.remove(id);
     // One read of the mount table; read again only to check what was unmounted is gone.
     const table = await mountPoints();
@@ -654,7 +654,7 @@ export class LinuxProvider implements SandboxProvider {
   // ---- shutdown -----------------------------------------------------------------------------
 
   async close(): Promise<void> {
-    await this.meminfo.close();
+    this.meminfo.close();
     await this.#diskPool.close();
     await this.cgroups.removeParentIfEmpty();
     try {

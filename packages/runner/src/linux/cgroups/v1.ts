@@ -1,7 +1,7 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { CgroupBackend, CgroupLimits, CgroupStats, MemoryStatKey, MemoryUse, UserLimits } from "./types.ts";
-import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
+import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
 
 // cgroup v1: one hierarchy per controller (memory, pids, cpu required; cpuacct and freezer used
 // when mounted). A sandbox gets `<hierarchy>/<our own cgroup>/<group>/<name>` in each of them.
@@ -122,10 +122,11 @@ export class CgroupV1 implements CgroupBackend {
     };
   }
 
-  async memory(name: string): Promise<MemoryUse | undefined> {
+  memory(name: string): MemoryUse | undefined {
     const mem = this.#dir("memory", name)!;
     // Two reads: the group's own memory.stat fields leave out its leaves, the total_* ones do not.
-    const [usage, statText] = await Promise.all([readNumber(path.join(mem, "memory.usage_in_bytes")), readText(path.join(mem, "memory.stat"))]);
+    const usage = readTextSync(path.join(mem, "memory.usage_in_bytes"));
+    const statText = usage === undefined ? undefined : readTextSync(path.join(mem, "memory.stat"));
     if (usage === undefined || statText === undefined) return undefined;
     const raw = parseKeyed(statText);
     const stat: MemoryUse["stat"] = {};
@@ -135,7 +136,7 @@ export class CgroupV1 implements CgroupBackend {
     }
     // hierarchical_memory_limit is the smallest limit up the tree; "unlimited" is ~2^63.
     const limit = raw.get("hierarchical_memory_limit") ?? Infinity;
-    return { limitBytes: limit >= 2 ** 62 ? Infinity : limit, usageBytes: usage, stat };
+    return { limitBytes: limit >= 2 ** 62 ? Infinity : limit, usageBytes: Number(usage), stat };
   }
 
   async kill(name: string): Promise<void> {
