@@ -31,6 +31,7 @@ import { UidAllocator } from "./uids.ts";
 import { settleAll } from "./settle.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 import { startSpawner } from "./spawner.ts";
+import { MeminfoRefresher } from "./meminfo-refresher.ts";
 import { type LeftoverTally, removeLeftovers } from "./leftovers.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
@@ -56,6 +57,8 @@ export interface LinuxProviderOptions {
   network?: NetworkOptions;
   /** Disk images formatted ahead of need (disk-pool.ts); `{ perSize: 0 }` formats one per create. */
   diskPool?: Partial<Omit<DiskPoolOptions, "log">>;
+  /** How often running sandboxes' /proc/meminfo views are refreshed (ms); default 1000. */
+  meminfoRefreshMs?: number;
 }
 
 export type StartPhase = "cleanup" | "dirs" | "overlay" | "root-prep" | "cgroup" | "network" | "spawn" | "socket";
@@ -94,6 +97,8 @@ export class LinuxProvider implements SandboxProvider {
   readonly #uids: UidAllocator;
   readonly #networks: SandboxNetworks;
   readonly #diskPool: DiskImagePool;
+  /** Keeps each running sandbox's /proc/meminfo view (its memory, not the host's) current. */
+  readonly meminfo: MeminfoRefresher;
   readonly #lock = new KeyedLock();
   readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
   readonly #log: (line: string) => void;
@@ -103,8 +108,9 @@ export class LinuxProvider implements SandboxProvider {
 
   readonly #volumeGid: number;
 
-  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, networks: SandboxNetworks, diskPool: DiskImagePool, options: LinuxProviderOptions) {
+  private constructor(layout: Layout, cgroups: CgroupBackend, tools: Tools, uids: UidAllocator, networks: SandboxNetworks, diskPool: DiskImagePool, meminfo: MeminfoRefresher, options: LinuxProviderOptions) {
     this.layout = layout;
+    this.meminfo = meminfo;
     this.#diskPool = diskPool;
     this.#networks = networks;
     this.cgroups = cgroups;
@@ -154,7 +160,8 @@ export class LinuxProvider implements SandboxProvider {
     const networks = await SandboxNetworks.create({ netnsPrefix: `sandbar-${layout.key}-`, ...options.network });
     startSpawner(); // ready long before a first start needs it
     const diskPool = await DiskImagePool.open(path.join(layout.dataDir, "disk-pool"), { ...options.diskPool, log: options.log });
-    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, diskPool, { ...options, volumeGid });
+    const meminfo = await MeminfoRefresher.open({ cgroups, intervalMs: options.meminfoRefreshMs, log: options.log });
+    const provider = new LinuxProvider(layout, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, uids, networks, diskPool, meminfo, { ...options, volumeGid });
     for (const id of await listRecordIds(layout)) {
       const rec = await readRecord(layout, id).catch(() => undefined);
       if (rec) uids.markUsed(rec.hostUid);
@@ -163,7 +170,17 @@ export class LinuxProvider implements SandboxProvider {
     }
     // What a runner killed (or a data dir deleted) left: gone before anything new is made.
     await provider.removeLeftovers().catch((err: unknown) => provider.#log(`leftovers: ${err instanceof Error ? err.message : String(err)}`));
+    await provider.#adoptMeminfoViews();
     return provider;
+  }
+
+  /** Running sandboxes of an earlier runner get their /proc/meminfo views refreshed again. */
+  async #adoptMeminfoViews(): Promise<void> {
+    for (const id of await listRecordIds(this.layout)) {
+      await this.#lock.with(id, async () => {
+        if ((await this.cgroups.pids(id)).length > 0) this.meminfo.adopt(id, meminfoFile(this.layout, id));
+      }).catch((err: unknown) => this.#log(`sandbox ${id}: /proc/meminfo view: ${err instanceof Error ? err.message : String(err)}`));
+    }
   }
 
   // ---- create -------------------------------------------------------------------------------
@@ -317,6 +334,10 @@ export class LinuxProvider implements SandboxProvider {
 
       const userLimits = await limits;
       for (const u of userProcs) mounts.push({ source: u.source, target: u.target, readonly: false });
+      // The sandbox group's memory in /proc/meminfo's format (free, top, os.totalmem), bound
+      // over the kernel's (bwrap applies mounts after its --proc); refreshed until the teardown.
+      this.meminfo.create(id, meminfoFile(L, id));
+      mounts.push({ source: meminfoFile(L, id), target: "/proc/meminfo", readonly: true });
 
       phase("cgroup");
       // `nproc` (and OpenMP, OpenBLAS) honour OMP_NUM_THREADS: the CPU quota rather than the host's CPUs.
@@ -447,6 +468,7 @@ export class LinuxProvider implements SandboxProvider {
       if ((await Promise.all(this.cgroups.paths(id).map(exists))).some(Boolean)) tally.add("cgroups");
     }
     if (!idle) await endSandboxProcesses(this.cgroups, id, graceMs);
+    this.meminfo.untrack(id);
     await this.cgroups.remove(id);
     // One read of the mount table; read again only to check what was unmounted is gone.
     const table = await mountPoints();
@@ -632,6 +654,7 @@ export class LinuxProvider implements SandboxProvider {
   // ---- shutdown -----------------------------------------------------------------------------
 
   async close(): Promise<void> {
+    this.meminfo.close();
     await this.#diskPool.close();
     await this.cgroups.removeParentIfEmpty();
     try {
@@ -643,6 +666,11 @@ export class LinuxProvider implements SandboxProvider {
 }
 
 const exists = (p: string) => access(p).then(() => true, () => false);
+
+/** The sandbox's /proc/meminfo view (meminfo-refresher.ts); it goes with the runtime dir. */
+function meminfoFile(layout: Layout, id: string): string {
+  return path.join(layout.runtime(id), "meminfo");
+}
 
 function leaseFile(layout: Layout, id: string): string {
   return path.join(layout.runtime(id), "network.json");

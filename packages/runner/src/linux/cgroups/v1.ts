@@ -1,7 +1,7 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { CgroupBackend, CgroupLimits, CgroupStats, UserLimits } from "./types.ts";
-import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
+import type { CgroupBackend, CgroupLimits, CgroupStats, MemoryStatKey, MemoryUse, UserLimits } from "./types.ts";
+import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
 
 // cgroup v1: one hierarchy per controller (memory, pids, cpu required; cpuacct and freezer used
 // when mounted). A sandbox gets `<hierarchy>/<our own cgroup>/<group>/<name>` in each of them.
@@ -122,6 +122,23 @@ export class CgroupV1 implements CgroupBackend {
     };
   }
 
+  memory(name: string): MemoryUse | undefined {
+    const mem = this.#dir("memory", name)!;
+    // Two reads: the group's own memory.stat fields leave out its leaves, the total_* ones do not.
+    const usage = readTextSync(path.join(mem, "memory.usage_in_bytes"));
+    const statText = usage === undefined ? undefined : readTextSync(path.join(mem, "memory.stat"));
+    if (usage === undefined || statText === undefined) return undefined;
+    const raw = parseKeyed(statText);
+    const stat: MemoryUse["stat"] = {};
+    for (const [key, v1] of V1_STAT) {
+      const v = raw.get(`total_${v1}`);
+      if (v !== undefined) stat[key] = v;
+    }
+    // hierarchical_memory_limit is the smallest limit up the tree; "unlimited" is ~2^63.
+    const limit = raw.get("hierarchical_memory_limit") ?? Infinity;
+    return { limitBytes: limit >= 2 ** 62 ? Infinity : limit, usageBytes: Number(usage), stat };
+  }
+
   async kill(name: string): Promise<void> {
     if (!(await this.exists(name))) return;
     // Freeze first so nothing can fork while we kill (a fork bomb would otherwise race us).
@@ -181,6 +198,12 @@ export class CgroupV1 implements CgroupBackend {
     }
   }
 }
+
+/** v1's memory.stat names (as total_<name>) of the v2 names MemoryUse keeps. */
+const V1_STAT: [MemoryStatKey, string][] = [
+  ["file", "cache"], ["anon", "rss"], ["anon_thp", "rss_huge"], ["shmem", "shmem"], ["file_mapped", "mapped_file"], ["file_dirty", "dirty"], ["file_writeback", "writeback"],
+  ["inactive_anon", "inactive_anon"], ["active_anon", "active_anon"], ["inactive_file", "inactive_file"], ["active_file", "active_file"], ["unevictable", "unevictable"],
+];
 
 /** memory.limit (and memsw, when swap is accounted) of a v1 memory group. */
 async function setMemoryLimit(mem: string, bytes: number): Promise<void> {

@@ -152,4 +152,17 @@ describe("cgroup v2 back end", () => {
     await cg.removeParentIfEmpty();
     expect(await cg.exists("k")).toBe(false);
   });
+
+  it("reads a group's memory for its /proc/meminfo view: memory.max, memory.current, memory.stat", async () => {
+    const cg = new CgroupV2({ base, group: "g" });
+    const dir = path.join(base, "g", "mem");
+    await mkdir(dir, { recursive: true });
+    expect(cg.memory("mem")).toBeUndefined();
+    await writeFile(path.join(dir, "memory.max"), "max\n");
+    await writeFile(path.join(dir, "memory.current"), "300000000\n");
+    await writeFile(path.join(dir, "memory.stat"), "anon 200000000\nfile 90000000\ninactive_file 40000000\nslab_reclaimable 1000\npgfault 7\n");
+    expect(cg.memory("mem")).toEqual({ limitBytes: Infinity, usageBytes: 300_000_000, stat: { anon: 200_000_000, file: 90_000_000, inactive_file: 40_000_000, slab_reclaimable: 1000 } });
+    await writeFile(path.join(dir, "memory.max"), "1073741824\n");
+    expect(cg.memory("mem")?.limitBytes).toBe(2 ** 30);
+  });
 });

@@ -1,7 +1,7 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { CgroupBackend, CgroupLimits, CgroupStats, UserLimits } from "./types.ts";
-import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
+import type { CgroupBackend, CgroupLimits, CgroupStats, MemoryUse, UserLimits } from "./types.ts";
+import { AGENT_LEAF, MEMORY_STAT_KEYS, isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
 import { rmdirRetry } from "./v1.ts";
 
 // cgroup v2 (unified): one tree; `<our own cgroup>/<group>/<name>` per sandbox, with memory, pids
@@ -133,6 +133,22 @@ export class CgroupV2 implements CgroupBackend {
       cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,
       cpuThrottledUsec: cpuStat.get("throttled_usec") ?? 0,
     };
+  }
+
+  memory(name: string): MemoryUse | undefined {
+    const d = this.#dir(name);
+    // v2's memory.stat is hierarchical already; memory.max is the group's own (ancestors' not looked up).
+    const usage = readTextSync(path.join(d, "memory.current"));
+    const max = usage === undefined ? undefined : readTextSync(path.join(d, "memory.max"))?.trim();
+    const statText = max === undefined ? undefined : readTextSync(path.join(d, "memory.stat"));
+    if (usage === undefined || max === undefined || statText === undefined) return undefined;
+    const raw = parseKeyed(statText);
+    const stat: MemoryUse["stat"] = {};
+    for (const key of MEMORY_STAT_KEYS) {
+      const v = raw.get(key);
+      if (v !== undefined) stat[key] = v;
+    }
+    return { limitBytes: max === "max" ? Infinity : Number(max), usageBytes: Number(usage), stat };
   }
 
   async kill(name: string): Promise<void> {
