@@ -7,8 +7,9 @@
 SANDBOX_PACKAGES="bubblewrap util-linux mount e2fsprogs debootstrap git python3-pylsp python3-seccomp procps iproute2 nftables tar skopeo attr buildah docker-registry openssl"
 # Test-only: a real browser for the sign-in flow; htpasswd for the test registry's basic auth;
 # a Docker engine and gVisor for the docker provider's suites (their setup starts dockerd itself);
-# tmux: the CLI driven in a real terminal; docker-compose, haproxy: the fleet's compose file and load balancer (test/fleet).
-TEST_PACKAGES="chromium apache2-utils docker.io runsc tmux docker-compose haproxy"
+# tmux: the CLI driven in a real terminal; docker-compose, haproxy: the fleet's compose file and load balancer (test/fleet);
+# curl: a client of its own for transfers and REST over h2c (prior knowledge and Upgrade).
+TEST_PACKAGES="chromium apache2-utils docker.io runsc tmux docker-compose haproxy curl"
 
 # Installs whichever of "$@" is missing. As root with apt-get: installs; otherwise prints the
 # exact command to run and fails.
