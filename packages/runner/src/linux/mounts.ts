@@ -139,21 +139,28 @@ attach_and_mount "$1" "$2" "" nosuid,nodev || exit
 exec mount -t overlay overlay -o "$5" "$6"
 `;
 
+/**
+ * Unmounts `target`, waiting while it is busy. A lazy unmount is the last resort: the file system
+ * lives on unseen while anything holds it (a disk image's ext4 keeps its loop device, and a
+ * read-only mount of the image, as an archive's pack makes, then fails "already mounted"), so
+ * the wait is long enough for a loaded host to finish reaping the sandbox's processes.
+ */
 export async function unmount(target: string): Promise<void> {
+  const deadline = Date.now() + 5_000;
   for (let attempt = 0; ; attempt++) {
     try {
       await run("umount", [target]);
       return;
     } catch (err) {
       if (!(await isMountpoint(target))) return;
-      if (attempt >= 20) {
+      if (Date.now() >= deadline) {
         // Still busy (a file held open from outside?): detach it so the sandbox can go.
         await run("umount", ["-l", target]).catch(() => undefined);
         if (await isMountpoint(target)) throw err;
         return;
       }
       if (!(err instanceof CommandError)) throw err;
-      await new Promise((r) => setTimeout(r, 25));
+      await new Promise((r) => setTimeout(r, Math.min(25 * 2 ** Math.floor(attempt / 4), 250)));
     }
   }
 }
