@@ -10,8 +10,8 @@ export default defineConfig({
     hookTimeout: 120_000,
     // Suites start real servers and processes; files run in parallel forks. They mostly wait
     // (sandboxes starting, servers answering): a whole run used a third of a 2-core machine with
-    // vitest's default of cores - 1 workers, so three files run at a time wherever there are fewer cores.
+    // vitest's default of cores - 1 workers, so two files run at a time wherever there are fewer cores.
     pool: "forks",
-    maxWorkers: Math.max(3, availableParallelism() - 1),
+    maxWorkers: Math.max(2, availableParallelism() - 1),
   },
 });

@@ -205,7 +205,8 @@ describe.skipIf(!isRoot)("stopping `sandbar serve` by signalling its process gro
     expect(log).toContain(`leftovers: removed ${POOL} sandbox(es) nothing claims: `);
     for (const id of ids) expect(log).toContain(id);
     expect(log).toMatch(new RegExp(`leftovers: killed [1-9]\\d* processes of sandboxes`));
-    expect(log).toContain(`leftovers: removed ${2 * POOL} mounts (overlay roots, disk images, volumes)`);
+    // How many of their mounts a loaded host had made when the group was killed varies; none is left (above).
+    expect(log).toMatch(/leftovers: removed [1-9]\d* mounts \(overlay roots, disk images, volumes\)/);
     expect(log).toContain(`leftovers: removed ${POOL} loop devices`);
     expect(log).toContain(`leftovers: removed ${POOL} sandbox cgroups`);
 

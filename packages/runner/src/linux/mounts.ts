@@ -121,7 +121,8 @@ export async function mountDiskImage(image: string, target: string, readonly = f
 const ATTACH = `
 attach_and_mount() {
   for try in 1 2 3 4 5; do
-    dev=$(losetup --find --show --nooverlap --direct-io=on $3 "$1") && break
+    # A device another setup took in between is not ours: its backing file is checked.
+    dev=$(losetup --find --show --nooverlap --direct-io=on $3 "$1") && read -r bf < "/sys/block/\${dev#/dev/}/loop/backing_file" && [ "$bf" -ef "$1" ] && break
     [ $try = 5 ] && return 1
     sleep 0.05
   done
