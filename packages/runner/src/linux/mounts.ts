@@ -114,7 +114,20 @@ export async function mountDiskImage(image: string, target: string, readonly = f
   // Detaching a mounted device only marks it autoclear: it goes with the unmount, as with
   // mount -o loop; after a failed mount it goes at once. Two setups racing for one free device:
   // the loser fails busy, and tries again.
-  await run("sh", ["-c", ATTACH_AND_MOUNT, "sandbar-mount", image, target, readonly ? "--read-only" : "", `nosuid,nodev${readonly ? ",ro" : ""}`]);
+  // The image's file system can outlive its last unmount for a moment: a stopped sandbox's mount
+  // namespace is released by the kernel asynchronously (deferred mntput), and until then a mount
+  // of the image (an archive's read-only one right after a stop, on a loaded host) is refused as
+  // "already mounted". That passes: it is tried again for a few seconds.
+  const deadline = Date.now() + 5_000;
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await run("sh", ["-c", ATTACH_AND_MOUNT, "sandbar-mount", image, target, readonly ? "--read-only" : "", `nosuid,nodev${readonly ? ",ro" : ""}`]);
+      return;
+    } catch (err) {
+      if (!(err instanceof CommandError && err.code === 32 && /already mounted/.test(err.stderr)) || Date.now() >= deadline) throw err;
+      await new Promise((r) => setTimeout(r, Math.min(25 * 2 ** attempt, 250)));
+    }
+  }
 }
 
 /** attach_and_mount <image> <target> <losetup's --read-only or ""> <mount options> */
