@@ -1,4 +1,3 @@
-import { availableParallelism } from "node:os";
 import { defineConfig } from "vitest/config";
 
 export default defineConfig({
@@ -8,10 +7,9 @@ export default defineConfig({
     globalSetup: ["test/setup/shared-fixtures.ts", "test/setup/dockerd.ts"],
     testTimeout: 60_000,
     hookTimeout: 120_000,
-    // Suites start real servers and processes; files run in parallel forks. They mostly wait
-    // (sandboxes starting, servers answering): a whole run used a third of a 2-core machine with
-    // vitest's default of cores - 1 workers, so two files run at a time wherever there are fewer cores.
+    // Suites start real servers and processes; files run in parallel forks (vitest's default:
+    // cores - 1, so one at a time on 2 cores: a whole run uses a third of such a machine; two at a
+    // time halves it but still shows races between suites sharing the host's loop devices).
     pool: "forks",
-    maxWorkers: Math.max(2, availableParallelism() - 1),
   },
 });
