@@ -15,10 +15,9 @@ import { readFile, writeFile } from "node:fs/promises";
 import { readFileSync } from "node:fs";
 import { connect, type Socket } from "node:net";
 import { cpus, loadavg } from "node:os";
-import { parseArgs } from "node:util";
 import { startSandbar, type SandbarChild } from "./children.ts";
 import { cpuPerRequest, sampleCpu } from "./cpu-usage.ts";
-import { positiveOption, runLoad } from "./load.ts";
+import { type BenchOptions, loadOptions, runLoad } from "./load.ts";
 import { failures, type Run } from "./report.ts";
 import { withSection } from "./sections.ts";
 
@@ -31,24 +30,6 @@ const HEADROOM = 16;
 const UNREACHED = "100000000";
 /** Refused connection attempts per second during the flood. */
 const PROBES_PER_SECOND = 100;
-
-function options() {
-  const { values } = parseArgs({
-    options: {
-      duration: { type: "string", default: "8" },
-      connections: { type: "string", default: "50" },
-      warmup: { type: "string", default: "2" },
-      rounds: { type: "string", default: "3" },
-    },
-    strict: true,
-  });
-  return {
-    durationSeconds: positiveOption("duration", values.duration),
-    connections: positiveOption("connections", values.connections),
-    warmupSeconds: positiveOption("warmup", values.warmup),
-    rounds: positiveOption("rounds", values.rounds),
-  };
-}
 
 /** Idle connections from several addresses, kept open (reopened if the server closes one), and refused probes beside them. */
 class Flood {
@@ -144,7 +125,7 @@ const children: SandbarChild[] = [];
 let flood: Flood | undefined;
 
 async function main(): Promise<number> {
-  const opts = options();
+  const opts = loadOptions({ duration: 8, connections: 50, warmup: 2, rounds: 3 });
   const command = ["node bench/control/flood.ts", ...process.argv.slice(2)].join(" ");
   const startedAt = new Date();
   const load = loadavg();
@@ -227,7 +208,7 @@ interface Figures {
   openFiles: number;
 }
 
-function markdown(f: Figures, opts: ReturnType<typeof options>, command: string, startedAt: Date, load: number[]): string {
+function markdown(f: Figures, opts: BenchOptions, command: string, startedAt: Date, load: number[]): string {
   const ratios = (get: (r: Phase) => number) => f.withFlood.map((r, i) => get(r) / get(f.without[i]!));
   const p99Ratio = median(ratios((r) => r.p99Ms));
   const row = (name: string, rs: Phase[]) =>

@@ -4,6 +4,7 @@
  * rather than its integer-millisecond histogram, and every response's status is counted.
  */
 import { createRequire } from "node:module";
+import { parseArgs } from "node:util";
 
 /** The slice of autocannon's API used here (the package ships no types). */
 interface AutocannonResult {
@@ -99,4 +100,31 @@ export function positiveOption(name: string, text: string): number {
   const n = Number(text);
   if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} must be a positive whole number, got "${text}"`);
   return n;
+}
+
+/** The load benches' common flags (--duration, --connections, --warmup, --rounds), each a positive whole number. */
+export function loadOptions(defaults: { duration: number; connections: number; warmup: number; rounds: number }): BenchOptions {
+  const { values } = parseArgs({
+    options: {
+      duration: { type: "string", default: String(defaults.duration) },
+      connections: { type: "string", default: String(defaults.connections) },
+      warmup: { type: "string", default: String(defaults.warmup) },
+      rounds: { type: "string", default: String(defaults.rounds) },
+    },
+    strict: true,
+  });
+  return {
+    durationSeconds: positiveOption("duration", values.duration),
+    connections: positiveOption("connections", values.connections),
+    warmupSeconds: positiveOption("warmup", values.warmup),
+    rounds: positiveOption("rounds", values.rounds),
+  };
+}
+
+/** What loadOptions answers. */
+export interface BenchOptions {
+  durationSeconds: number;
+  connections: number;
+  warmupSeconds: number;
+  rounds: number;
 }

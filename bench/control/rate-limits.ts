@@ -14,10 +14,9 @@
  */
 import { readFile, writeFile } from "node:fs/promises";
 import { cpus, loadavg } from "node:os";
-import { parseArgs } from "node:util";
 import { startSandbar, type SandbarChild } from "./children.ts";
 import { cpuPerRequest, sampleCpu } from "./cpu-usage.ts";
-import { positiveOption, runLoad } from "./load.ts";
+import { type BenchOptions, loadOptions, runLoad } from "./load.ts";
 import { failures, type Run } from "./report.ts";
 import { withSection } from "./sections.ts";
 
@@ -43,28 +42,10 @@ const CONFIGS: Array<{ name: string; env: Record<string, string> }> = [
   { name: "limits on, PostgreSQL store", env: { SANDBAR_RATE_LIMIT_STORE: "postgres", SANDBAR_RATE_LIMIT_AUTHENTICATED: UNREACHED } },
 ];
 
-function options() {
-  const { values } = parseArgs({
-    options: {
-      duration: { type: "string", default: "3" },
-      connections: { type: "string", default: "64" },
-      warmup: { type: "string", default: "1" },
-      rounds: { type: "string", default: "10" },
-    },
-    strict: true,
-  });
-  return {
-    durationSeconds: positiveOption("duration", values.duration),
-    connections: positiveOption("connections", values.connections),
-    warmupSeconds: positiveOption("warmup", values.warmup),
-    rounds: positiveOption("rounds", values.rounds),
-  };
-}
-
 const children: SandbarChild[] = [];
 
 async function main(): Promise<number> {
-  const opts = options();
+  const opts = loadOptions({ duration: 3, connections: 64, warmup: 1, rounds: 10 });
   const command = ["node bench/control/rate-limits.ts", ...process.argv.slice(2)].join(" ");
   const startedAt = new Date();
   const load = loadavg();
@@ -105,7 +86,7 @@ async function main(): Promise<number> {
   return 0;
 }
 
-function markdown(runs: Run[][], opts: ReturnType<typeof options>, command: string, startedAt: Date, load: number[]): string {
+function markdown(runs: Run[][], opts: BenchOptions, command: string, startedAt: Date, load: number[]): string {
   const sum = (rs: Run[]) => ({
     rps: rs.reduce((a, r) => a + r.ok, 0) / rs.reduce((a, r) => a + r.seconds, 0),
     p50: median(rs.map((r) => r.p50Ms)),

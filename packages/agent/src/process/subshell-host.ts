@@ -174,7 +174,7 @@ export class SubshellHost {
     // streams once it exits (so unread output does not pile up), and the output of an execution
     // whose reader was not attached yet (it comes with the "p" line, read after the host's exit
     // on a starved agent) went to no listener: answered exit 0 with no output.
-    const held = this.#child.stdio as unknown as (Readable | Writable | null)[];
+    const held: (Readable | Writable | null | undefined)[] = this.#child.stdio;
     this.#pipes = held.slice() as Socket[];
     for (let fd = 4; fd < held.length; fd++) held[fd] = null;
     this.#requests.on("error", () => this.#gone());

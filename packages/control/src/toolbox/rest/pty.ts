@@ -74,7 +74,7 @@ export function createConnectRequest(query: URLSearchParams, offered: string[]):
   const input = create(CreatePtyRequestSchema, { id: query.get("id") ?? "", cwd: query.get("cwd") || undefined, lazyStart: true });
   for (const name of ["cols", "rows"] as const) {
     const text = query.get(name);
-    if (text !== null && text !== "") setField(input as never, CreatePtyRequestSchema.field[name], text, "text", errs);
+    if (text !== null && text !== "") setField(input, CreatePtyRequestSchema.field[name], text, "text", errs);
   }
   const token = offered.find((p) => p.startsWith(PTY_ENVS));
   if (token) {
