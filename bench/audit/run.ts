@@ -1,5 +1,5 @@
 // Audit bench: what recording adds to a state-changing call. The same method (a role's every field
-// replaced, PUT /organizations/{id}/roles/{id}) through the one request path (rpc/secure.ts: guard,
+// replaced, PUT /organizations/{id}/roles/{id}) through the call chain (call/chain.ts: guard,
 // input checks, handler) with and without the audit recorder, on one real server's database, in
 // the same run; and the whole REST call for scale.
 //
@@ -8,15 +8,13 @@
 // --quick: 200 calls per path (to check the bench works).
 import { writeFile } from "node:fs/promises";
 import { create } from "@bufbuild/protobuf";
-import type { HandlerContext } from "@connectrpc/connect";
-import { routeOf } from "@sandbar/protocol";
 import { OrganizationRoleService, UpdateRoleRequestSchema } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
 import { AuditRecorder } from "../../packages/control/src/audit/recorder.ts";
 import { Credentials } from "../../packages/control/src/auth/credentials.ts";
 import { Guard } from "../../packages/control/src/auth/guard.ts";
-import { callContext } from "../../packages/control/src/gateway/rest-route.ts";
-import { secure } from "../../packages/control/src/rpc/secure.ts";
+import { contextFor, newCall } from "../../packages/control/src/call/call.ts";
+import { CallChain } from "../../packages/control/src/call/chain.ts";
 import { organizationRoleService } from "../../packages/control/src/services/organization-roles.ts";
 import { startTestServer } from "../../packages/control/src/testing/server.ts";
 import { loadAvg, log, machine, ms, Rest, stats, type Stat } from "../sandboxes/support.ts";
@@ -25,8 +23,6 @@ const QUICK = process.argv.includes("--quick");
 const CALLS = QUICK ? 200 : 2000;
 const ROUND = 100;
 const WARMUP = 100;
-
-type Update = (input: unknown, ctx: HandlerContext) => Promise<unknown>;
 
 const t = await startTestServer();
 const rest = new Rest(t.url, t.adminKey);
@@ -40,15 +36,17 @@ try {
 
   const guard = new Guard(credentials);
   const impl = organizationRoleService(t.server.orm, credentials);
-  const plain = secure(OrganizationRoleService, impl, guard) as unknown as Record<string, Update>;
-  const audited = secure(OrganizationRoleService, impl, guard, routeOf, new AuditRecorder(t.server.orm, log)) as unknown as Record<string, Update>;
+  const plain = new CallChain(guard);
+  plain.mount(OrganizationRoleService, impl);
+  const audited = new CallChain(guard, new AuditRecorder(t.server.orm, log));
+  audited.mount(OrganizationRoleService, impl);
   const method = OrganizationRoleService.method.updateRole;
-  const request = { headers: { authorization: `Bearer ${t.adminKey}`, "user-agent": "bench" }, method: "PUT", url: "/", socket: { remoteAddress: "127.0.0.1" } };
+  const request = { headers: { authorization: `Bearer ${t.adminKey}`, "user-agent": "bench" }, socket: { remoteAddress: "127.0.0.1" } };
   const signal = new AbortController().signal;
 
   const paths: Record<string, () => Promise<unknown>> = {
-    "secure path, no recorder": () => plain.updateRole!(input, callContext(method, request, signal)),
-    "secure path, recorded": () => audited.updateRole!(input, callContext(method, request, signal)),
+    "call chain, no recorder": () => plain.unary(contextFor(newCall(request), method, signal), input),
+    "call chain, recorded": () => audited.unary(contextFor(newCall(request), method, signal), input),
     "REST PUT (recorded), HTTP/1.1 keep-alive": () => rest.ok("PUT", `/organizations/${org}/roles/${role}`, body),
   };
   const figures: Record<string, number[]> = Object.fromEntries(Object.keys(paths).map((k) => [k, []]));
@@ -65,8 +63,8 @@ try {
     log(`${done + ROUND}/${CALLS}`);
   }
   const s: Record<string, Stat> = Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, stats(v)]));
-  const base = s["secure path, no recorder"]!;
-  const rec = s["secure path, recorded"]!;
+  const base = s["call chain, no recorder"]!;
+  const rec = s["call chain, recorded"]!;
   const rows = Object.entries(s).map(([k, v]) => `| ${k} | ${v.n} | ${ms(v.p50)} | ${ms(v.p99)} | ${ms(v.mean)} |`);
   const added = rec.p50 - base.p50;
   const report = `# Audit bench: what recording adds to a state-changing call

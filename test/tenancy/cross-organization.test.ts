@@ -28,7 +28,7 @@ import { DecodeErrors, messageFromJson, setField } from "../../packages/control/
 import { RouteTable } from "../../packages/control/src/gateway/route-table.ts";
 import { issuerSettings, TestIssuer } from "../../packages/control/src/testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
-import { SANDBOX_ID_HEADER } from "../../packages/control/src/toolbox/forward.ts";
+import { SANDBOX_ID_HEADER } from "../../packages/control/src/call/call.ts";
 import { TOOLBOX_PREFIXES } from "../../packages/control/src/toolbox/mount.ts";
 import { TOOLBOX_REST_ROUTES } from "../../packages/control/src/toolbox/rest/index.ts";
 import { ToolboxWebSockets } from "../../packages/control/src/toolbox/rest/websocket.ts";
@@ -262,7 +262,7 @@ describe.skipIf(!root)("another organization's resources", () => {
 
   it("refuse WebSocket upgrades (terminals, log following) as unknown ids do, before the handshake", async () => {
     // The toolbox's WebSocket routes, as the server mounts them (only their templates are read).
-    const sockets = new ToolboxWebSockets({ impls: new Map(), locator: {} as never, clients: {} as never });
+    const sockets = new ToolboxWebSockets({ chain: {} as never, locator: {} as never, clients: {} as never });
     const templates = sockets.routes(TOOLBOX_PREFIXES).map((r) => r.template);
     sockets.close();
     expect(templates.length).toBeGreaterThan(3);

@@ -6,8 +6,7 @@ import { OrganizationRoleService, UpdateRoleRequestSchema } from "@sandbar/proto
 import { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
 import { create } from "@bufbuild/protobuf";
 import { routeOf } from "@sandbar/protocol";
-import { authContextKey } from "../auth/principal.ts";
-import { callContext } from "../gateway/rest-route.ts";
+import { contextFor, newCall } from "../call/call.ts";
 import { AuditRecorder } from "./recorder.ts";
 import { randomUUID } from "node:crypto";
 import pg from "pg";
@@ -268,8 +267,9 @@ describe("audit log", () => {
     const method = OrganizationRoleService.method.updateRole;
     const input = create(UpdateRoleRequestSchema, { organizationId: org, roleId: role, name: "R", description: "d", permissions: [Permission.READ_VOLUMES] });
     const recorder = new AuditRecorder(t.server.orm, () => {});
-    const ctx = callContext(method, { headers: { "user-agent": "bench" }, method: "PUT", url: "/", socket: { remoteAddress: "127.0.0.1" } }, new AbortController().signal);
-    ctx.values.set(authContextKey, { principal: { kind: "jwt", userId: "kim", email: "kim@example.test", systemRole: "user" }, organizationId: org });
+    const call = newCall({ headers: { "user-agent": "bench" }, socket: { remoteAddress: "127.0.0.1" } });
+    call.admission = { route: routeOf(method), auth: { principal: { kind: "jwt", userId: "kim", email: "kim@example.test", systemRole: "user" }, organizationId: org } };
+    const ctx = contextFor(call, method, new AbortController().signal);
     const p50 = (xs: number[]) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
     const recording: number[] = [];
     const beginning: number[] = [];

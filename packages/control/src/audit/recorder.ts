@@ -3,11 +3,8 @@ import type { DescMethod } from "@bufbuild/protobuf";
 import type { HandlerContext } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { type ConnectError, httpStatusOf, type Route } from "@sandbar/protocol";
-import { authContextKey } from "../auth/principal.ts";
+import { authOf, callKey } from "../call/call.ts";
 import { statusOverride } from "../gateway/http-io.ts";
-import { sandboxIdKey } from "../gateway/rest-route.ts";
-import { clientAddressKey } from "../server/client-address.ts";
-import { SANDBOX_ID_HEADER } from "../toolbox/forward.ts";
 import { requestMetadata, storable } from "./request-metadata.ts";
 
 /** How a call ended: its result, or the error it answers. */
@@ -19,8 +16,10 @@ export interface CallOutcome {
 /** Completes a call's entry; never throws (a lost outcome must not fail a call that ran). */
 export type CompleteCall = (outcome: CallOutcome) => Promise<void>;
 
-/** What the one request path (rpc/secure.ts) calls around a state-changing call. */
+/** What the call chain (call/chain.ts) calls around a state-changing call. */
 export interface CallRecorder {
+  /** Whether calls of this method (whose route declares an audit entry) are recorded. */
+  records(method: DescMethod): boolean;
   /** Writes the entry before the handler runs; a failure here fails the call (as the reference). */
   begin(method: DescMethod, route: Route, input: unknown, ctx: HandlerContext): Promise<CompleteCall>;
 }
@@ -29,6 +28,8 @@ export interface CallRecorder {
 const MAX_ERROR = 10_000;
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const SOURCE_HEADERS = ["x-sandbar-source", "x-daytona-source"];
+/** The toolbox's services: the agent's contract. */
+const AGENT_PACKAGE = "sandbar.agent.";
 
 const cut = (s: string | null | undefined, max: number): string | null => (s ? storable(s.slice(0, max)) : null);
 const uuidOrNull = (v: unknown): string | null => (typeof v === "string" && UUID.test(v) ? v : null);
@@ -46,20 +47,28 @@ function stringField(obj: unknown, name: string): string | undefined {
 export class AuditRecorder implements CallRecorder {
   readonly #orm: MikroORM;
   readonly #log: (line: string) => void;
+  readonly #toolbox: boolean;
 
-  constructor(orm: MikroORM, log: (line: string) => void) {
+  /** `toolbox`: the agent's calls are recorded too (SANDBAR_AUDIT_TOOLBOX; off by default, as the reference). */
+  constructor(orm: MikroORM, log: (line: string) => void, toolbox = false) {
     this.#orm = orm;
     this.#log = log;
+    this.#toolbox = toolbox;
+  }
+
+  records(method: DescMethod): boolean {
+    return this.#toolbox || !method.parent.typeName.startsWith(AGENT_PACKAGE);
   }
 
   async begin(method: DescMethod, route: Route, input: unknown, ctx: HandlerContext): Promise<CompleteCall> {
     const audit = route.audit!;
-    const { principal, organizationId } = ctx.values.get(authContextKey);
+    const { principal, organizationId } = authOf(ctx);
+    const call = ctx.values.get(callKey);
     const fieldName = audit.targetId ? method.input.fields.find((f) => f.name === audit.targetId)?.localName : undefined;
     let target = fieldName ? stringField(input, fieldName) : undefined;
     // Toolbox calls name their sandbox in the path or the RPC metadata, not in the request (and
     // their results' ids are the agent's: sessions, terminals).
-    const routed = !target && audit.targetType === "sandbox" ? (ctx.values.get(sandboxIdKey) ?? ctx.requestHeader.get(SANDBOX_ID_HEADER) ?? undefined) : undefined;
+    const routed = !target && audit.targetType === "sandbox" ? call?.sandboxId : undefined;
     target ??= routed;
     const request = input === undefined ? undefined : requestMetadata(method.input, input);
     const metadata = { protocol: ctx.protocolName, ...(request ? { body: request } : {}) };
@@ -85,7 +94,7 @@ export class AuditRecorder implements CallRecorder {
         audit.action,
         audit.targetType || null,
         cut(target, 1024),
-        cut(ctx.values.get(clientAddressKey), 64),
+        cut(call?.address, 64),
         cut(ctx.requestHeader.get("user-agent"), 1024),
         cut(SOURCE_HEADERS.map((h) => ctx.requestHeader.get(h)).find(Boolean), 255),
         JSON.stringify(metadata),

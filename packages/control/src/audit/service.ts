@@ -2,7 +2,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import type { AuditService } from "@sandbar/protocol/gen/sandbar/control/v1/audit_pb.js";
-import { organizationOf } from "../auth/principal.ts";
+import { organizationOf } from "../call/call.ts";
 import { listAuditLogs } from "./list.ts";
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;

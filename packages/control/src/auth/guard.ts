@@ -53,6 +53,7 @@ export class Guard {
       // A key always acts for its organization (user-level routes too); a JWT on those counts for its user.
       const organizationId = auth.organizationId ?? auth.principal?.apiKey?.organizationId;
       call.figures = await limits.count(route, { address, organizationId, userId: auth.principal?.userId, overrides: access?.rateLimits });
+      call.counted = true;
     }
     return auth;
   }
@@ -100,18 +101,17 @@ export class Guard {
   }
 }
 
-/** Where a call comes from and where its rate-limit figures go. */
+/** Where a call comes from and where its rate-limit figures go (the chain's Call is one). */
 export interface CallSite {
-  /** The client's address (clientAddressKey): anonymous calls and failed authentications are counted by it. */
+  /** The client's address: anonymous calls and failed authentications are counted by it. */
   address?: string;
   /** Set by the check: where the call stands against its counter (for the X-RateLimit-* headers). */
   figures?: Figures;
-  /** Already counted for this request (the REST gateway's check before the body): not counted again. */
+  /** Set by the check once the request is counted: a request is counted once. */
   counted?: boolean;
   /**
-   * Who the request's credentials name, when this request was authenticated already (the REST
-   * gateway's check before the body); set by the check otherwise. Authenticating costs a database
-   * round trip (the revocation barrier), which a request pays once.
+   * Who the request's credentials name; set by the check. Authenticating costs a database round
+   * trip (the revocation barrier), which a request pays once.
    */
   principal?: Principal;
 }

@@ -1,6 +1,3 @@
-import { createContextKey, type HandlerContext } from "@connectrpc/connect";
-import { errors } from "@sandbar/protocol";
-
 /** A validated API key, as held in the credential cache. */
 export interface KeyIdentity {
   id: string;
@@ -34,18 +31,4 @@ export interface AuthContext {
   memberRole?: string;
   /** The scopes the call holds: the key's, or a signed-in member's (every scope for an owner). */
   permissions?: ReadonlySet<string>;
-}
-
-export const authContextKey = createContextKey<AuthContext>({});
-
-export function callerOf(ctx: HandlerContext): Principal {
-  const principal = ctx.values.get(authContextKey).principal;
-  if (!principal) throw errors.unauthenticated();
-  return principal;
-}
-
-export function organizationOf(ctx: HandlerContext): string {
-  const org = ctx.values.get(authContextKey).organizationId;
-  if (!org) throw errors.permissionDenied("Invalid authentication context");
-  return org;
 }

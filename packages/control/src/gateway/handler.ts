@@ -1,20 +1,18 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { STATUS_CODES } from "node:http";
 import type { Duplex } from "node:stream";
-import { create, type DescField, type DescMethod, type Message } from "@bufbuild/protobuf";
+import { create, type DescField, type DescMessage, type DescMethod, type Message } from "@bufbuild/protobuf";
+import { reflect } from "@bufbuild/protobuf/reflect";
 import type { HandlerContext } from "@connectrpc/connect";
-import { asConnectError, errors, httpStatusOf } from "@sandbar/protocol";
+import { errors } from "@sandbar/protocol";
+import { type Call, contextFor, newCall } from "../call/call.ts";
+import type { CallChain } from "../call/chain.ts";
+import { writeFigures } from "../limits/figures.ts";
+import { textProblems } from "../services/validate.ts";
+import { clientBefore, clientVersion } from "./client-version.ts";
+import { refuse, sendError } from "./error-answer.ts";
+import { readJsonBody, requestSignal, sendJson, upgradeRequired, write } from "./http-io.ts";
 import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
-import { rateFiguresKey, writeFigures } from "../limits/figures.ts";
-import { RATE_LIMIT_HEADER } from "../limits/rate-limits.ts";
-import { readJsonBody, requestSignal, sendJson, statusOverride, upgradeRequired, write } from "./http-io.ts";
-import { clientBefore, clientVersion } from "./client-version.ts";
-import { callContext, type ImplIndex, precheckRequest } from "./rest-route.ts";
-import { textProblems } from "../services/validate.ts";
-import { reportUnexpected } from "../rpc/unexpected.ts";
-
-export type { ImplIndex };
 
 export interface Gateway {
   /** Serves a request below the base path. */
@@ -24,14 +22,14 @@ export interface Gateway {
 }
 
 /**
- * The REST gateway: one route table, whose entries are the contract's routes (mapped onto the
- * same secured implementations the RPC router serves) or routes written by hand; one factory of
- * call contexts; errors rendered once, in the reference's body {path, timestamp, statusCode,
- * error, message}, for HTTP answers and refused WebSocket upgrades alike.
+ * The REST gateway, the chain's adapter for HTTP: one route table, whose entries are the
+ * contract's routes (invoked through the call chain like every RPC) or routes written by hand;
+ * errors rendered by error-answer.ts, for HTTP answers and refused WebSocket upgrades alike.
  */
-export function createGateway(table: RouteTable, impls: ImplIndex, basePath: string): Gateway {
+export function createGateway(table: RouteTable, chain: CallChain, basePath: string): Gateway {
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = req.url ?? "/";
+    let call: Call | undefined;
     let ctx: HandlerContext | undefined;
     try {
       cors(req, res);
@@ -51,27 +49,31 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
       if (!match || match.kind === "upgrade") throw errors.notFound(`Cannot ${verb} ${basePath}${path}`);
       const signal = requestSignal(res);
       if (match.kind === "handwritten") {
+        call = newCall(req, match.params.sandbox_id);
         // The caller is checked before the route reads a body (401/403 before 413 or 400).
-        if (!match.route.selfAuthorized) await precheckRequest(impls, match.route.method, req, res, {});
-        return await match.route.serve({ req, res, params: match.params, query, signal });
+        if (!match.route.selfAuthorized) {
+          await chain.admit(call, match.route.method);
+          headersOnto(res, call);
+        }
+        return await match.route.serve({ req, res, params: match.params, query, signal, call });
       }
       const { route, params } = match;
-      const impl = impls.get(route.service.typeName)?.[route.method.localName];
-      if (!impl) throw errors.unimplemented(`${verb} ${basePath}${route.template} is not implemented yet`);
-      if (route.body) await precheckRequest(impls, route.method, req, res, partialInput(route, params, query));
-      const errs = new DecodeErrors();
-      const input = await readInput(req, route, params, query, errs);
       // A sandbox in the path that the message has no field for routes the call (the toolbox).
       const sandboxId = params.sandbox_id !== undefined && !fieldNamed(route.method, "sandbox_id") ? params.sandbox_id : undefined;
+      call = newCall(req, sandboxId);
+      // With a body, the caller is checked before it is read.
+      if (route.body) await chain.admit(call, route.method, partialInput(route, params, query));
+      const errs = new DecodeErrors();
+      const input = await readInput(req, route, params, query, errs);
       if (sandboxId !== undefined) textProblems("sandbox_id", "sandboxId", sandboxId).forEach((p) => errs.add(p));
-      ctx = callContext(route.method, req, signal, { sandboxId, problems: errs.messages });
-      if (route.method.methodKind === "server_streaming") return await stream(res, route, impl(input, ctx) as AsyncIterable<unknown>, ctx);
+      ctx = contextFor(call, route.method, signal, errs.messages);
+      if (route.method.methodKind === "server_streaming") return await stream(res, route, chain.stream(ctx, input), ctx, call);
       if (route.method.methodKind !== "unary") throw errors.unimplemented(`${route.method.name} is not available over REST`);
-      const output = create(route.method.output, (await impl(input, ctx)) as never) as Message;
-      send(res, route, output, ctx, wholePage(route, req, query));
+      const output = await chain.unary(ctx, input);
+      send(res, route, output, ctx, call, wholePage(route, req, query));
     } catch (err) {
-      // The call's rate-limit figures stay on its error.
-      if (ctx && !res.headersSent) copyHeaders(res, ctx);
+      // The call's headers and rate-limit figures stay on its error.
+      if (call && !res.headersSent) headersOnto(res, call, ctx);
       sendError(res, url, err);
     }
   }
@@ -91,7 +93,8 @@ export function createGateway(table: RouteTable, impls: ImplIndex, basePath: str
     const abort = new AbortController();
     socket.on("error", () => socket.destroy());
     socket.once("close", () => abort.abort());
-    match.route.accept({ req, socket, head, params: match.params, query, signal: abort.signal }).catch((err: unknown) => refuse(socket, url, err));
+    const call = newCall(req, match.params.sandbox_id);
+    match.route.accept({ req, socket, head, params: match.params, query, signal: abort.signal, call }).catch((err: unknown) => refuse(socket, url, err));
     return true;
   }
 
@@ -146,10 +149,10 @@ function fieldNamed(method: DescMethod, name: string): DescField | undefined {
   return method.input.fields.find((f) => f.name === name || f.jsonName === name);
 }
 
-function copyHeaders(res: ServerResponse, ctx: HandlerContext) {
-  ctx.responseHeader.forEach((value, key) => res.setHeader(key, value));
-  const figures = ctx.values.get(rateFiguresKey);
-  if (figures) writeFigures(figures, (k, v) => res.setHeader(k, v));
+/** The headers the implementation set and the call's rate-limit figures, on its response. */
+function headersOnto(res: ServerResponse, call: Call, ctx?: HandlerContext) {
+  ctx?.responseHeader.forEach((value, key) => res.setHeader(key, value));
+  if (call.figures) writeFigures(call.figures, (k, v) => res.setHeader(k, v));
 }
 
 /**
@@ -163,12 +166,11 @@ function wholePage(route: RestRoute, req: IncomingMessage, query: URLSearchParam
   return clientVersion(req.headers).sent && !clientBefore(req.headers, [0, 180, 0]);
 }
 
-function send(res: ServerResponse, route: RestRoute, output: Message, ctx: HandlerContext, whole = false) {
+function send(res: ServerResponse, route: RestRoute, output: Message, ctx: HandlerContext, call: Call, whole = false) {
   // The call's headers go in with writeHead (one step, instead of a setHeader each: every call has six rate-limit figures).
   const headers: Record<string, string> = {};
   ctx.responseHeader.forEach((value, key) => (headers[key] = value));
-  const figures = ctx.values.get(rateFiguresKey);
-  if (figures) writeFigures(figures, (k, v) => (headers[k] = v));
+  if (call.figures) writeFigures(call.figures, (k, v) => (headers[k] = v));
   if (route.method.output.typeName === "google.protobuf.Empty") return void res.writeHead(route.status, headers).end();
   const opts = { omitUnset: route.omitUnset };
   const field = route.responseBody && !whole ? route.method.output.fields.find((f) => f.name === route.responseBody) : undefined;
@@ -178,19 +180,24 @@ function send(res: ServerResponse, route: RestRoute, output: Message, ctx: Handl
   sendJson(res, route.status, body, headers);
 }
 
+/** A string or bytes field's value, written as it is. */
+function rawChunk(desc: DescMessage, msg: Message, field: DescField): string | Uint8Array {
+  const value = reflect(desc, msg).get(field);
+  return typeof value === "string" || value instanceof Uint8Array ? value : String(value);
+}
+
 /** Server streams: a string/bytes response_body is written raw; otherwise one JSON object per line. */
-async function stream(res: ServerResponse, route: RestRoute, messages: AsyncIterable<unknown>, ctx: HandlerContext) {
+async function stream(res: ServerResponse, route: RestRoute, messages: AsyncIterable<Message>, ctx: HandlerContext, call: Call) {
   const field = route.responseBody ? route.method.output.fields.find((f) => f.name === route.responseBody) : undefined;
-  const raw = field?.fieldKind === "scalar";
+  const raw = field?.fieldKind === "scalar" ? field : undefined;
   const iterator = messages[Symbol.asyncIterator]();
   // Pull the first message before committing to 200, so an early error still gets its status.
   let next = await iterator.next();
-  copyHeaders(res, ctx);
+  headersOnto(res, call, ctx);
   res.writeHead(route.status, { "content-type": raw ? "text/plain; charset=utf-8" : "application/x-ndjson" });
   try {
     while (!next.done) {
-      const msg = create(route.method.output, next.value as never) as unknown as Record<string, unknown>;
-      const chunk = raw ? (msg[field!.localName] as string | Uint8Array) : JSON.stringify(messageToJson(route.method.output, msg as unknown as Message, { omitUnset: route.omitUnset })) + "\n";
+      const chunk = raw ? rawChunk(route.method.output, next.value, raw) : JSON.stringify(messageToJson(route.method.output, next.value, { omitUnset: route.omitUnset })) + "\n";
       await write(res, chunk);
       next = await iterator.next();
     }
@@ -200,39 +207,6 @@ async function stream(res: ServerResponse, route: RestRoute, messages: AsyncIter
     throw err;
   }
   res.end();
-}
-
-/** The reference's error body for any failure: the one rendering of errors, for HTTP and refused upgrades. */
-function errorBody(path: string, err: unknown) {
-  const e = asConnectError(err);
-  const statusCode = statusOverride(e) ?? httpStatusOf(e.code);
-  return { path, timestamp: new Date().toISOString(), statusCode, error: STATUS_CODES[statusCode] ?? "Error", message: e.rawMessage };
-}
-
-export function sendError(res: ServerResponse, path: string, err: unknown) {
-  reportUnexpected(path, err);
-  if (res.headersSent) return void res.destroy();
-  const body = errorBody(path, err);
-  // An error's rate-limit figures (429's Retry-After, a 401's failed-auth count) are headers; its other metadata stays inside.
-  asConnectError(err).metadata.forEach((value, key) => {
-    if (RATE_LIMIT_HEADER.test(key)) res.setHeader(key, value);
-  });
-  sendJson(res, body.statusCode, body);
-}
-
-/** Answers a WebSocket upgrade request with an HTTP error (before the handshake, so the status reaches the client). */
-export function refuse(socket: Duplex, path: string, err: unknown): void {
-  reportUnexpected(path, err);
-  if (socket.destroyed) return;
-  const body = errorBody(path, err);
-  const text = JSON.stringify(body);
-  let limits = "";
-  asConnectError(err).metadata.forEach((value, key) => {
-    if (RATE_LIMIT_HEADER.test(key)) limits += `${key}: ${value}\r\n`;
-  });
-  socket.end(
-    `HTTP/1.1 ${body.statusCode} ${body.error}\r\n${limits}Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(text)}\r\nConnection: close\r\n\r\n${text}`,
-  );
 }
 
 function cors(req: IncomingMessage, res: ServerResponse) {

@@ -7,8 +7,13 @@ export const MAX_JSON_BODY = 10 * 1024 * 1024;
 /** How much of a too-large body is read and dropped so the client can read its 413; past that the connection closes. */
 const MAX_DRAIN = 64 * 1024 * 1024;
 
-/** The header that carries an HTTP status no Connect code has (413), on the one error that needs it. */
-const HTTP_STATUS_META = "x-sandbar-http-status";
+/** The metadata that carries an HTTP status an error answers instead of its code's (413, 426, 502...). */
+export const HTTP_STATUS_META = "x-sandbar-http-status";
+
+/** An error that answers `status` over HTTP (and `code` over RPC). */
+export function httpError(status: number, message: string, code: Code = Code.InvalidArgument): ConnectError {
+  return new ConnectError(message, code, { [HTTP_STATUS_META]: String(status) });
+}
 
 /** 413 over REST (RESOURCE_EXHAUSTED over RPC, as Connect itself answers a message over its limit). */
 export function payloadTooLarge(limit: number): ConnectError {

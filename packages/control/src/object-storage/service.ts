@@ -1,7 +1,7 @@
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import type { ObjectStorageService } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
-import { authContextKey, organizationOf } from "../auth/principal.ts";
+import { authOf, organizationOf } from "../call/call.ts";
 import type { ObjectStorageBackend } from "./backend.ts";
 import type { PushAccessKeys } from "./push-credentials.ts";
 import { S3_PREFIX } from "./s3-proxy.ts";
@@ -17,7 +17,7 @@ export function objectStorageService(backend: ObjectStorageBackend | undefined, 
   return {
     async getStoragePushAccess(_req, ctx: HandlerContext) {
       const organizationId = organizationOf(ctx);
-      const held = ctx.values.get(authContextKey).permissions;
+      const held = authOf(ctx).permissions;
       if (!SCOPES.some((s) => held?.has(s))) throw errors.permissionDenied(`Access denied: needs ${SCOPES.join(" or ")}`);
       if (!backend || !keys) throw errors.unavailable("Object storage is not configured");
       const c = keys.issue(organizationId);

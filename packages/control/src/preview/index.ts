@@ -5,8 +5,10 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/preview_pb.js";
 import type { Credentials } from "../auth/credentials.ts";
 import { ORG_HEADERS } from "../auth/guard.ts";
-import { refuse, sendError } from "../gateway/handler.ts";
-import { callContext, type HandwrittenRoute, type ImplIndex, type UpgradeRoute } from "../gateway/rest-route.ts";
+import { contextFor, newCall } from "../call/call.ts";
+import type { CallChain } from "../call/chain.ts";
+import { refuse, sendError } from "../gateway/error-answer.ts";
+import type { HandwrittenRoute, UpgradeCall, UpgradeRoute } from "../gateway/rest-route.ts";
 import type { SandboxManager } from "../sandboxes/manager.ts";
 import type { Settings } from "../settings.ts";
 import { authorize, type AccessCheck } from "./access.ts";
@@ -40,8 +42,8 @@ export interface PreviewDeps {
   settings: Settings;
   manager: SandboxManager;
   credentials: Credentials;
-  /** The secured implementations (filled by the server before requests arrive): the Bearer check goes through the guard. */
-  impls: ImplIndex;
+  /** The call chain: the Bearer check is a call of PreviewService.HasSandboxAccess through it. */
+  chain: CallChain;
   basePath: string;
 }
 
@@ -67,16 +69,14 @@ export async function startPreview(deps: PreviewDeps): Promise<Preview> {
   const check: AccessCheck = {
     cookies: await PreviewCookies.open(deps.orm),
     secure: urls.secure,
-    // Through the secured PreviewService.HasSandboxAccess: the one guard, then the membership
-    // check. A grant is remembered as long as the proxy's other reads (by a digest of the
+    // A call of PreviewService.HasSandboxAccess through the chain: authentication, then the
+    // membership check. A grant is remembered as long as the proxy's other reads (by a digest of the
     // credential and organization header, never the credential itself).
     async checkBearer(req, sandboxId) {
       const key = createHash("sha256").update(`${req.headers.authorization}\n${ORG_HEADERS.map((h) => req.headers[h] ?? "").join("\n")}\n${sandboxId}`).digest("base64");
       const now = Date.now();
       if ((granted.get(key) ?? 0) > now) return;
-      const impl = deps.impls.get(PreviewService.typeName)?.[hasAccess.localName];
-      if (!impl) throw new Error("PreviewService is not mounted");
-      await impl({ sandboxId }, callContext(hasAccess, req, new AbortController().signal));
+      await deps.chain.unary(contextFor(newCall(req), hasAccess, new AbortController().signal), { sandboxId });
       if (granted.size >= 10_000) granted.clear();
       granted.set(key, now + LOOKUP_TTL_MS);
     },
@@ -131,7 +131,7 @@ export async function startPreview(deps: PreviewDeps): Promise<Preview> {
         serve: ({ req, res }) => serve(req, res, pathAddress(req.url ?? "/", basePath)),
       }),
     ),
-    upgrades: [{ template: pathRoute, accept: ({ req, socket, head }: Parameters<UpgradeRoute["accept"]>[0]) => upgrade(req, socket, head, pathAddress(req.url ?? "/", basePath)) }],
+    upgrades: [{ template: pathRoute, accept: ({ req, socket, head }: UpgradeCall) => upgrade(req, socket, head, pathAddress(req.url ?? "/", basePath)) }],
   };
 
   const labelOf = (req: { headers: IncomingMessage["headers"] }) => hostLabel(req.headers.host ?? (req.headers[":authority"] as string | undefined), urls.domain);

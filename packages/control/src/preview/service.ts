@@ -4,7 +4,7 @@ import type { PreviewService } from "@sandbar/protocol/gen/sandbar/control/v1/pr
 import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import type { Credentials } from "../auth/credentials.ts";
 import { ORG_HEADERS } from "../auth/guard.ts";
-import { callerOf, organizationOf } from "../auth/principal.ts";
+import { callerOf, organizationOf } from "../call/call.ts";
 import { isAuthToken, type SandboxManager } from "../sandboxes/manager.ts";
 import type { SignedPreviewUrls } from "./signed-urls.ts";
 import { SIGNED_TOKEN } from "./address.ts";

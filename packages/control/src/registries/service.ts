@@ -2,7 +2,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import type { DockerRegistryService } from "@sandbar/protocol/gen/sandbar/control/v1/registry_pb.js";
-import { authContextKey, organizationOf } from "../auth/principal.ts";
+import { authOf, organizationOf } from "../call/call.ts";
 import type { SecretBox } from "../auth/secret-box.ts";
 import { type Exec, execIn } from "../db/exec.ts";
 import { targetRegion } from "../organizations/target-region.ts";
@@ -76,7 +76,7 @@ export function dockerRegistryService(orm: MikroORM, box: SecretBox, internal: P
     async getRegistryPushAccess(req, ctx) {
       const organizationId = organizationOf(ctx);
       // Either scope will do, as the reference's; a route holds only one, so it is checked here.
-      const permissions = ctx.values.get(authContextKey).permissions;
+      const permissions = authOf(ctx).permissions;
       if (!permissions?.has("write:snapshots") && !permissions?.has("write:sandboxes")) throw errors.permissionDenied("Access denied");
       // One registry serves every region of this host; an unknown region is still refused.
       await targetRegion(orm, organizationId, req.regionId || undefined);

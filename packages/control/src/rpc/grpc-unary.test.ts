@@ -49,7 +49,7 @@ const sessions = new Set<http2.ServerHttp2Session>();
 beforeAll(async () => {
   const impl = { execute } as never;
   const connect = connectNodeAdapter({ readMaxBytes: 1024 * 1024, routes: (r) => r.service(ProcessService, impl) });
-  const serve = grpcUnaryFastPath([ProcessService], () => impl, 1024 * 1024);
+  const serve = grpcUnaryFastPath([ProcessService], () => (input, ctx) => execute(input as { command: string }, ctx), 1024 * 1024);
   server = http2.createServer((req, res) => {
     if (serve(req, res)) fast++;
     else connect(req, res);

@@ -1,12 +1,10 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
-import { create, fromBinary, toBinary, type DescMethodUnary, type DescService } from "@bufbuild/protobuf";
-import { Code, ConnectError, createContextValues, createHandlerContext, type HandlerContext } from "@connectrpc/connect";
+import { create, fromBinary, toBinary, type DescMethod, type DescMethodUnary, type DescService } from "@bufbuild/protobuf";
+import { Code, ConnectError, createContextValues, createHandlerContext } from "@connectrpc/connect";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
-import { headersOf } from "../gateway/rest-route.ts";
-import { clientAddress, clientAddressKey } from "../server/client-address.ts";
-
-type Impl = (input: unknown, ctx: HandlerContext) => unknown;
+import { callKey, newCall } from "../call/call.ts";
+import type { Impl } from "../call/chain.ts";
 
 // Reasons given to the aborts every call makes as it ends (an abort without one builds a DOMException with its stack, per call).
 const CLOSED = new ConnectError("the stream closed", Code.Canceled);
@@ -21,13 +19,11 @@ const ENDED = new ConnectError("the call ended", Code.Canceled);
  * the context comes from Connect's own factory, and statuses, error metadata and details are
  * written by Connect's setTrailerStatus: the answers are Connect's, without compressing them.
  */
-export function grpcUnaryFastPath(services: DescService[], implOf: (service: DescService) => Record<string, Impl | undefined>, readMaxBytes: number) {
+export function grpcUnaryFastPath(services: DescService[], handlerOf: (method: DescMethod) => Impl, readMaxBytes: number) {
   const byPath = new Map<string, { method: DescMethodUnary; impl: Impl }>();
   for (const service of services) {
-    const impls = implOf(service);
     for (const method of service.methods) {
-      const impl = impls[method.localName];
-      if (method.methodKind === "unary" && impl) byPath.set(`/${service.typeName}/${method.name}`, { method: method as DescMethodUnary, impl });
+      if (method.methodKind === "unary") byPath.set(`/${service.typeName}/${method.name}`, { method: method as DescMethodUnary, impl: handlerOf(method) });
     }
   }
 
@@ -51,6 +47,7 @@ async function call(method: DescMethodUnary, impl: Impl, req: Http2ServerRequest
   // As Connect's adapter: the call's signal is aborted once the stream closes (the client went away, or done).
   req.once("close", () => abort.abort(CLOSED));
   const timeout = parseTimeout(headerValue(req.headers["grpc-timeout"]), Number.MAX_SAFE_INTEGER);
+  const call = newCall(req);
   const ctx = createHandlerContext({
     service: method.parent,
     method,
@@ -59,10 +56,10 @@ async function call(method: DescMethodUnary, impl: Impl, req: Http2ServerRequest
     url: `http://${req.authority}${req.url}`,
     timeoutMs: timeout.timeoutMs,
     requestSignal: abort.signal,
-    requestHeader: headersOf(req),
+    requestHeader: call.header,
     responseHeader: { "content-type": "application/grpc+proto" },
     responseTrailer: { "grpc-status": "0" },
-    contextValues: createContextValues().set(clientAddressKey, clientAddress(req)),
+    contextValues: createContextValues().set(callKey, call),
   });
   let body: Buffer | undefined;
   try {

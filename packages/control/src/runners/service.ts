@@ -7,7 +7,7 @@ import { errors } from "@sandbar/protocol";
 import { type Runner, RunnerSchema, type RunnerService, RunnerState } from "@sandbar/protocol/gen/sandbar/control/v1/runner_pb.js";
 import { SandboxClass } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import type { SecretBox } from "../auth/secret-box.ts";
-import { organizationOf } from "../auth/principal.ts";
+import { organizationOf } from "../call/call.ts";
 import { execIn } from "../db/exec.ts";
 import { DEFAULT_CLASS, gpuTypes, sandboxClasses } from "../sandboxes/sandbox-class.ts";
 import { Checks } from "../services/validate.ts";

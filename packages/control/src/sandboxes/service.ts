@@ -10,7 +10,7 @@ import {
   SandboxClassSchema,
   type ResizeSandboxRequest,
 } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
-import { organizationOf } from "../auth/principal.ts";
+import { organizationOf } from "../call/call.ts";
 import { Checks } from "../services/validate.ts";
 import type { Settings } from "../settings.ts";
 import { enumCodec, sandboxStates, toHealth, toSandbox, type DtoContext } from "./dto.ts";

@@ -38,7 +38,9 @@ import { bootstrap } from "../bootstrap.ts";
 import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
 import { openDatabase } from "../db/orm.ts";
 import { grpcUnaryFastPath } from "../rpc/grpc-unary.ts";
-import { createGateway, type ImplIndex } from "../gateway/handler.ts";
+import { CallChain } from "../call/chain.ts";
+import { newCall, callKey } from "../call/call.ts";
+import { createGateway } from "../gateway/handler.ts";
 import { MAX_JSON_BODY } from "../gateway/http-io.ts";
 import { RouteTable } from "../gateway/route-table.ts";
 import { startIdentity, type Identity } from "../identity/index.ts";
@@ -47,7 +49,6 @@ import { startRateLimits } from "../limits/index.ts";
 import { type ObjectStorage, startObjectStorageService } from "../object-storage/index.ts";
 import { healthService } from "../rpc/health.ts";
 import { reflectionService } from "../rpc/reflection.ts";
-import { secure } from "../rpc/secure.ts";
 import { type Sandboxes, startSandboxes } from "../sandboxes/boot.ts";
 import { builtImagesIn } from "../builds/built-images.ts";
 import type { CredentialsFor } from "../snapshots/pulls.ts";
@@ -61,7 +62,7 @@ import { regionService } from "../services/regions.ts";
 import { dockerRegistryService, registryCredentialsFor, startInternalRegistry } from "../registries/index.ts";
 import { userService } from "../services/users.ts";
 import type { Settings } from "../settings.ts";
-import { addressList, clientAddress, clientAddressKey, trustProxies } from "./client-address.ts";
+import { addressList, trustProxies } from "./client-address.ts";
 import { connectionLimits } from "./connection-limits.ts";
 import { listenOnePort } from "./listener.ts";
 import { raiseOpenFilesLimit } from "./open-files.ts";
@@ -127,14 +128,14 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const runners = new RegisteredRunners(orm, box);
   const sandboxes = await startSandboxes({ ...settings, databaseUrl }, orm, log, registryCredentials, objectStorage.contexts, runners, internalRegistry && builtImagesIn(internalRegistry));
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
-  // Every state-changing call is recorded on its way through the guard (toolbox calls on request).
-  const recorder = new AuditRecorder(orm, log);
+  // Every state-changing call is recorded on its way through the chain (toolbox calls on request).
+  const recorder = new AuditRecorder(orm, log, settings.auditToolbox);
+  const chain = new CallChain(guard, recorder);
   const runnerHealth = new RunnerHealth(orm, box, { ...settings.runnerChecks, log });
   runnerHealth.start();
   const auditRetention = new AuditRetention(orm, { retentionDays: settings.auditRetentionDays, minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
   auditRetention.start();
-  const impls: ImplIndex = new Map();
-  const preview = await startPreview({ orm, settings, manager: sandboxes.manager, credentials, impls, basePath: API_BASE });
+  const preview = await startPreview({ orm, settings, manager: sandboxes.manager, credentials, chain, basePath: API_BASE });
 
   // Every service of the control contract is served; those without an implementation
   // yet answer UNIMPLEMENTED (REST 501).
@@ -159,33 +160,33 @@ export async function startControlServer(settings: Settings, log: (line: string)
     [RunnerService.typeName, runnerService(orm, box) as Impl],
   ]);
   const services = controlFiles.flatMap((f) => f.services);
-  for (const service of services) impls.set(service.typeName, secure(service, implemented.get(service.typeName) ?? {}, guard, undefined, recorder) as never);
+  for (const service of services) chain.mount(service, implemented.get(service.typeName) ?? {});
 
   // The toolbox: the agent's services, forwarded to the sandbox each call names.
   const agentLocator: AgentLocator = options.agentLocator ?? sandboxes.manager;
-  const toolbox = await mountToolbox(agentLocator, guard, sandboxes.agentClients, settings.auditToolbox ? recorder : undefined);
-  for (const [name, impl] of toolbox.impls) impls.set(name, impl as never);
+  const toolbox = await mountToolbox(chain, agentLocator, sandboxes.agentClients);
 
   const serviceNames = [...services, ...toolbox.services].map((s) => s.typeName).concat(Health.typeName, ServerReflection.typeName);
   const rpc = connectNodeAdapter({
     readMaxBytes: MAX_JSON_BODY, // per message, as REST bodies (uploads stream in small chunks)
-    contextValues: (req) => createContextValues().set(clientAddressKey, clientAddress(req)),
+    // Connect's adapter into the chain: every request gets its Call here.
+    contextValues: (req) => createContextValues().set(callKey, newCall(req)),
     routes(router) {
-      for (const service of [...services, ...toolbox.services]) router.service(service, impls.get(service.typeName) as Impl);
+      for (const service of [...services, ...toolbox.services]) router.service(service, chain.implementation(service));
       router.service(Health, healthService(new Set(serviceNames), async () => orm.isConnected()));
       router.service(ServerReflection, reflectionService([...controlFiles, ...toolbox.files, file_grpc_health_v1_health, file_grpc_reflection_v1_reflection], serviceNames));
     },
   });
   // One route table: the contract's routes, the toolbox's agent routes under each prefix, the
   // toolbox routes written by hand (multipart, raw streams, WebSockets) and the preview proxy's path form.
-  const rest = toolboxRest({ impls, locator: agentLocator, clients: toolbox.clients, prefixes: TOOLBOX_PREFIXES });
+  const rest = toolboxRest({ chain, locator: agentLocator, clients: toolbox.clients, prefixes: TOOLBOX_PREFIXES });
   const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], {
     handwritten: [...rest.handwritten, ...preview.routes.handwritten],
     upgrades: [...rest.upgrades, ...preview.routes.upgrades],
   });
-  const gateway = createGateway(routes, impls, API_BASE);
-  // The toolbox's unary gRPC calls in their plain form skip Connect's pipeline (same secured implementations).
-  const grpcUnary = grpcUnaryFastPath(toolbox.services, (s) => impls.get(s.typeName) as never, MAX_JSON_BODY);
+  const gateway = createGateway(routes, chain, API_BASE);
+  // The toolbox's unary gRPC calls in their plain form skip Connect's pipeline (not the chain).
+  const grpcUnary = grpcUnaryFastPath(toolbox.services, (method) => chain.handler(method), MAX_JSON_BODY);
 
   const connections = connectionLimits(settings, files, log);
   log(

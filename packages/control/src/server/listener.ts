@@ -2,6 +2,9 @@ import http from "node:http";
 import http2 from "node:http2";
 import net from "node:net";
 import type { Duplex } from "node:stream";
+import { Code } from "@sandbar/protocol";
+import { errorBody, rawErrorAnswer } from "../gateway/error-answer.ts";
+import { httpError } from "../gateway/http-io.ts";
 import { closeWith, ConnectionGuard, type ConnectionLimits } from "./connection-limits.ts";
 import { proxyAdmission, type ProxyProtocolOptions } from "./proxy-accept.ts";
 
@@ -54,18 +57,18 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
   // Upgrades (WebSockets) go to onUpgrade; any other is refused rather than left hanging.
   h1.on("upgrade", (req: http.IncomingMessage, socket: Duplex, head: Buffer) => {
     const ambiguous = hostProblem(req.rawHeaders);
-    if (ambiguous) return closeWith(socket, rawAnswer(400, "Bad Request", ambiguous));
+    if (ambiguous) return closeWith(socket, rawErrorAnswer(undefined, httpError(400, ambiguous)));
     if (!onUpgrade?.(req, socket, head)) socket.end("HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
   });
   // Requests Node refuses before any handler sees them (oversized headers, malformed HTTP) get
   // the API's JSON error body instead of Node's bare status line.
   h1.on("clientError", (err: NodeJS.ErrnoException, socket: Duplex) => {
     if (!socket.writable) return socket.destroy();
-    const [status, error, message] =
-      err.code === "HPE_HEADER_OVERFLOW" ? [431, "Request Header Fields Too Large", "The request's URL and headers exceed 16 KB"]
-      : err.code === "ERR_HTTP_REQUEST_TIMEOUT" ? [408, "Request Timeout", "The request was not received in time (SANDBAR_HEADERS_TIMEOUT_MS, SANDBAR_BODY_TIMEOUT_MS)"]
-      : [400, "Bad Request", "Malformed HTTP request"];
-    closeWith(socket, rawAnswer(status, error, message));
+    const refusal =
+      err.code === "HPE_HEADER_OVERFLOW" ? httpError(431, "The request's URL and headers exceed 16 KB", Code.ResourceExhausted)
+      : err.code === "ERR_HTTP_REQUEST_TIMEOUT" ? httpError(408, "The request was not received in time (SANDBAR_HEADERS_TIMEOUT_MS, SANDBAR_BODY_TIMEOUT_MS)", Code.DeadlineExceeded)
+      : httpError(400, "Malformed HTTP request");
+    closeWith(socket, rawErrorAnswer(undefined, refusal));
   });
   const h2 = http2.createServer({}, (req, res) => {
     const ambiguous = hostProblem(req.rawHeaders);
@@ -143,18 +146,9 @@ export function hostProblem(rawHeaders: string[]): string | undefined {
   return undefined;
 }
 
-/** The API's JSON error body. */
-const errorBody = (status: number, error: string, message: string) => JSON.stringify({ statusCode: status, message, error, timestamp: new Date().toISOString() });
-
-/** A whole HTTP/1.1 error answer for a socket no response object owns; the connection closes after it. */
-function rawAnswer(status: number, error: string, message: string): string {
-  const body = errorBody(status, error, message);
-  return `HTTP/1.1 ${status} ${error}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`;
-}
-
 /** 400 before any handler sees the request; an HTTP/1.1 connection closes after it (what follows on it is not trusted). */
 function badRequest(res: http.ServerResponse | http2.Http2ServerResponse, message: string): void {
-  const body = errorBody(400, "Bad Request", message);
+  const body = JSON.stringify(errorBody(undefined, httpError(400, message)));
   const headers: http.OutgoingHttpHeaders = { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(body) };
   if (res instanceof http.ServerResponse) res.writeHead(400, { ...headers, connection: "close" }).end(body);
   else res.writeHead(400, headers).end(body);

@@ -8,7 +8,7 @@ import type { ApiKey } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb
 import type { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
 import { Credentials } from "../auth/credentials.ts";
 import { generateApiKey, hashApiKey, keyEnds, maskApiKey } from "../auth/key-material.ts";
-import { authContextKey, callerOf, organizationOf } from "../auth/principal.ts";
+import { authOf, callerOf, organizationOf } from "../call/call.ts";
 import { permissionOf, scopeOf } from "../auth/scopes.ts";
 import { ApiKeyRecord, Organization } from "../db/entities.ts";
 import { execIn } from "../db/exec.ts";
@@ -24,7 +24,7 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
   async function assertManager(ctx: HandlerContext, organizationId: string): Promise<void> {
     const org = await em().findOne(Organization, { id: organizationId });
     if (!org?.managedApiKeys) throw errors.permissionDenied("Managing API keys with an API key is not enabled for this organization");
-    if (!ctx.values.get(authContextKey).permissions?.has(MANAGE)) throw errors.permissionDenied("This API key is not authorized to manage API keys");
+    if (!authOf(ctx).permissions?.has(MANAGE)) throw errors.permissionDenied("This API key is not authorized to manage API keys");
   }
 
   /**
@@ -41,7 +41,7 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
       await assertManager(ctx, organizationId);
       where = { organizationId, createdByKeyHash: caller.apiKey.hash, ...byName };
     } else {
-      const owner = ctx.values.get(authContextKey).memberRole === "owner";
+      const owner = authOf(ctx).memberRole === "owner";
       where = { organizationId, ...(owner && name === undefined ? {} : { userId: caller.userId }), ...byName };
     }
     return em().find(ApiKeyRecord, where, { orderBy: { lastUsedAt: "desc nulls last", createdAt: "desc" } });
@@ -67,7 +67,7 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
       const scopes = [...new Set(req.permissions.map(scopeOf))];
       if (caller.apiKey) await assertManager(ctx, organizationId);
       // At most what the call holds: a key's scopes its creator still has; a signed-in member their roles'.
-      const held = ctx.values.get(authContextKey).permissions ?? new Set<string>();
+      const held = authOf(ctx).permissions ?? new Set<string>();
       const missing = scopes.filter((s) => !held.has(s));
       if (missing.length) throw errors.permissionDenied(`Insufficient permissions for assigning: ${missing.join(", ")}`);
 
@@ -128,7 +128,7 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
     async deleteApiKeyForUser(req, ctx) {
       const caller = callerOf(ctx);
       const organizationId = organizationOf(ctx);
-      const owner = ctx.values.get(authContextKey).memberRole === "owner";
+      const owner = authOf(ctx).memberRole === "owner";
       if (req.userId !== caller.userId && !owner && caller.systemRole !== "admin") throw errors.permissionDenied("Incorrect user ID provided");
       const key = await em().findOne(ApiKeyRecord, { organizationId, userId: req.userId, name: req.name });
       if (!key) throw errors.notFound("API key not found");

@@ -11,7 +11,7 @@ import {
   type OrganizationInvitationService,
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import type { Credentials } from "../auth/credentials.ts";
-import { callerOf } from "../auth/principal.ts";
+import { callerOf } from "../call/call.ts";
 import { dateOf, type Exec, execIn } from "../db/exec.ts";
 import { changeAccess } from "../organizations/access-changes.ts";
 import { assignedRoles, resolveRoles, toRole } from "../organizations/roles.ts";

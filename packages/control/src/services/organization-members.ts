@@ -10,7 +10,7 @@ import {
   OrganizationUserSchema,
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import type { Credentials, Invalidation } from "../auth/credentials.ts";
-import { callerOf } from "../auth/principal.ts";
+import { callerOf } from "../call/call.ts";
 import { ALL_SCOPES } from "../auth/scopes.ts";
 import { dateOf, type Exec, execIn, pgArray } from "../db/exec.ts";
 import { changeAccess, deleteKeys, lockOwners } from "../organizations/access-changes.ts";

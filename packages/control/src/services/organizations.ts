@@ -15,7 +15,7 @@ import {
 import { SandboxClass } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { sandboxClasses } from "../sandboxes/sandbox-class.ts";
 import type { Credentials, Invalidation } from "../auth/credentials.ts";
-import { authContextKey, callerOf } from "../auth/principal.ts";
+import { authOf, callerOf } from "../call/call.ts";
 import type { SecretBox } from "../auth/secret-box.ts";
 import { isOperator } from "../auth/guard.ts";
 import { Organization, type StoredOtelConfig } from "../db/entities.ts";
@@ -87,7 +87,7 @@ export function organizationService(orm: MikroORM, credentials: Credentials, box
 
   // The operator routes' rule: a system admin signed in, or with their full-scope key.
   const byOperator = (ctx: HandlerContext) => {
-    const p = ctx.values.get(authContextKey).principal;
+    const p = authOf(ctx).principal;
     return p !== undefined && isOperator(p);
   };
 

@@ -6,7 +6,7 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import { type Region as RegionDto, RegionSchema, type RegionService, RegionType } from "@sandbar/protocol/gen/sandbar/control/v1/region_pb.js";
 import { generateApiKey, hashApiKey } from "../auth/key-material.ts";
-import { organizationOf } from "../auth/principal.ts";
+import { organizationOf } from "../call/call.ts";
 import { execIn } from "../db/exec.ts";
 import { Region } from "../db/entities.ts";
 import { Checks } from "./validate.ts";

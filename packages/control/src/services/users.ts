@@ -13,7 +13,7 @@ import {
   UserService,
 } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
 import type { Credentials } from "../auth/credentials.ts";
-import { callerOf } from "../auth/principal.ts";
+import { callerOf } from "../call/call.ts";
 import { ADMIN_USER_ID } from "../bootstrap.ts";
 import { type SshKeyPair, sshKeyPair } from "../auth/ssh-key-pair.ts";
 import { User } from "../db/entities.ts";

@@ -4,7 +4,7 @@ import { Code, ConnectError, errors } from "@sandbar/protocol";
 import { SandboxClass, SortOrder } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { type CreateSnapshotRequest, type SnapshotService, SnapshotSortField } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
 import { type ImageStore, imageUser, parseImageRef } from "@sandbar/runner/images";
-import { callerOf, organizationOf } from "../auth/principal.ts";
+import { callerOf, organizationOf } from "../call/call.ts";
 import { checkBuildInfo } from "../builds/build-info.ts";
 import { Builder, type PushTarget } from "../builds/builder.ts";
 import type { BuildTargets } from "../builds/build-targets.ts";

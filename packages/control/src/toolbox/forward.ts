@@ -1,14 +1,11 @@
 import type { DescMethod, DescMethodUnary, DescService } from "@bufbuild/protobuf";
 import { ConnectError, type CallOptions, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
-import { organizationOf } from "../auth/principal.ts";
-import { sandboxIdKey } from "../gateway/rest-route.ts";
+import { callKey, organizationOf, SANDBOX_ID_HEADER } from "../call/call.ts";
+import { HTTP_STATUS_META } from "../gateway/http-io.ts";
 import type { AgentClients } from "./agent-clients.ts";
 import type { AgentEndpoint, AgentLocator } from "./agent-locator.ts";
 import { agentUnary } from "./agent-unary.ts";
-
-/** The metadata naming the sandbox of a toolbox call made over gRPC/Connect (REST has it in the path). */
-export const SANDBOX_ID_HEADER = "x-sandbar-sandbox-id";
 
 type Forwarder = (input: unknown, ctx: HandlerContext) => unknown;
 type ClientMethod = (input: unknown, options: CallOptions) => unknown;
@@ -71,8 +68,6 @@ function forwarder(service: DescService, method: DescMethod, locator: AgentLocat
   };
 }
 
-const HTTP_STATUS_META = "x-sandbar-http-status";
-
 /**
  * The agent's error as this server's own, keeping the HTTP status the agent asked REST to answer
  * (a full disk: RESOURCE_EXHAUSTED, 400). Connect relays none of an error's metadata once it came
@@ -87,9 +82,9 @@ function relayed(err: unknown): unknown {
   return own;
 }
 
-/** The sandbox's agent (REST: the path's sandbox, a typed value of the call; gRPC: the caller's metadata); counts as activity. */
+/** The sandbox's agent (the call's: REST's path, an RPC's metadata); counts as activity. */
 async function locate(ctx: HandlerContext, locator: AgentLocator): Promise<AgentEndpoint> {
-  const idOrName = ctx.values.get(sandboxIdKey) ?? ctx.requestHeader.get(SANDBOX_ID_HEADER);
+  const idOrName = ctx.values.get(callKey)?.sandboxId;
   if (!idOrName) throw errors.invalidArgument(`the sandbox is missing: send its id in the ${SANDBOX_ID_HEADER} header`);
   const agent = await locator.agentFor(organizationOf(ctx), idOrName);
   locator.touch(agent.sandboxId);

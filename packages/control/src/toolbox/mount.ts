@@ -2,9 +2,7 @@ import type { DescFile, DescMethod, DescService } from "@bufbuild/protobuf";
 import { create } from "@bufbuild/protobuf";
 import { Auth, filesIn, RateLimit, routeOf, type Route } from "@sandbar/protocol";
 import { RouteSchema } from "@sandbar/protocol/gen/sandbar/options/v1/options_pb.js";
-import type { CallRecorder } from "../audit/recorder.ts";
-import type { Guard } from "../auth/guard.ts";
-import { secure } from "../rpc/secure.ts";
+import type { CallChain } from "../call/chain.ts";
 import { AgentClients } from "./agent-clients.ts";
 import type { AgentLocator } from "./agent-locator.ts";
 import { forwardingImpl } from "./forward.ts";
@@ -24,21 +22,19 @@ export const TOOLBOX_PREFIXES = [
 export interface Toolbox {
   files: DescFile[];
   services: DescService[];
-  impls: Map<string, object>;
   clients: AgentClients;
 }
 
 /**
- * The agent's services, forwarded to sandboxes, guarded by the toolbox's rule; with a recorder
- * (SANDBAR_AUDIT_TOOLBOX), the calls whose contract declares an audit entry are recorded.
+ * The agent's services, forwarded to sandboxes, mounted on the call chain under the toolbox's
+ * rule (whether their audit entries are written is the chain's recorder's choice: SANDBAR_AUDIT_TOOLBOX).
  */
-export async function mountToolbox(locator: AgentLocator, guard: Guard, clients = new AgentClients(), recorder?: CallRecorder): Promise<Toolbox> {
+export async function mountToolbox(chain: CallChain, locator: AgentLocator, clients = new AgentClients()): Promise<Toolbox> {
   const files = await filesIn("sandbar/agent/v1");
   const services = files.flatMap((f) => f.services);
   const policy = (method: DescMethod): Route =>
     // Not rate limited, as the reference's toolbox (its traffic is work inside a sandbox, not management).
     create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED, audit: routeOf(method).audit, rateLimit: RateLimit.NONE });
-  const impls = new Map<string, object>();
-  for (const service of services) impls.set(service.typeName, secure(service, forwardingImpl(service, locator, clients), guard, policy, recorder));
-  return { files, services, impls, clients };
+  for (const service of services) chain.mount(service, forwardingImpl(service, locator, clients), policy);
+  return { files, services, clients };
 }

@@ -4,7 +4,7 @@ import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { type Volume, VolumeSchema, type VolumeService, VolumeState } from "@sandbar/protocol/gen/sandbar/control/v1/volume_pb.js";
-import { organizationOf } from "../auth/principal.ts";
+import { organizationOf } from "../call/call.ts";
 import { Checks } from "../services/validate.ts";
 import type { VolumeStorage } from "./storage.ts";
 import { type VolumeRow, VolumeStore } from "./store.ts";

@@ -12,7 +12,8 @@ import type { CallOptions } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import type { AgentClients } from "../agent-clients.ts";
 import type { AgentEndpoint, AgentLocator } from "../agent-locator.ts";
-import { type CallRequest, callContext, type ImplIndex } from "../../gateway/rest-route.ts";
+import { type Call, contextFor } from "../../call/call.ts";
+import type { CallChain } from "../../call/chain.ts";
 import { stringProblems, textProblems } from "../../services/validate.ts";
 
 /**
@@ -25,35 +26,24 @@ export interface ToolboxCaller {
   clientStream<I extends DescMessage, O extends DescMessage>(method: DescMethodClientStreaming<I, O>, input: AsyncIterable<MessageInitShape<I>>): Promise<MessageShape<O>>;
 }
 
-type Impl = (input: unknown, ctx: unknown) => unknown;
-
 /**
- * Calls through the secured implementations the gateway and the RPC router use: the guard checks
- * the request's credentials and the toolbox scope, then the forwarder locates the sandbox's agent.
+ * Invokes the agent's methods through the call chain for the request's call (the sandbox in the
+ * path routes it): the chain checks the caller and the toolbox scope once per request, then the
+ * forwarder locates the sandbox's agent.
  */
-export function guardedCaller(
-  impls: ImplIndex,
-  request: CallRequest,
-  sandboxId: string,
-  signal: AbortSignal,
-): ToolboxCaller {
-  // The sandbox named by the path routes the call (whatever a client put in its metadata header);
-  // one that cannot be an id is reported after the guard, like any input problem.
-  const idProblems = textProblems("sandbox_id", "sandboxId", sandboxId);
-  const call = (method: DescMethod, input: unknown, problems: string[] = []): unknown => {
-    const impl = impls.get(method.parent.typeName)?.[method.localName] as Impl | undefined;
-    if (!impl) throw errors.unimplemented(`${method.parent.name}.${method.name} is not available`);
-    return impl(input, callContext(method, request, signal, { sandboxId, problems: [...idProblems, ...problems] }));
-  };
+export function chainCaller(chain: CallChain, call: Call, signal: AbortSignal): ToolboxCaller {
+  // One id that cannot be an id is reported after authentication, like any input problem.
+  const idProblems = textProblems("sandbox_id", "sandboxId", call.sandboxId ?? "");
+  const context = (method: DescMethod, problems: string[] = []) => contextFor(call, method, signal, [...idProblems, ...problems]);
   return {
     async unary(method, input, problems) {
-      return create(method.output, (await call(method, create(method.input, input), problems)) as never);
+      return create(method.output, (await chain.unary(context(method, problems), create(method.input, input))) as never);
     },
     async *serverStream(method, input, problems) {
-      for await (const msg of call(method, create(method.input, input), problems) as AsyncIterable<unknown>) yield create(method.output, msg as never);
+      for await (const msg of chain.stream(context(method, problems), create(method.input, input))) yield create(method.output, msg as never);
     },
     async clientStream(method, input) {
-      return create(method.output, (await call(method, input)) as never);
+      return create(method.output, (await chain.unary(context(method), input)) as never);
     },
   };
 }

@@ -2,10 +2,11 @@ import type { DescMethod } from "@bufbuild/protobuf";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
-import type { HandwrittenRoute, ImplIndex, UpgradeRoute } from "../../gateway/rest-route.ts";
+import type { CallChain } from "../../call/chain.ts";
+import type { HandwrittenRoute, UpgradeRoute } from "../../gateway/rest-route.ts";
 import type { AgentClients } from "../agent-clients.ts";
 import type { AgentLocator } from "../agent-locator.ts";
-import { guardedCaller } from "./call.ts";
+import { chainCaller } from "./call.ts";
 import { bulkDownload, singleDownload } from "./download.ts";
 import { execute } from "./execute.ts";
 import { deleteFile } from "./files.ts";
@@ -47,17 +48,14 @@ export interface ToolboxRest {
   close(): void;
 }
 
-export function toolboxRest(opts: { impls: ImplIndex; locator: AgentLocator; clients: AgentClients; prefixes: string[] }): ToolboxRest {
+export function toolboxRest(opts: { chain: CallChain; locator: AgentLocator; clients: AgentClients; prefixes: string[] }): ToolboxRest {
   const sockets = new ToolboxWebSockets(opts);
   const handwritten = opts.prefixes.flatMap((prefix) =>
     TOOLBOX_REST_ROUTES.map(({ verb, path, handle }): HandwrittenRoute => ({
       verb,
       template: prefix + path,
       method: handle.method,
-      serve: ({ req, res, params, query, signal }) => {
-        const sandboxId = params.sandbox_id!;
-        return handle.serve({ req, res, sandboxId, params, query, caller: guardedCaller(opts.impls, req, sandboxId, signal) });
-      },
+      serve: ({ req, res, params, query, signal, call }) => handle.serve({ req, res, sandboxId: params.sandbox_id!, params, query, caller: chainCaller(opts.chain, call, signal) }),
     })),
   );
   return { handwritten, upgrades: sockets.routes(opts.prefixes), close: () => sockets.close() };

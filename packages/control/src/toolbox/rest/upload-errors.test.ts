@@ -8,7 +8,7 @@ import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { FileService } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { SANDBOX_ID_HEADER } from "../forward.ts";
+import { SANDBOX_ID_HEADER } from "../../call/call.ts";
 import { SANDBOX, startFixture, type Fixture } from "./test-fixture.ts";
 
 // Uploads through control's hand-framed transport to a real agent (its own process): content read

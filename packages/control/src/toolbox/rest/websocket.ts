@@ -2,10 +2,12 @@ import type { IncomingMessage } from "node:http";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
 import { WebSocketServer, type WebSocket } from "ws";
-import { type ImplIndex, SDK_VERSION_PROTOCOL, type UpgradeRoute } from "../../gateway/rest-route.ts";
+import type { Call } from "../../call/call.ts";
+import type { CallChain } from "../../call/chain.ts";
+import { SDK_VERSION_PROTOCOL, type UpgradeCall, type UpgradeRoute } from "../../gateway/rest-route.ts";
 import type { AgentClients } from "../agent-clients.ts";
 import type { AgentLocator } from "../agent-locator.ts";
-import { agentCaller, guardedCaller, type ToolboxCaller } from "./call.ts";
+import { agentCaller, chainCaller, type ToolboxCaller } from "./call.ts";
 import { createConnectRequest, PTY_EXIT_CONTROL, servePty } from "./pty.ts";
 import type { ToolboxRoute } from "./routes.ts";
 import { logChunks } from "./sessions.ts";
@@ -76,12 +78,12 @@ export const TOOLBOX_WS_PATHS = WS_ROUTES.map((r) => r.path);
  */
 export class ToolboxWebSockets {
   private readonly wss: WebSocketServer;
-  private readonly impls: ImplIndex;
+  private readonly chain: CallChain;
   private readonly locator: AgentLocator;
   private readonly clients: AgentClients;
 
-  constructor(opts: { impls: ImplIndex; locator: AgentLocator; clients: AgentClients }) {
-    this.impls = opts.impls;
+  constructor(opts: { chain: CallChain; locator: AgentLocator; clients: AgentClients }) {
+    this.chain = opts.chain;
     this.locator = opts.locator;
     this.clients = opts.clients;
     this.wss = new WebSocketServer({
@@ -98,10 +100,10 @@ export class ToolboxWebSockets {
     return prefixes.flatMap((prefix) => WS_ROUTES.map(({ path, handle }): UpgradeRoute => ({ template: prefix + path, accept: (call) => this.accept(handle, call) })));
   }
 
-  private async accept(handle: WsRoute, { req, socket, head, params, query, signal }: Parameters<UpgradeRoute["accept"]>[0]): Promise<void> {
+  private async accept(handle: WsRoute, { req, socket, head, params, query, signal, call }: UpgradeCall): Promise<void> {
     const offered = String(req.headers["sec-websocket-protocol"] ?? "").split(",").map((p) => p.trim()).filter(Boolean);
     const r: WsRequest = { req, params, query, offered };
-    const caller = await this.callerFor(req, query, params.sandbox_id!, signal);
+    const caller = await this.callerFor(req, query, call, signal);
     const target = await handle.check(caller, r);
     if (socket.destroyed) return;
     this.wss.handleUpgrade(req, socket, head, (ws) => {
@@ -123,14 +125,14 @@ export class ToolboxWebSockets {
    * they send their key too). That is sound only because the token is handed out to holders of
    * the toolbox's scope alone: the preview URL routes require write:sandboxes (sandbox.proto).
    */
-  private async callerFor(req: IncomingMessage, query: URLSearchParams, sandboxId: string, signal: AbortSignal): Promise<ToolboxCaller> {
+  private async callerFor(req: IncomingMessage, query: URLSearchParams, call: Call, signal: AbortSignal): Promise<ToolboxCaller> {
     const header = req.headers[PREVIEW_TOKEN_HEADER];
     const token = (Array.isArray(header) ? header[0] : header) || query.get(PREVIEW_TOKEN_QUERY);
     if (!req.headers.authorization && token && this.locator.previewToken) {
-      const agent = await this.locator.previewToken(sandboxId, token);
+      const agent = await this.locator.previewToken(call.sandboxId ?? "", token);
       return agentCaller(this.clients, this.locator, agent, signal);
     }
-    return guardedCaller(this.impls, req, sandboxId, signal);
+    return chainCaller(this.chain, call, signal);
   }
 }
 
