@@ -72,11 +72,11 @@ export const inputProblemsKey = createContextKey<readonly string[]>([]);
  * (REST, WebSockets, the preview proxy): one per invocation, all of a request's sharing its Call.
  * The adapter keeps it to read the response headers the implementation set.
  */
-export function contextFor(call: Call, method: DescMethod, signal: AbortSignal, problems: readonly string[] = []): HandlerContext {
+export function contextFor(call: Call, method: DescMethod, signal: AbortSignal, problems: readonly string[] = [], protocolName = "rest"): HandlerContext {
   return createHandlerContext({
     service: method.parent,
     method,
-    protocolName: "rest",
+    protocolName,
     requestMethod: "POST",
     url: `/${method.parent.typeName}/${method.name}`,
     requestHeader: call.header,

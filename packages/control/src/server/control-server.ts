@@ -85,6 +85,8 @@ export interface ControlServer {
   sandboxes: Sandboxes;
   /** Build contexts' object storage (the store, the S3 endpoint). */
   objectStorage: ObjectStorage;
+  /** The call chain every entry point invokes methods through (a new way in is an adapter of it). */
+  chain: CallChain;
   stop(): Promise<void>;
 }
 
@@ -220,6 +222,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
     identity,
     sandboxes,
     objectStorage,
+    chain,
     stop: () => {
       // Before anything is awaited: the database may be going down with the same signal.
       sandboxes.stopping();
