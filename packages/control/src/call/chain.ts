@@ -43,14 +43,19 @@ export class CallChain {
   }
 
   /** Serves `service` through the chain; `policy` overrides the contract's rule (the toolbox's own). */
-  mount(service: DescService, impl: object, policy: Policy = routeOf): void {
-    const methods = impl as Record<string, Impl | undefined>;
+  mount<S extends DescService>(service: S, impl: Partial<ServiceImpl<S>>, policy: Policy = routeOf): void {
     for (const method of service.methods) {
-      const fn = methods[method.localName]?.bind(impl) ?? notYet(method);
+      const own: unknown = Reflect.get(impl, method.localName);
+      const fn = typeof own === "function" ? (input: unknown, ctx: HandlerContext): unknown => Reflect.apply(own, impl, [input, ctx]) : notYet(method);
       const route = policy(method);
       const recorder = route.audit?.action && this.#recorder?.records(method) ? this.#recorder : undefined;
       this.#methods.set(method, { route, run: this.#wrap(method, fn, route, recorder) });
     }
+  }
+
+  /** Whether the service is mounted. */
+  serves(service: DescService): boolean {
+    return service.methods.every((m) => this.#methods.has(m));
   }
 
   /** The service as Connect's router serves it: each method reads its Call from the context the adapter made. */

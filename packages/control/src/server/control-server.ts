@@ -1,5 +1,3 @@
-import type { DescService } from "@bufbuild/protobuf";
-import type { ServiceImpl } from "@connectrpc/connect";
 import { createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { MikroORM } from "@mikro-orm/postgresql";
@@ -90,8 +88,6 @@ export interface ControlServer {
   stop(): Promise<void>;
 }
 
-type Impl = Partial<ServiceImpl<DescService>>;
-
 /**
  * The control process: PostgreSQL (embedded unless DATABASE_URL is set), migrations,
  * bootstrap, then one port serving the REST gateway under /api and Connect, gRPC and
@@ -139,30 +135,27 @@ export async function startControlServer(settings: Settings, log: (line: string)
   auditRetention.start();
   const preview = await startPreview({ orm, settings, manager: sandboxes.manager, credentials, chain, basePath: API_BASE });
 
-  // Every service of the control contract is served; those without an implementation
-  // yet answer UNIMPLEMENTED (REST 501).
   const controlFiles = await filesIn("sandbar/control/v1");
-  const implemented = new Map<string, Impl>([
-    [ConfigService.typeName, configService(settings, identity.oidc, limits.advertised()) as Impl],
-    [ApiKeyService.typeName, apiKeyService(orm, credentials) as Impl],
-    [SandboxService.typeName, ({ ...sandboxes.impl, ...preview.sandboxMethods }) as unknown as Impl],
-    [PreviewService.typeName, preview.service as Impl],
-    [SnapshotService.typeName, sandboxes.snapshots.impl as Impl],
-    [UserService.typeName, userService(orm, credentials) as Impl],
-    [OrganizationService.typeName, organizationService(orm, credentials, box) as Impl],
-    [OrganizationRoleService.typeName, organizationRoleService(orm, credentials) as Impl],
-    [OrganizationMemberService.typeName, organizationMemberService(orm, credentials) as Impl],
-    [OrganizationInvitationService.typeName, organizationInvitationService(orm, credentials) as Impl],
-    [RegionService.typeName, regionService(orm) as Impl],
-    [DockerRegistryService.typeName, dockerRegistryService(orm, box, pushRegistry) as Impl],
-    [WebhookService.typeName, webhooks.impl as Impl],
-    [AuditService.typeName, auditService(orm) as Impl],
-    [VolumeService.typeName, volumeService(orm, sandboxes.volumes, log) as Impl],
-    [ObjectStorageService.typeName, objectStorage.impl as Impl],
-    [RunnerService.typeName, runnerService(orm, box) as Impl],
-  ]);
+  chain.mount(ConfigService, configService(settings, identity.oidc, limits.advertised()));
+  chain.mount(ApiKeyService, apiKeyService(orm, credentials));
+  chain.mount(SandboxService, { ...sandboxes.impl, ...preview.sandboxMethods });
+  chain.mount(PreviewService, preview.service);
+  chain.mount(SnapshotService, sandboxes.snapshots.impl);
+  chain.mount(UserService, userService(orm, credentials));
+  chain.mount(OrganizationService, organizationService(orm, credentials, box));
+  chain.mount(OrganizationRoleService, organizationRoleService(orm, credentials));
+  chain.mount(OrganizationMemberService, organizationMemberService(orm, credentials));
+  chain.mount(OrganizationInvitationService, organizationInvitationService(orm, credentials));
+  chain.mount(RegionService, regionService(orm));
+  chain.mount(DockerRegistryService, dockerRegistryService(orm, box, pushRegistry));
+  chain.mount(WebhookService, webhooks.impl);
+  chain.mount(AuditService, auditService(orm));
+  chain.mount(VolumeService, volumeService(orm, sandboxes.volumes, log));
+  chain.mount(ObjectStorageService, objectStorage.impl);
+  chain.mount(RunnerService, runnerService(orm, box));
   const services = controlFiles.flatMap((f) => f.services);
-  for (const service of services) chain.mount(service, implemented.get(service.typeName) ?? {});
+  // Every service of the contract is served; those without an implementation yet answer UNIMPLEMENTED (REST 501).
+  for (const service of services) if (!chain.serves(service)) chain.mount(service, {});
 
   // The toolbox: the agent's services, forwarded to the sandbox each call names.
   const agentLocator: AgentLocator = options.agentLocator ?? sandboxes.manager;
