@@ -1,7 +1,7 @@
 import { ENV_LIMITS, errors } from "@sandbar/protocol";
 import type { CreateSandboxRequest } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { Checks } from "../services/validate.ts";
-import type { NewSandbox } from "./manager.ts";
+import type { NewSandbox } from "./create.ts";
 import { createNetwork, type DefaultNetwork, refuseDomainAllowList } from "./network-policy.ts";
 import { gpuTypes, requestedClass } from "./sandbox-class.ts";
 import { normalizeAutoArchive } from "./states.ts";

@@ -1,7 +1,11 @@
 import type { SandboxRecord } from "../db/entities.ts";
-import type { SandboxManager } from "./manager.ts";
+import { driveArchive, driveDestroy } from "./archive-delete.ts";
+import { driveCreate } from "./create.ts";
+import type { OperationContext } from "./operation-context.ts";
 import { HeldElsewhere } from "./operation-locks.ts";
+import { driveResize } from "./reconfigure.ts";
 import type { SandboxRuntime } from "./runtime.ts";
+import { driveRestore, driveStart, driveStop } from "./start-stop.ts";
 
 // At start, after a clean stop or a crash (kill -9): the database says what each sandbox should
 // be, the host says what is there. Sandboxes running and started in the database are adopted;
@@ -28,7 +32,7 @@ export interface ReconcileTarget {
   runnerId: string;
 }
 
-export async function reconcile(m: SandboxManager, log: (line: string) => void = () => undefined, target?: ReconcileTarget): Promise<ReconcileReport> {
+export async function reconcile(m: OperationContext, log: (line: string) => void = () => undefined, target?: ReconcileTarget): Promise<ReconcileReport> {
   const report: ReconcileReport = { adopted: [], resumed: [], failed: [], removed: [] };
   // This server's runtime also answers for the rows no runner holds (and its partial packs).
   const home = target === undefined;
@@ -92,7 +96,7 @@ export async function reconcile(m: SandboxManager, log: (line: string) => void =
 type Result = "adopted" | "resumed" | "failed";
 
 /** Brings one sandbox to where the database says it is going. Runs under the sandbox's lock. */
-export async function resume(m: SandboxManager, row: SandboxRecord, onHost: string | undefined): Promise<Result> {
+export async function resume(m: OperationContext, row: SandboxRecord, onHost: string | undefined): Promise<Result> {
   const done = (o: { failed?: string }): Result => (o.failed === undefined ? "resumed" : "failed");
   if (row.state === "error" || row.state === "build_failed") return "adopted"; // left for the user to see (and start again when its first process died, or delete)
   if ((row.state === "pending_build" || row.state === "building_snapshot") && row.desiredState === "started") {
@@ -100,33 +104,33 @@ export async function resume(m: SandboxManager, row: SandboxRecord, onHost: stri
     await m.store.update(row.id, { state: "build_failed", errorReason: "The build was interrupted by a restart of the server: create the sandbox again" });
     return "failed";
   }
-  if (row.desiredState === "destroyed") return done(await m.driveDestroy(row));
+  if (row.desiredState === "destroyed") return done(await driveDestroy(m, row));
   if (row.state === "resizing") {
     // The row holds the new size: applied again (a no-op where it was), then on as usual.
-    if ((await m.driveResize(row)).failed !== undefined) return "failed";
+    if ((await driveResize(m, row)).failed !== undefined) return "failed";
     const then = await resume(m, { ...row, state: row.desiredState === "started" ? "started" : "stopped" }, onHost);
     return then === "adopted" ? "resumed" : then;
   }
   if (row.desiredState === "archived") {
     if (row.state === "archived") return "adopted"; // a leftover host copy is removed below
-    return done(await m.driveArchive(row));
+    return done(await driveArchive(m, row));
   }
   if (row.desiredState === "started") {
     if (row.state === "started" && onHost === "started") return "adopted";
     if (row.state === "unknown" || row.state === "pulling_snapshot") {
       // The create (or its runner's pull of the image) never answered: whatever it left on the host (perhaps half made) goes first.
       await (await m.runtimeOf(row)).destroy(row.id);
-      return done(await m.driveCreate(row));
+      return done(await driveCreate(m, row));
     }
     if (row.state === "restoring") {
       const archive = m.files.archive(row.id);
-      if (await m.files.exists(archive)) return done(await m.driveRestore(row, archive, "archived"));
-      return done(await m.driveRestore(row, m.files.backup(row.id), "error"));
+      if (await m.files.exists(archive)) return done(await driveRestore(m, row, archive, "archived"));
+      return done(await driveRestore(m, row, m.files.backup(row.id), "error"));
     }
-    return done(await m.driveStart(row));
+    return done(await driveStart(m, row));
   }
   if (row.desiredState === "stopped") {
-    if (row.state === "started" || onHost === "started") return done(await m.driveStop(row));
+    if (row.state === "started" || onHost === "started") return done(await driveStop(m, row));
     return "adopted";
   }
   return "adopted";

@@ -1,5 +1,5 @@
 import type { SandboxRecord } from "../db/entities.ts";
-import type { SandboxManager } from "./manager.ts";
+import type { OperationContext } from "./operation-context.ts";
 import { HeldElsewhere } from "./operation-locks.ts";
 import { resume } from "./reconcile.ts";
 
@@ -20,14 +20,14 @@ export const isInterrupted = (r: Pick<SandboxRecord, "state" | "desiredState">) 
   !STABLE_ERRORS.includes(r.state) && (r.state !== r.desiredState || PASSING.includes(r.state));
 
 export class InterruptedOperations {
-  readonly #m: SandboxManager;
+  readonly #m: OperationContext;
   readonly #tickMs: number;
   readonly #log: (line: string) => void;
   #timer: NodeJS.Timeout | undefined;
   #pass: Promise<unknown> | undefined;
   #stopped = false;
 
-  constructor(m: SandboxManager, o: { tickMs: number; log?: (line: string) => void }) {
+  constructor(m: OperationContext, o: { tickMs: number; log?: (line: string) => void }) {
     this.#m = m;
     this.#tickMs = o.tickMs;
     this.#log = o.log ?? (() => undefined);

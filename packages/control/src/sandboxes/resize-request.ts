@@ -1,6 +1,6 @@
 import type { ResizeSandboxRequest } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 import { Checks } from "../services/validate.ts";
-import type { Resources } from "./manager.ts";
+import type { Resources } from "./reconfigure.ts";
 
 // POST /sandbox/{id}/resize checked as the reference's ResizeSandbox DTO: each of cpu, memory
 // and disk optional, a number, at least 1 (the field problems together in one 400). The rules

@@ -1,13 +1,15 @@
 import type { SandboxRecord } from "../db/entities.ts";
-import type { SandboxManager } from "./manager.ts";
 import { Periodic } from "../server/periodic.ts";
+import { archiveChecked, deleteChecked, driveDestroy } from "./archive-delete.ts";
+import type { OperationContext, Outcome } from "./operation-context.ts";
+import { stopChecked } from "./start-stop.ts";
 import { isEphemeral, normalizeAutoArchive } from "./states.ts";
 
 // Auto-stop, auto-archive and auto-delete (reference §4.4), stopping the sandboxes of an
 // organization suspended for longer than its grace period, plus two chores: finishing deletes
 // that failed on the host, and reporting started sandboxes whose first process died. Everything
 // the timers need is in the database (intervals, last activity), so they carry on across
-// restarts; a pass runs every `tickMs` and acts through the manager's locked operations.
+// restarts; a pass runs every `tickMs` and acts through the sandboxes' locked operations.
 // Intervals are minutes; `minuteMs` lets tests shrink a minute.
 
 export interface TimerOptions {
@@ -20,12 +22,12 @@ export interface TimerOptions {
 const KEEP_DESTROYED_MINUTES = 24 * 60;
 
 export class SandboxTimers {
-  readonly #manager: SandboxManager;
+  readonly #c: OperationContext;
   readonly #o: TimerOptions;
   readonly #loop: Periodic;
 
-  constructor(manager: SandboxManager, o: TimerOptions) {
-    this.#manager = manager;
+  constructor(c: OperationContext, o: TimerOptions) {
+    this.#c = c;
     this.#o = o;
     this.#loop = new Periodic(() => this.tick(), o.tickMs, (err) => o.log?.(`sandbox timers: ${String(err)}`));
   }
@@ -41,7 +43,7 @@ export class SandboxTimers {
 
   /** One pass over the sandboxes of this server's runtime and of the registered runners that answer (and the archived ones, which no runner holds). */
   async tick(now = Date.now()): Promise<void> {
-    const m = this.#manager;
+    const m = this.#c;
     const rows = await m.store.ofRunner(m.runtime.runnerId);
     const archived = await m.store.archivedWithAutoDelete();
     const host = new Map((await m.runtime.list()).map((s) => [s.id, s]));
@@ -71,14 +73,42 @@ export class SandboxTimers {
     const ops: Array<Promise<unknown> | undefined> = [];
     for (const r of [...rows, ...archived]) {
       if (m.locks.busy(r.id)) continue;
-      if (r.desiredState === "destroyed" && r.state === "error") ops.push(m.retryDestroy(r.id));
+      if (r.desiredState === "destroyed" && r.state === "error") ops.push(retryDestroy(m, r.id));
       else if (r.state === "started" && r.desiredState === "started" && host.get(r.id)?.state !== "started") {
-        ops.push(m.markLost(r.id, "the sandbox is gone from its host"));
-      } else if (shouldStop(r)) ops.push(m.autoStop(r.id, shouldStop));
-      else if (shouldDelete(r)) ops.push(m.autoDelete(r.id, shouldDelete));
-      else if (shouldArchive(r)) ops.push(m.autoArchive(r.id, shouldArchive));
+        ops.push(markLost(m, r.id, "the sandbox is gone from its host"));
+      } else if (shouldStop(r)) ops.push(timerOp(m, r.id, () => stopChecked(m, r.id, false, shouldStop)));
+      else if (shouldDelete(r)) ops.push(timerOp(m, r.id, () => deleteChecked(m, r.id, shouldDelete)));
+      else if (shouldArchive(r)) ops.push(timerOp(m, r.id, () => archiveChecked(m, r.id, shouldArchive)));
     }
     await Promise.allSettled(ops);
     await m.store.purgeDestroyed(new Date(now - KEEP_DESTROYED_MINUTES * minute));
   }
+}
+
+/** A started sandbox whose first process is gone (an OOM kill, a crash) is reported as `error`. */
+export function markLost(c: OperationContext, id: string, reason: string): Promise<Outcome> | undefined {
+  return timerOp(c, id, async () => {
+    const cur = await c.current(id);
+    if (cur.state !== "started" || cur.desiredState !== "started") return {};
+    const rt = await (await c.runtimeOf(cur)).inspect(id);
+    if (rt?.state === "started") return {};
+    return c.fail(id, new Error(rt?.error ?? reason));
+  });
+}
+
+/** Finishes a delete that failed on the host (the row is `error` with desired `destroyed`). */
+function retryDestroy(c: OperationContext, id: string): Promise<Outcome> | undefined {
+  return timerOp(c, id, async () => {
+    const cur = await c.current(id);
+    if (cur.desiredState !== "destroyed" || cur.state === "destroyed") return {};
+    return driveDestroy(c, cur);
+  });
+}
+
+/** The timers' operations: skipped when busy or closing; their reason (`when`) is re-checked under the lock. */
+function timerOp(c: OperationContext, id: string, fn: () => Promise<Outcome>): Promise<Outcome> | undefined {
+  if (c.closing) return undefined;
+  const op = c.locks.tryRun(id, fn);
+  op?.catch(() => undefined);
+  return op;
 }
