@@ -77,6 +77,6 @@ ${table}
 
 The runner path adds, per call: control's gRPC call to the runner (create, start) and, for agent
 traffic, a local unix-socket relay plus one HTTP/2 stream to the runner, which pipes it to the
-agent's socket (see README "Runners").
+agent's socket (see docs/runners.md).
 `;
 await writeFile(fileURLToPath(new URL("./RESULTS.md", import.meta.url)), results);

@@ -10,7 +10,7 @@ import { type InternalRegistrySettings, loadInternalRegistrySettings } from "./r
 import { loadRemoteRunnerSettings, loadRunnerCheckSettings, type RemoteRunnerSettings, type RunnerCheckSettings } from "./runners/settings.ts";
 import { loadWebhookSettings, type WebhookSettings } from "./webhooks/settings.ts";
 
-/** Server settings, read once from the environment (see README's configuration table). */
+/** Server settings, read once from the environment (see docs/configuration.md). */
 export interface Settings {
   port: number;
   host: string;

@@ -6,7 +6,7 @@ import type { Settings } from "../settings.ts";
 import { addressList, peerAddress } from "./client-address.ts";
 import type { OpenFilesLimit } from "./open-files.ts";
 
-/** Connection caps and timeouts of the one port (README: SANDBAR_MAX_CONNECTIONS and the rows after it). */
+/** Connection caps and timeouts of the one port (docs/configuration.md, "The port and connections": SANDBAR_MAX_CONNECTIONS and the entries after it). */
 export interface ConnectionSettings {
   /** Open connections at most, all clients together (SANDBAR_MAX_CONNECTIONS); unset: from the open-files limit at start. */
   maxConnections?: number;

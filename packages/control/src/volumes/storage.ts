@@ -2,7 +2,7 @@ import { mkdir, rm } from "node:fs/promises";
 import path from "node:path";
 
 // Where volume data lives. One implementation today: this host's disk. A runner on another host
-// (or many) would implement the same with shared storage (see the README on S3-backed volumes).
+// (or many) would implement the same with shared storage (see docs/volumes.md on S3-backed volumes).
 
 export interface VolumeStorage {
   /** Makes the volume's (empty) storage; idempotent. */

@@ -1,4 +1,4 @@
-// Operator settings of webhook delivery (README's configuration table), read from the environment.
+// Operator settings of webhook delivery (docs/configuration.md, "Webhooks and audit"), read from the environment.
 
 export interface WebhookSettings {
   /** Deliver to loopback, private and link-local addresses too (SANDBAR_WEBHOOK_ALLOW_PRIVATE). */
