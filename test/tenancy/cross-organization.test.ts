@@ -262,7 +262,7 @@ describe.skipIf(!root)("another organization's resources", () => {
 
   it("refuse WebSocket upgrades (terminals, log following) as unknown ids do, before the handshake", async () => {
     // The toolbox's WebSocket routes, as the server mounts them (only their templates are read).
-    const sockets = new ToolboxWebSockets({ chain: {} as never, locator: {} as never, clients: {} as never });
+    const sockets = new ToolboxWebSockets({ chain: {} as never, locator: {} as never });
     const templates = sockets.routes(TOOLBOX_PREFIXES).map((r) => r.template);
     sockets.close();
     expect(templates.length).toBeGreaterThan(3);

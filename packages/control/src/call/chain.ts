@@ -79,6 +79,15 @@ export class CallChain {
     return this.#admit(call, method, this.#mounted(method).route, partial);
   }
 
+  /**
+   * Admits a call its adapter authenticated with a credential the guard does not take (a
+   * sandbox's preview token, which opens that sandbox's toolbox WebSockets): as `auth`, for the
+   * rule `method` is mounted under. The rest of the chain runs as for any call.
+   */
+  grant(call: Call, method: DescMethod, auth: AuthContext): void {
+    call.admission = { route: this.#mounted(method).route, auth };
+  }
+
   /** Invokes a unary or client-streaming method in a context made by `contextFor()`; answers its output message. */
   async unary(ctx: HandlerContext, input: unknown): Promise<Message> {
     return asMessage(ctx.method.output, await this.#mounted(ctx.method).run(input, ctx));

@@ -1,6 +1,6 @@
 import { Code, ConnectError, errors } from "@sandbar/protocol";
 import type { SandboxRecord } from "../db/entities.ts";
-import type { AgentEndpoint } from "../toolbox/agent-locator.ts";
+import type { AgentEndpoint, TokenHolder } from "../toolbox/agent-locator.ts";
 import { isAuthToken } from "./auth-token.ts";
 import { bad, type OperationContext, stateChangeInProgress } from "./operation-context.ts";
 import { isErrored } from "./states.ts";
@@ -27,13 +27,13 @@ export async function agentFor(c: OperationContext, organizationId: string, idOr
  * reference's port 2280, which needs the token even on a public sandbox. A wrong token is
  * UNAUTHENTICATED; an unknown sandbox NOT_FOUND.
  */
-export async function agentByPreviewToken(c: OperationContext, sandboxId: string, token: string): Promise<AgentEndpoint> {
+export async function previewTokenHolder(c: OperationContext, sandboxId: string, token: string): Promise<TokenHolder> {
   const row = await c.store.byId(sandboxId);
   if (!row || row.state === "destroyed" || (isErrored(row.state) && row.desiredState === "destroyed")) {
     throw errors.notFound(`Sandbox with ID or name ${sandboxId} not found`);
   }
   if (!isAuthToken(row.authToken, token)) throw errors.unauthenticated();
-  return endpointOf(c, row);
+  return { sandboxId: row.id, organizationId: row.organizationId };
 }
 
 /**

@@ -1,6 +1,6 @@
 import type { SandboxRecord } from "../db/entities.ts";
-import type { AgentEndpoint, AgentLocator } from "../toolbox/agent-locator.ts";
-import { agentByPreviewToken, agentFor } from "./agent-endpoints.ts";
+import type { AgentEndpoint, AgentLocator, TokenHolder } from "../toolbox/agent-locator.ts";
+import { agentFor, previewTokenHolder } from "./agent-endpoints.ts";
 import { archive, deleteSandbox } from "./archive-delete.ts";
 import { backup } from "./backup.ts";
 import { create, createFromBuild, type NewSandbox } from "./create.ts";
@@ -30,8 +30,8 @@ export class SandboxManager extends OperationContext implements AgentLocator {
   }
 
   /** The toolbox's way in for clients that hold no API key: the sandbox's preview token. */
-  previewToken(sandboxId: string, token: string): Promise<AgentEndpoint> {
-    return agentByPreviewToken(this, sandboxId, token);
+  previewToken(sandboxId: string, token: string): Promise<TokenHolder> {
+    return previewTokenHolder(this, sandboxId, token);
   }
 
   /** Records activity (what the auto-stop timer measures), at most once per throttle period. */

@@ -174,7 +174,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   });
   // One route table: the contract's routes, the toolbox's agent routes under each prefix, the
   // toolbox routes written by hand (multipart, raw streams, WebSockets) and the preview proxy's path form.
-  const rest = toolboxRest({ chain, locator: agentLocator, clients: toolbox.clients, prefixes: TOOLBOX_PREFIXES });
+  const rest = toolboxRest({ chain, locator: agentLocator, prefixes: TOOLBOX_PREFIXES });
   const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], {
     handwritten: [...rest.handwritten, ...preview.routes.handwritten],
     upgrades: [...rest.upgrades, ...preview.routes.upgrades],

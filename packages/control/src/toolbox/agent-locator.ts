@@ -5,6 +5,12 @@ export interface AgentEndpoint extends AgentDial {
   sandboxId: string;
 }
 
+/** The sandbox a preview token opens, and the organization it belongs to. */
+export interface TokenHolder {
+  sandboxId: string;
+  organizationId: string;
+}
+
 /**
  * How the toolbox finds a sandbox's agent: by organization and sandbox id or name. Unknown,
  * destroyed and other organizations' sandboxes are NOT_FOUND; sandboxes that are not running
@@ -15,8 +21,8 @@ export interface AgentLocator {
   touch(sandboxId: string): void;
   /**
    * Optional: checks a sandbox's preview token (WebSocket clients that send no API key or JWT,
-   * only `X-Daytona-Preview-Token` or `?DAYTONA_SANDBOX_AUTH_KEY=`) and resolves to its agent;
-   * throws UNAUTHENTICATED for a wrong token, NOT_FOUND for an unknown sandbox.
+   * only `X-Daytona-Preview-Token` or `?DAYTONA_SANDBOX_AUTH_KEY=`) and names the sandbox's
+   * organization; throws UNAUTHENTICATED for a wrong token, NOT_FOUND for an unknown sandbox.
    */
-  previewToken?(sandboxId: string, token: string): Promise<AgentEndpoint>;
+  previewToken?(sandboxId: string, token: string): Promise<TokenHolder>;
 }

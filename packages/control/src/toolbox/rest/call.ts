@@ -8,13 +8,9 @@ import {
   type MessageInitShape,
   type MessageShape,
 } from "@bufbuild/protobuf";
-import type { CallOptions } from "@connectrpc/connect";
-import { errors } from "@sandbar/protocol";
-import type { AgentClients } from "../agent-clients.ts";
-import type { AgentEndpoint, AgentLocator } from "../agent-locator.ts";
 import { type Call, contextFor } from "../../call/call.ts";
 import type { CallChain } from "../../call/chain.ts";
-import { stringProblems, textProblems } from "../../services/validate.ts";
+import { textProblems } from "../../services/validate.ts";
 
 /**
  * How a toolbox REST handler calls the agent's services for one request. `problems` are input
@@ -44,32 +40,6 @@ export function chainCaller(chain: CallChain, call: Call, signal: AbortSignal): 
     },
     async clientStream(method, input) {
       return create(method.output, (await chain.unary(context(method), input)) as never);
-    },
-  };
-}
-
-/**
- * Calls the agent directly, for a request authorized by the sandbox's preview token (the
- * locator checked it; there is no API key or JWT for the guard to check).
- */
-export function agentCaller(clients: AgentClients, locator: AgentLocator, agent: AgentEndpoint, signal: AbortSignal): ToolboxCaller {
-  const options: CallOptions = { headers: { authorization: `Bearer ${agent.secret}` }, signal };
-  const call = (method: DescMethod, input: unknown, problems: string[] = []): unknown => {
-    problems = [...problems, ...stringProblems(method.input, input)];
-    if (problems.length) throw errors.invalidArgument(problems.join(", "));
-    locator.touch(agent.sandboxId);
-    const client = clients.client(method.parent, agent) as unknown as Record<string, (input: unknown, options: CallOptions) => unknown>;
-    return client[method.localName](input, options);
-  };
-  return {
-    async unary(method, input, problems) {
-      return (await call(method, input, problems)) as never;
-    },
-    async *serverStream(method, input, problems) {
-      yield* call(method, input, problems) as AsyncIterable<never>;
-    },
-    async clientStream(method, input) {
-      return (await call(method, input)) as never;
     },
   };
 }

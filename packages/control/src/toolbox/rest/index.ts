@@ -4,7 +4,6 @@ import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_p
 import { PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
 import type { CallChain } from "../../call/chain.ts";
 import type { HandwrittenRoute, UpgradeRoute } from "../../gateway/rest-route.ts";
-import type { AgentClients } from "../agent-clients.ts";
 import type { AgentLocator } from "../agent-locator.ts";
 import { chainCaller } from "./call.ts";
 import { bulkDownload, singleDownload } from "./download.ts";
@@ -48,7 +47,7 @@ export interface ToolboxRest {
   close(): void;
 }
 
-export function toolboxRest(opts: { chain: CallChain; locator: AgentLocator; clients: AgentClients; prefixes: string[] }): ToolboxRest {
+export function toolboxRest(opts: { chain: CallChain; locator: AgentLocator; prefixes: string[] }): ToolboxRest {
   const sockets = new ToolboxWebSockets(opts);
   const handwritten = opts.prefixes.flatMap((prefix) =>
     TOOLBOX_REST_ROUTES.map(({ verb, path, handle }): HandwrittenRoute => ({

@@ -67,7 +67,7 @@ export async function startFixture(opts: { agentProcess?: boolean } = {}): Promi
     previewToken: async (sandboxId, token) => {
       if (sandboxId !== SANDBOX) throw errors.notFound(`Sandbox with ID or name ${sandboxId} not found`);
       if (token !== PREVIEW_TOKEN) throw errors.unauthenticated();
-      return endpoint;
+      return { sandboxId, organizationId: "the-fixture's-organization" };
     },
   };
   const server = await startTestServer({ control: { agentLocator: locator } });

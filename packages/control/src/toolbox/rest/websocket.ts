@@ -1,13 +1,14 @@
 import type { IncomingMessage } from "node:http";
+import type { DescMethod } from "@bufbuild/protobuf";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
 import { WebSocketServer, type WebSocket } from "ws";
 import type { Call } from "../../call/call.ts";
 import type { CallChain } from "../../call/chain.ts";
 import { SDK_VERSION_PROTOCOL, type UpgradeCall, type UpgradeRoute } from "../../gateway/rest-route.ts";
-import type { AgentClients } from "../agent-clients.ts";
 import type { AgentLocator } from "../agent-locator.ts";
-import { agentCaller, chainCaller, type ToolboxCaller } from "./call.ts";
+import { chainCaller, type ToolboxCaller } from "./call.ts";
+import { TOOLBOX_SCOPE } from "../mount.ts";
 import { createConnectRequest, PTY_EXIT_CONTROL, servePty } from "./pty.ts";
 import type { ToolboxRoute } from "./routes.ts";
 import { logChunks } from "./sessions.ts";
@@ -26,6 +27,8 @@ interface WsRequest {
 }
 
 interface WsRoute {
+  /** The method whose rule the caller is admitted under. */
+  method: DescMethod;
   /**
    * Before the upgrade (so a refusal keeps its HTTP status): checks the caller and that the
    * target exists; returns the session the connection serves.
@@ -36,7 +39,8 @@ interface WsRoute {
 
 const ids = (p: Record<string, string>) => ({ sessionId: p.session_id, commandId: p.command_id });
 
-const ptyRoute = (check: WsRoute["check"]): WsRoute => ({
+const ptyRoute = (method: DescMethod, check: WsRoute["check"]): WsRoute => ({
+  method,
   check,
   serve: (ws, caller, r, sessionId) => servePty(ws, caller, sessionId, r.offered.includes(PTY_EXIT_CONTROL)),
 });
@@ -46,6 +50,7 @@ const WS_ROUTES: Array<ToolboxRoute<WsRoute>> = [
     verb: "GET",
     path: "/process/session/{session_id}/command/{command_id}/logs",
     handle: {
+      method: ProcessService.method.getSessionCommand,
       check: async (caller, r) => (await caller.unary(ProcessService.method.getSessionCommand, ids(r.params))).id,
       serve: serveLogs,
     },
@@ -53,12 +58,12 @@ const WS_ROUTES: Array<ToolboxRoute<WsRoute>> = [
   {
     verb: "GET",
     path: "/process/pty/{session_id}/connect",
-    handle: ptyRoute(async (caller, r) => (await caller.unary(PtyService.method.getPty, { sessionId: r.params.session_id })).id),
+    handle: ptyRoute(PtyService.method.getPty, async (caller, r) => (await caller.unary(PtyService.method.getPty, { sessionId: r.params.session_id })).id),
   },
   {
     verb: "GET",
     path: "/process/pty/create-connect",
-    handle: ptyRoute(async (caller, r) => {
+    handle: ptyRoute(PtyService.method.createPty, async (caller, r) => {
       const { input, problems } = createConnectRequest(r.query, r.offered);
       return (await caller.unary(PtyService.method.createPty, input, problems)).sessionId;
     }),
@@ -80,12 +85,10 @@ export class ToolboxWebSockets {
   private readonly wss: WebSocketServer;
   private readonly chain: CallChain;
   private readonly locator: AgentLocator;
-  private readonly clients: AgentClients;
 
-  constructor(opts: { chain: CallChain; locator: AgentLocator; clients: AgentClients }) {
+  constructor(opts: { chain: CallChain; locator: AgentLocator }) {
     this.chain = opts.chain;
     this.locator = opts.locator;
-    this.clients = opts.clients;
     this.wss = new WebSocketServer({
       noServer: true,
       maxPayload: 1024 * 1024,
@@ -103,7 +106,7 @@ export class ToolboxWebSockets {
   private async accept(handle: WsRoute, { req, socket, head, params, query, signal, call }: UpgradeCall): Promise<void> {
     const offered = String(req.headers["sec-websocket-protocol"] ?? "").split(",").map((p) => p.trim()).filter(Boolean);
     const r: WsRequest = { req, params, query, offered };
-    const caller = await this.callerFor(req, query, call, signal);
+    const caller = await this.callerFor(handle.method, req, query, call, signal);
     const target = await handle.check(caller, r);
     if (socket.destroyed) return;
     this.wss.handleUpgrade(req, socket, head, (ws) => {
@@ -125,12 +128,12 @@ export class ToolboxWebSockets {
    * they send their key too). That is sound only because the token is handed out to holders of
    * the toolbox's scope alone: the preview URL routes require write:sandboxes (sandbox.proto).
    */
-  private async callerFor(req: IncomingMessage, query: URLSearchParams, call: Call, signal: AbortSignal): Promise<ToolboxCaller> {
+  private async callerFor(method: DescMethod, req: IncomingMessage, query: URLSearchParams, call: Call, signal: AbortSignal): Promise<ToolboxCaller> {
     const header = req.headers[PREVIEW_TOKEN_HEADER];
     const token = (Array.isArray(header) ? header[0] : header) || query.get(PREVIEW_TOKEN_QUERY);
     if (!req.headers.authorization && token && this.locator.previewToken) {
-      const agent = await this.locator.previewToken(call.sandboxId ?? "", token);
-      return agentCaller(this.clients, this.locator, agent, signal);
+      const { organizationId } = await this.locator.previewToken(call.sandboxId ?? "", token);
+      this.chain.grant(call, method, { organizationId, permissions: new Set([TOOLBOX_SCOPE]) });
     }
     return chainCaller(this.chain, call, signal);
   }
