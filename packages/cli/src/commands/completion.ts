@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { CliError } from "../failure.ts";
-import type { GlobalOptions } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { run } from "../run.ts";
 
 interface Node {

@@ -3,7 +3,7 @@ import { errors } from "@sandbar/protocol";
 import { type BuildSnapshotRequest, BuildSnapshotRequestSchema, BuildSpecSchema, type RegistryAuth, RegistryAuthSchema } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import { BuildFailed, fromRegistries, parseImageRef, type RegistryCredentials } from "@sandbar/runner/images";
 import type { BuildContexts } from "../object-storage/index.ts";
-import type { CredentialsFor } from "../snapshots/pulls.ts";
+import type { CredentialsFor } from "../snapshots/credentials-for.ts";
 import type { BuildTargets, BuildWhere } from "./build-targets.ts";
 import { type BuildInfoRecord, refHex } from "./build-info.ts";
 

@@ -1,7 +1,7 @@
 import { chmod, copyFile, mkdir, realpath } from "node:fs/promises";
 import path from "node:path";
 import { addImage, initLayout, layerFromDir, layerFromFiles, type TestRegistry } from "../../../../runner/src/images/testing/registry.ts";
-import type { CredentialsFor } from "../pulls.ts";
+import type { CredentialsFor } from "../credentials-for.ts";
 
 // An image a sandbox can boot from, pushed to a test registry: a minimal glibc userland copied
 // from this host (the loader, node's libraries, sh, cat, env, id) and a layer of files. An image
