@@ -189,15 +189,11 @@ function checkEventTypes(types: readonly string[]): string[] {
   return [...new Set(types)];
 }
 
-/**
- * A JSON array of strings (the update's eventTypes): a ListValue message over gRPC, the plain
- * JSON array the REST gateway decodes it to.
- */
-function stringsOf(list: ListValue | unknown[]): string[] {
-  const items: unknown[] = Array.isArray(list) ? list : list.values.map((v) => (v.kind.case === "stringValue" ? v.kind.value : null));
-  return items.map((v) => {
-    if (typeof v !== "string") throw errors.invalidArgument("eventTypes must be an array of strings");
-    return v;
+/** A JSON array of strings (the update's eventTypes), a ListValue message over gRPC and REST alike. */
+function stringsOf(list: ListValue): string[] {
+  return list.values.map((v) => {
+    if (v.kind.case !== "stringValue") throw errors.invalidArgument("eventTypes must be an array of strings");
+    return v.kind.value;
   });
 }
 
