@@ -8,7 +8,6 @@
 // --quick: 200 calls per path (to check the bench works).
 import { writeFile } from "node:fs/promises";
 import { create } from "@bufbuild/protobuf";
-import type { HandlerContext } from "@connectrpc/connect";
 import { routeOf } from "@sandbar/protocol";
 import { OrganizationRoleService, UpdateRoleRequestSchema } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_pb.js";
@@ -26,8 +25,6 @@ const CALLS = QUICK ? 200 : 2000;
 const ROUND = 100;
 const WARMUP = 100;
 
-type Update = (input: unknown, ctx: HandlerContext) => Promise<unknown>;
-
 const t = await startTestServer();
 const rest = new Rest(t.url, t.adminKey);
 const credentials = new Credentials(t.server.databaseUrl);
@@ -40,15 +37,15 @@ try {
 
   const guard = new Guard(credentials);
   const impl = organizationRoleService(t.server.orm, credentials);
-  const plain = secure(OrganizationRoleService, impl, guard) as unknown as Record<string, Update>;
-  const audited = secure(OrganizationRoleService, impl, guard, routeOf, new AuditRecorder(t.server.orm, log)) as unknown as Record<string, Update>;
+  const plain = secure(OrganizationRoleService, impl, guard);
+  const audited = secure(OrganizationRoleService, impl, guard, routeOf, new AuditRecorder(t.server.orm, log));
   const method = OrganizationRoleService.method.updateRole;
   const request = { headers: { authorization: `Bearer ${t.adminKey}`, "user-agent": "bench" }, method: "PUT", url: "/", socket: { remoteAddress: "127.0.0.1" } };
   const signal = new AbortController().signal;
 
   const paths: Record<string, () => Promise<unknown>> = {
-    "secure path, no recorder": () => plain.updateRole!(input, callContext(method, request, signal)),
-    "secure path, recorded": () => audited.updateRole!(input, callContext(method, request, signal)),
+    "secure path, no recorder": async () => plain.updateRole!(input, callContext(method, request, signal)),
+    "secure path, recorded": async () => audited.updateRole!(input, callContext(method, request, signal)),
     "REST PUT (recorded), HTTP/1.1 keep-alive": () => rest.ok("PUT", `/organizations/${org}/roles/${role}`, body),
   };
   const figures: Record<string, number[]> = Object.fromEntries(Object.keys(paths).map((k) => [k, []]));
