@@ -40,7 +40,7 @@ export function run(body: (...args: never[]) => Result): Action {
   };
 }
 
-export function reportFailure(err: unknown, globals: GlobalOptions): void {
+function reportFailure(err: unknown, globals: GlobalOptions): void {
   let server: string | undefined;
   try {
     server = configOf(globals).apiUrl;

@@ -20,7 +20,7 @@ export interface ConnectionSettings {
 }
 
 /** A body trickled slower than this per SANDBAR_BODY_TIMEOUT_MS is stalled: a byte at a time must not keep a request alive. */
-export const BODY_MIN_PROGRESS = 1024;
+const BODY_MIN_PROGRESS = 1024;
 
 export function loadConnectionSettings(env: NodeJS.ProcessEnv): ConnectionSettings {
   return {

@@ -24,7 +24,7 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const KNOWN = new Set<string>(EVENT_TYPES);
 /** How long a rotated-out secret keeps signing beside the new one. */
 const ROTATION_GRACE_MS = 24 * 3600_000;
-export const MAX_ENDPOINTS = 50;
+const MAX_ENDPOINTS = 50;
 const MAX_DESCRIPTION = 1024;
 
 interface EndpointRow {

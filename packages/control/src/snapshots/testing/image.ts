@@ -8,7 +8,7 @@ import type { CredentialsFor } from "../credentials-for.ts";
 // sandbox gets no host binds, so the agent (the host's node) needs those libraries in the image.
 
 /** What the test image holds (files, env) for assertions. */
-export const TEST_IMAGE = {
+const TEST_IMAGE = {
   files: { "app/hello.txt": "hello from the image\n", "etc/greeting": "hi\n" },
   env: ["GREETING=hello world", "APP_MODE=image", "PATH=/usr/local/bin:/usr/bin:/bin"],
   entrypoint: ["/bin/sh"],
