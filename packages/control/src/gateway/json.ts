@@ -137,7 +137,7 @@ function singularMessageToJson(desc: DescMessage, value: unknown, opts: JsonOpti
 
 function scalarToJson(type: ScalarType, value: unknown): unknown {
   if (typeof value === "bigint") return Number(value);
-  if (type === ScalarType.BYTES) return Buffer.from(value as Uint8Array).toString("base64");
+  if (type === ScalarType.BYTES && value instanceof Uint8Array) return Buffer.from(value).toString("base64");
   return value;
 }
 
