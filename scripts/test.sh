@@ -20,18 +20,7 @@ gen_is_fresh() {
 step "buf lint" npx buf lint
 step "generated code is fresh" gen_is_fresh
 step "typecheck" npx tsc -p tsconfig.json --noEmit
-# The code's lint (a few seconds in all): casts only in each package's reviewed casts.ts
-# (biome.json, lint/casts.grit), no unused exports (knip.json), no import cycle, every package
-# declaring what it imports.
-no_suppressions() {
-  # Biome honours inline biome-ignore comments: the cast rules must not be silenced that way.
-  ! grep -rn --include='*.ts' "biome-ignore" packages/*/src test bench
-}
-step "lint: casts" node_modules/.bin/biome lint --max-diagnostics=none .
-step "lint: no inline suppressions" no_suppressions
-step "lint: unused exports" node_modules/.bin/knip --no-progress
-step "lint: import cycles" node_modules/.bin/dpdm --no-tree --no-warning --no-progress --exit-code circular:1 --exclude 'node_modules|/gen/' 'packages/*/src/**/*.ts'
-step "lint: package dependencies" node scripts/check-package-deps.ts
+step "lint" bash scripts/lint.sh
 report="$(mktemp)"
 echo "== vitest"
 npx vitest run --reporter=default --reporter=json --outputFile.json="$report" "$@"
