@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `npm test`: contract lint and freshness, typecheck, then every suite (vitest), ending with
-# one line of totals: "N passed, N failed".
+# `npm test`: contract lint and freshness, typecheck, the code's lint, then every suite (vitest),
+# ending with one line of totals: "N passed, N failed".
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 ensure_deps
@@ -20,6 +20,7 @@ gen_is_fresh() {
 step "buf lint" npx buf lint
 step "generated code is fresh" gen_is_fresh
 step "typecheck" npx tsc -p tsconfig.json --noEmit
+step "lint" bash scripts/lint.sh
 report="$(mktemp)"
 echo "== vitest"
 npx vitest run --reporter=default --reporter=json --outputFile.json="$report" "$@"

@@ -22,7 +22,7 @@ interface Trace {
 let current: Trace | undefined;
 // Points a profiling build of the server marks (globalThis.__mark), if any: printed with --sql.
 (globalThis as { __mark?: (name: string) => void }).__mark = (name) => void current?.marks.push({ name, t: performance.now() });
-const proto = pg.Client.prototype as unknown as { query: (...args: unknown[]) => unknown };
+const proto: { query: (...args: unknown[]) => unknown } = pg.Client.prototype;
 const query = proto.query;
 proto.query = function (this: unknown, ...args: unknown[]) {
   const trace = current;

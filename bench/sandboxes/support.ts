@@ -5,6 +5,7 @@ import http from "node:http";
 import os from "node:os";
 import { buildAgentBundle } from "../../packages/control/src/testing/agent-bundle.ts";
 import { startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
+import type { UntypedJson } from "../casts.ts";
 
 export interface Stat {
   n: number;
@@ -69,7 +70,7 @@ export async function startBenchServer(settings: { warmPool?: number; agentBundl
 
 export interface Reply {
   status: number;
-  body: any;
+  body: UntypedJson;
 }
 
 /** JSON over HTTP/1.1 keep-alive (node:http, no fetch overhead in the figures). */
@@ -118,7 +119,7 @@ export class Rest {
     });
   }
 
-  async ok(method: string, path: string, body?: unknown): Promise<any> {
+  async ok(method: string, path: string, body?: unknown): Promise<UntypedJson> {
     const r = await this.call(method, path, body);
     if (r.status >= 300) throw new Error(`${method} ${path} answered ${r.status}: ${JSON.stringify(r.body)}`);
     return r.body;

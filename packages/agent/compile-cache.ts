@@ -28,7 +28,7 @@ import { InfoService } from "@sandbar/protocol/gen/sandbar/agent/v1/info_pb.js";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { agentTransport } from "./src/client.ts";
 
-export const COMPILE_CACHE_DIR = "compile-cache";
+const COMPILE_CACHE_DIR = "compile-cache";
 export const AGENT_MAIN = "main.mjs";
 /** The uids an agent runs as inside a sandbox (the runner's root and sandbox user). */
 const SANDBOX_UIDS = [0, 1000];

@@ -53,10 +53,10 @@ export interface Agent {
 }
 
 /** HTTP/2 flow-control windows: per stream and per connection. */
-export const WINDOW_SIZE = 1024 * 1024;
-export const CONNECTION_WINDOW_SIZE = 4 * 1024 * 1024;
+const WINDOW_SIZE = 1024 * 1024;
+const CONNECTION_WINDOW_SIZE = 4 * 1024 * 1024;
 /** Largest HTTP/2 frame a client may send: fewer, larger frames for uploads. */
-export const MAX_FRAME_SIZE = 256 * 1024;
+const MAX_FRAME_SIZE = 256 * 1024;
 /** Grace between SIGTERM and SIGKILL for what runs at shutdown. */
 const SHUTDOWN_GRACE_MS = 2000;
 

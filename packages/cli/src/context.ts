@@ -5,14 +5,8 @@ import { cliClients } from "./transport.ts";
 import { CliError } from "./failure.ts";
 import { makeOutput, type Output } from "./output.ts";
 import { ensureFreshToken, refreshingToken } from "./auth/session-token.ts";
+import type { GlobalOptions } from "./global-options.ts";
 
-/** Options every command accepts (commander's global options). */
-export interface GlobalOptions {
-  json?: boolean;
-  debug?: boolean;
-  profile?: string;
-  apiUrl?: string;
-}
 
 /** What a command works with: its output, the resolved configuration and clients through the SDK's transport. */
 export interface Context {

@@ -42,7 +42,7 @@ export function makeOutput(opts: { json: boolean }): Output {
 }
 
 /** bigint (int64 fields) as a number when it fits, else a string; Uint8Array as base64. */
-export function jsonReplacer(_key: string, value: unknown): unknown {
+function jsonReplacer(_key: string, value: unknown): unknown {
   if (typeof value === "bigint") return Number.isSafeInteger(Number(value)) ? Number(value) : value.toString();
   if (value instanceof Uint8Array) return Buffer.from(value).toString("base64");
   return value;

@@ -5,7 +5,7 @@ export interface Progress {
 }
 
 const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
-export function formatBytes(n: number): string {
+function formatBytes(n: number): string {
   let i = 0;
   while (n >= 1024 && i < UNITS.length - 1) (n /= 1024), i++;
   return `${i === 0 ? n : n.toFixed(1)} ${UNITS[i]}`;

@@ -1,5 +1,6 @@
 import type { Command } from "commander";
-import { configOf, type GlobalOptions } from "./context.ts";
+import { configOf } from "./context.ts";
+import type { GlobalOptions } from "./global-options.ts";
 import { CliError, explain } from "./failure.ts";
 
 /** `serve` runs until a signal; every other command ends the process when its action returns. */
@@ -39,7 +40,7 @@ export function run(body: (...args: never[]) => Result): Action {
   };
 }
 
-export function reportFailure(err: unknown, globals: GlobalOptions): void {
+function reportFailure(err: unknown, globals: GlobalOptions): void {
   let server: string | undefined;
   try {
     server = configOf(globals).apiUrl;

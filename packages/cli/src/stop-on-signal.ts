@@ -9,7 +9,7 @@ import { lifetime } from "./run.ts";
 // group got, so the server sees a Ctrl-C twice).
 
 const SIGNALS = ["SIGINT", "SIGTERM", "SIGHUP"] as const;
-export const STOP_DEADLINE_MS = 60_000;
+const STOP_DEADLINE_MS = 60_000;
 const SAME_REQUEST_MS = 1_000;
 
 export interface Stoppable {

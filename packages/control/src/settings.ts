@@ -100,7 +100,7 @@ export interface Settings {
   sandboxProvider: SandboxProviderSettings;
 }
 
-export interface SandboxProviderSettings {
+interface SandboxProviderSettings {
   kind: "linux" | "docker";
   /** The Docker engine's API socket (SANDBAR_DOCKER_SOCKET); default /var/run/docker.sock. */
   dockerSocket?: string;
@@ -108,7 +108,7 @@ export interface SandboxProviderSettings {
   dockerRuntime?: string;
 }
 
-export function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
+function defaultDataDir(env: NodeJS.ProcessEnv = process.env): string {
   // PostgreSQL refuses to run as root and runs as a `postgres` user instead, which cannot
   // enter /root: a root service keeps its data where services do.
   if (process.getuid?.() === 0) return "/var/lib/sandbar";

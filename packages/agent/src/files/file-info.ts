@@ -8,7 +8,6 @@ type FileInfoInit = MessageInitShape<typeof FileInfoSchema>;
 
 const S_IFMT = 0o170000;
 const S_IFDIR = 0o040000;
-const S_IFREG = 0o100000;
 const S_IFLNK = 0o120000;
 const S_IFIFO = 0o010000;
 const S_IFSOCK = 0o140000;
@@ -19,7 +18,7 @@ const S_IFBLK = 0o060000;
  * The reference's mode text (Go's FileMode.String()): type letters from
  * "dalTLDpSugct" in that order, or "-", then rwxrwxrwx.
  */
-export function modeString(mode: number): string {
+function modeString(mode: number): string {
   const type = mode & S_IFMT;
   let letters = "";
   if (type === S_IFDIR) letters += "d";
@@ -39,7 +38,7 @@ export function modeString(mode: number): string {
 }
 
 /** Go's time.String() of a UTC time: "2006-01-02 15:04:05.999999999 +0000 UTC" (trailing zeros trimmed). */
-export function goTimeString(ns: bigint): string {
+function goTimeString(ns: bigint): string {
   const ms = Number(ns / 1_000_000n);
   const d = new Date(ms);
   const pad = (n: number, w = 2) => String(n).padStart(w, "0");
@@ -50,12 +49,8 @@ export function goTimeString(ns: bigint): string {
   return `${date} ${time}${frac ? "." + frac : ""} +0000 UTC`;
 }
 
-export function isDir(st: Stats | BigIntStats): boolean {
+function isDir(st: Stats | BigIntStats): boolean {
   return (Number(st.mode) & S_IFMT) === S_IFDIR;
-}
-
-export function isRegular(st: Stats | BigIntStats): boolean {
-  return (Number(st.mode) & S_IFMT) === S_IFREG;
 }
 
 /** FileInfo of a stat taken with { bigint: true } (nanosecond times). */

@@ -14,7 +14,7 @@ import * as path from "node:path";
  */
 
 /** The temporary name of an upload of `name`: hidden, beside it, never a name a user would pick. */
-export const TEMP_NAME = /^\..*\.sandbar-upload-[0-9a-f]{16}$/s;
+const TEMP_NAME = /^\..*\.sandbar-upload-[0-9a-f]{16}$/s;
 
 let journal: string | undefined;
 /** This agent's records start with it: the sweep of its predecessors' records never takes them. */

@@ -38,7 +38,7 @@ export interface GitResult {
 }
 
 /** Removes credentials from text git printed (error messages may echo URLs). */
-export function redact(text: string, credentials?: Credentials): string {
+function redact(text: string, credentials?: Credentials): string {
   let out = text.replace(/(\w+:\/\/)[^/@\s]+@/g, "$1***@");
   for (const secret of [credentials?.password, credentials?.username]) {
     if (secret && secret.length >= 3) out = out.replaceAll(secret, "***");
@@ -91,7 +91,7 @@ export function git(args: string[], opts: GitRunOptions): Promise<GitResult> {
 const MAX_ERROR_TEXT = 2000;
 
 /** Classifies a failed git call by its message, as the reference does; `target` is the directory it wrote. */
-export function gitError(message: string, args: string[], target?: string): ConnectError {
+function gitError(message: string, args: string[], target?: string): ConnectError {
   const full = message.trim().replace(/^(fatal|error): /gm, "") || `git ${args[0]} failed`;
   // Errors travel as HTTP/2 headers: git's text (which echoes paths and URLs) is kept short.
   const text = full.length > MAX_ERROR_TEXT ? `${full.slice(0, MAX_ERROR_TEXT)}…` : full;

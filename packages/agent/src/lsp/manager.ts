@@ -6,7 +6,7 @@ import { resolvePath } from "../util/paths.ts";
 import { LanguageServer } from "./server.ts";
 import type { ServerKind } from "./server.ts";
 
-export function serverKind(language: LanguageId): ServerKind {
+function serverKind(language: LanguageId): ServerKind {
   switch (language) {
     case LanguageId.TYPESCRIPT:
     case LanguageId.JAVASCRIPT:

@@ -26,7 +26,7 @@ function commandFor(kind: ServerKind, env: NodeJS.ProcessEnv): string[] {
 }
 
 /** The LSP language id of a document, by its extension. */
-export function documentLanguage(file: string, fallback: string): string {
+function documentLanguage(file: string, fallback: string): string {
   switch (path.extname(file).toLowerCase()) {
     case ".ts":
     case ".mts":

@@ -46,7 +46,7 @@ const extension: Record<number, string> = {
 };
 
 /** Splits chart artifacts out of a run's output. */
-export function extractArtifacts(result: string): { result: string; charts: JsonObject[] } {
+function extractArtifacts(result: string): { result: string; charts: JsonObject[] } {
   if (!result.includes(ARTIFACT_PREFIX)) return { result, charts: [] };
   const charts: JsonObject[] = [];
   const kept: string[] = [];

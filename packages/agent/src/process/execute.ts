@@ -12,7 +12,7 @@ import { signalTree } from "../util/kill.ts";
 import type { LaunchedShell, ShellLauncher } from "./launcher.ts";
 
 /** Most output an execution answers with; the rest is counted, not kept. */
-export const RESULT_LIMIT = 32 * 1024 * 1024;
+const RESULT_LIMIT = 32 * 1024 * 1024;
 /** Scripts longer than this go through a file: a single argv entry is limited to 128 KiB. */
 const INLINE_LIMIT = 100 * 1024;
 /** After the shell exits, how long background processes that kept its output open are waited for. */
@@ -32,7 +32,7 @@ export interface ExecuteOutput {
 }
 
 /** Checks an execution's cwd and env; returns the cwd to use. */
-export async function prepareExecution(ctx: AgentContext, input: ExecuteInput): Promise<string> {
+async function prepareExecution(ctx: AgentContext, input: ExecuteInput): Promise<string> {
   if (input.command.trim() === "") throw errors.invalidArgument("command is required");
   const badEnv = envProblem(input.envs);
   if (badEnv) throw errors.invalidArgument(badEnv);

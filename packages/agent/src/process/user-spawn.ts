@@ -32,10 +32,6 @@ export function setUserCgroup(files: readonly string[]): void {
   procsFiles = [...files];
 }
 
-export function userCgroupFiles(): readonly string[] {
-  return procsFiles;
-}
-
 /**
  * The command and arguments to spawn instead of `file args`, so it runs as a user process. A
  * command that cannot be found on `env.PATH` is left as it is: spawning it then fails with

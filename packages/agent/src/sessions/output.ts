@@ -2,7 +2,7 @@ import type { LogChunk } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb
 import { STDERR, STDOUT, type StreamId } from "./command-log.ts";
 
 /** Most bytes of each stream a unary answer carries. */
-export const UNARY_LIMIT = 16 * 1024 * 1024;
+const UNARY_LIMIT = 16 * 1024 * 1024;
 
 type Chunk = Pick<LogChunk, "data">;
 

@@ -1,5 +1,5 @@
 import { readConfigFile, resolveConfig, type ResolvedConfig } from "../sdk.ts";
-import type { GlobalOptions } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { CliError } from "../failure.ts";
 import { discover, serverOidc, tokenRequest } from "./oidc.ts";
 import { profileName, updateProfile } from "./profiles.ts";

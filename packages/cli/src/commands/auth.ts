@@ -6,7 +6,8 @@ import { Permission } from "@sandbar/protocol/gen/sandbar/control/v1/permission_
 import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_pb.js";
 import { OrganizationService, type Organization } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { UserService } from "@sandbar/protocol/gen/sandbar/control/v1/user_pb.js";
-import { configOf, contextFor, openContext, type GlobalOptions } from "../context.ts";
+import { configOf, contextFor, openContext } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { CliError } from "../failure.ts";
 import { makeOutput } from "../output.ts";
 import { discover, loopbackRedirect, pkce, serverOidc, tokenRequest } from "../auth/oidc.ts";

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { CliError } from "../failure.ts";
-import type { GlobalOptions } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { run } from "../run.ts";
 
 interface Node {
@@ -17,7 +17,7 @@ function nodes(cmd: Command, path = ""): Node[] {
   return [here, ...subs.flatMap((c) => nodes(c, `${path} ${c.name()}`))];
 }
 
-export function bashCompletion(program: Command): string {
+function bashCompletion(program: Command): string {
   const all = nodes(program);
   const descend = all.filter((n) => n.path !== "" && n.hasChildren).map((n) => `"${n.path}"`);
   const leaves = all.filter((n) => n.path !== "").map((n) => `"${n.path}"`);
@@ -45,7 +45,7 @@ complete -o default -F _sandbar sandbar
 `;
 }
 
-export function zshCompletion(program: Command): string {
+function zshCompletion(program: Command): string {
   return `#compdef sandbar
 # sandbar completion for zsh: eval "$(sandbar completion zsh)" (e.g. in ~/.zshrc), after compinit
 autoload -U +X bashcompinit && bashcompinit

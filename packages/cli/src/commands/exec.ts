@@ -1,7 +1,8 @@
 import { randomBytes } from "node:crypto";
 import type { Command } from "commander";
 import { ProcessService, type LogChunk } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
-import { openContext, type GlobalOptions, type Context } from "../context.ts";
+import { openContext, type Context } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { CliError } from "../failure.ts";
 import { ExitCode, run } from "../run.ts";
 import { keyValue } from "./parse.ts";

@@ -1,6 +1,7 @@
 import type { Command } from "commander";
 import { SandboxService, SandboxSchema, SandboxState, type Sandbox } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
-import { openContext, type GlobalOptions, type Context } from "../context.ts";
+import { openContext, type Context } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { CliError } from "../failure.ts";
 import { run } from "../run.ts";
 import { collect, keyValue, nonNegativeInt, positiveInt } from "./parse.ts";

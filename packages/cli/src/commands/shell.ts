@@ -1,7 +1,8 @@
 import { randomBytes } from "node:crypto";
 import type { Command } from "commander";
 import { PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
-import { openContext, type GlobalOptions } from "../context.ts";
+import { openContext } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { CliError } from "../failure.ts";
 import { ExitCode, run } from "../run.ts";
 

@@ -1,6 +1,7 @@
 import type { Command } from "commander";
 import { SnapshotSchema, SnapshotService, SnapshotState, type Snapshot } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
-import { openContext, type GlobalOptions, type Context } from "../context.ts";
+import { openContext, type Context } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { CliError } from "../failure.ts";
 import { run } from "../run.ts";
 import { collect, positiveInt } from "./parse.ts";

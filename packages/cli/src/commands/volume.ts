@@ -1,6 +1,7 @@
 import type { Command } from "commander";
 import { VolumeSchema, VolumeService, VolumeState, type Volume } from "@sandbar/protocol/gen/sandbar/control/v1/volume_pb.js";
-import { openContext, type GlobalOptions } from "../context.ts";
+import { openContext } from "../context.ts";
+import type { GlobalOptions } from "../global-options.ts";
 import { run } from "../run.ts";
 import { asJson, enumLabel, when } from "./shared.ts";
 

@@ -18,11 +18,11 @@ export interface BuildInfoRecord {
   runnerId?: string;
 }
 
-export const MAX_DOCKERFILE = 256 * 1024;
-export const MAX_CONTEXTS = 1000;
+const MAX_DOCKERFILE = 256 * 1024;
+const MAX_CONTEXTS = 1000;
 
 /** The reference's build ref: sha256 of the Dockerfile and the sorted context hashes joined. */
-export function buildRef(dockerfile: string, contextHashes: string[]): string {
+function buildRef(dockerfile: string, contextHashes: string[]): string {
   const hex = createHash("sha256").update(dockerfile + [...contextHashes].sort().join("")).digest("hex");
   return `daytona-${hex}:daytona`;
 }

@@ -3,7 +3,7 @@ import { errors } from "@sandbar/protocol";
 import { type BuildSnapshotRequest, BuildSnapshotRequestSchema, BuildSpecSchema, type RegistryAuth, RegistryAuthSchema } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import { BuildFailed, fromRegistries, parseImageRef, type RegistryCredentials } from "@sandbar/runner/images";
 import type { BuildContexts } from "../object-storage/index.ts";
-import type { CredentialsFor } from "../snapshots/pulls.ts";
+import type { CredentialsFor } from "../snapshots/credentials-for.ts";
 import type { BuildTargets, BuildWhere } from "./build-targets.ts";
 import { type BuildInfoRecord, refHex } from "./build-info.ts";
 
@@ -72,13 +72,14 @@ export class Builder {
     let job = this.#running.get(key);
     if (job) run.onProgress?.(`joining the running build ${key}`);
     else {
-      const j: Job = { done: undefined as unknown as Promise<BuiltImage>, lines: [], listeners: new Set() };
+      const lines: string[] = [];
+      const listeners = new Set<(line: string) => void>();
       const emit = (line: string) => {
-        j.lines.push(line);
-        for (const l of j.listeners) l(line);
+        lines.push(line);
+        for (const l of listeners) l(line);
       };
-      j.done = this.#run(organizationId, info, key, run, emit).finally(() => this.#running.delete(key));
-      this.#running.set(key, (job = j));
+      const done = this.#run(organizationId, info, key, run, emit).finally(() => this.#running.delete(key));
+      this.#running.set(key, (job = { done, lines, listeners }));
     }
     for (const line of job.lines) run.onProgress?.(line);
     if (run.onProgress) job.listeners.add(run.onProgress);

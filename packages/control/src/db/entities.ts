@@ -91,7 +91,7 @@ export const Region = defineEntity({
 export type Region = InferEntity<typeof Region>;
 
 /** An organization's totals in one region and sandbox class. */
-export const RegionQuota = defineEntity({
+const RegionQuota = defineEntity({
   name: "RegionQuota",
   tableName: "region_quota",
   properties: {
@@ -108,10 +108,9 @@ export const RegionQuota = defineEntity({
   },
   primaryKeys: ["organizationId", "regionId", "sandboxClass"],
 });
-export type RegionQuota = InferEntity<typeof RegionQuota>;
 
 /** A named bundle of permissions; global ones (no organization) are seeded and fixed. */
-export const OrganizationRole = defineEntity({
+const OrganizationRole = defineEntity({
   name: "OrganizationRole",
   tableName: "organization_role",
   properties: {
@@ -125,9 +124,8 @@ export const OrganizationRole = defineEntity({
     updatedAt: p.datetime().onCreate(() => new Date()),
   },
 });
-export type OrganizationRole = InferEntity<typeof OrganizationRole>;
 
-export const OrganizationMemberRole = defineEntity({
+const OrganizationMemberRole = defineEntity({
   name: "OrganizationMemberRole",
   tableName: "organization_member_role",
   properties: {
@@ -137,9 +135,8 @@ export const OrganizationMemberRole = defineEntity({
   },
   primaryKeys: ["organizationId", "userId", "roleId"],
 });
-export type OrganizationMemberRole = InferEntity<typeof OrganizationMemberRole>;
 
-export const OrganizationInvitation = defineEntity({
+const OrganizationInvitation = defineEntity({
   name: "OrganizationInvitation",
   tableName: "organization_invitation",
   properties: {
@@ -158,9 +155,8 @@ export const OrganizationInvitation = defineEntity({
     updatedAt: p.datetime().onCreate(() => new Date()),
   },
 });
-export type OrganizationInvitation = InferEntity<typeof OrganizationInvitation>;
 
-export const OrganizationInvitationRole = defineEntity({
+const OrganizationInvitationRole = defineEntity({
   name: "OrganizationInvitationRole",
   tableName: "organization_invitation_role",
   properties: {
@@ -169,7 +165,6 @@ export const OrganizationInvitationRole = defineEntity({
   },
   primaryKeys: ["invitationId", "roleId"],
 });
-export type OrganizationInvitationRole = InferEntity<typeof OrganizationInvitationRole>;
 
 export const OrganizationMember = defineEntity({
   name: "OrganizationMember",

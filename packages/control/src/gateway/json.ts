@@ -3,12 +3,16 @@ import {
   type DescEnum,
   type DescField,
   type DescMessage,
+  fromJson,
+  isMessage,
   type JsonValue,
   type Message,
+  type MessageShape,
   ScalarType,
   toJson as protoToJson,
 } from "@bufbuild/protobuf";
-import { timestampDate, timestampFromDate, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { isReflectMessage, type ReflectMessage, reflect, reflectList, reflectMap } from "@bufbuild/protobuf/reflect";
+import { FeatureSet_FieldPresence, ListValueSchema, StructSchema, timestampDate, timestampFromDate, TimestampSchema, ValueSchema } from "@bufbuild/protobuf/wkt";
 import { enumValueJson } from "@sandbar/protocol";
 
 // JSON as the reference API writes it (not canonical proto3 JSON): camelCase names, enums
@@ -16,7 +20,6 @@ import { enumValueJson } from "@sandbar/protocol";
 // unset optional fields. Decoding checks every type and says which field is wrong.
 
 type Obj = Record<string, unknown>;
-type Any = Record<string, unknown>;
 
 const TIMESTAMP = "google.protobuf.Timestamp";
 const STRUCT_TYPES = new Set(["google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"]);
@@ -60,19 +63,42 @@ export interface JsonOptions {
   omitUnset?: boolean;
 }
 
+/** A message as JSON; its fields are read through protobuf-es's reflection. */
 export function messageToJson(desc: DescMessage, msg: Message, opts: JsonOptions = {}): Obj {
+  const r = reflect(desc, msg, false);
   const out: Obj = {};
-  const m = msg as unknown as Any;
-  for (const field of desc.fields) {
+  for (const field of r.fields) {
     if (field.oneof) {
-      const oneof = m[field.oneof.localName] as { case?: string; value?: unknown };
-      if (oneof.case === field.localName) out[field.jsonName] = valueToJson(field, oneof.value, opts);
+      if (r.oneofCase(field.oneof) === field) out[field.jsonName] = valueToJson(field, fieldValue(r, field), opts);
       continue;
     }
-    const value = valueToJson(field, m[field.localName], opts);
+    const value = valueToJson(field, fieldValue(r, field), opts);
     if (value !== null || !opts.omitUnset) out[field.jsonName] = value;
   }
   return out;
+}
+
+/**
+ * A field's value as valueToJson takes it: undefined when a field with presence is unset, messages
+ * as messages (a Struct field's JSON object comes back as a Struct message), lists as arrays and
+ * maps as objects.
+ */
+function fieldValue(r: ReflectMessage, field: DescField): unknown {
+  switch (field.fieldKind) {
+    case "scalar":
+    case "enum":
+      return field.presence === FeatureSet_FieldPresence.IMPLICIT || r.isSet(field) ? r.get(field) : undefined;
+    case "message":
+      return r.isSet(field) ? r.get(field).message : undefined;
+    case "list":
+      return Array.from(r.get(field), messageOf);
+    case "map":
+      return Object.fromEntries(Array.from(r.get(field), ([k, v]) => [String(k), messageOf(v)]));
+  }
+}
+
+function messageOf(item: unknown): unknown {
+  return isReflectMessage(item) ? item.message : item;
 }
 
 /** One field's value as JSON (used for `response_body` too). */
@@ -81,19 +107,19 @@ export function valueToJson(field: DescField, value: unknown, opts: JsonOptions 
     case "scalar":
       return value === undefined ? null : scalarToJson(field.scalar, value);
     case "enum":
-      return value === undefined ? null : enumToJson(field.enum, value as number);
+      return value === undefined ? null : enumToJson(field.enum, value);
     case "message":
       return value === undefined ? null : singularMessageToJson(field.message, value, opts);
     case "list": {
-      const list = value as unknown[];
+      const list = Array.isArray(value) ? value : [];
       if (field.listKind === "scalar") return list.map((v) => scalarToJson(field.scalar, v));
-      if (field.listKind === "enum") return list.map((v) => enumToJson(field.enum, v as number));
+      if (field.listKind === "enum") return list.map((v) => enumToJson(field.enum, v));
       return list.map((v) => singularMessageToJson(field.message, v, opts));
     }
     case "map": {
       const out: Obj = {};
-      for (const [k, v] of Object.entries(value as Obj)) {
-        out[k] = field.mapKind === "scalar" ? scalarToJson(field.scalar, v) : field.mapKind === "enum" ? enumToJson(field.enum, v as number) : singularMessageToJson(field.message, v, opts);
+      for (const [k, v] of Object.entries(typeof value === "object" && value !== null ? value : {})) {
+        out[k] = field.mapKind === "scalar" ? scalarToJson(field.scalar, v) : field.mapKind === "enum" ? enumToJson(field.enum, v) : singularMessageToJson(field.message, v, opts);
       }
       return out;
     }
@@ -101,22 +127,22 @@ export function valueToJson(field: DescField, value: unknown, opts: JsonOptions 
 }
 
 function singularMessageToJson(desc: DescMessage, value: unknown, opts: JsonOptions): unknown {
-  if (desc.typeName === TIMESTAMP) return timestampDate(value as Timestamp).toISOString();
+  if (desc.typeName === TIMESTAMP) return isMessage(value, TimestampSchema) ? timestampDate(value).toISOString() : null;
   if (STRUCT_TYPES.has(desc.typeName)) {
-    // protobuf-es represents Struct fields as plain JSON already; a Message still converts.
-    return isMessage(value) ? protoToJson(desc, value) : value;
+    // protobuf-es holds a Struct field as plain JSON already; a message (Value, ListValue) converts.
+    return isMessage(value, desc) ? protoToJson(desc, value) : value;
   }
-  return messageToJson(desc, value as Message, opts);
+  return isMessage(value, desc) ? messageToJson(desc, value, opts) : null;
 }
 
 function scalarToJson(type: ScalarType, value: unknown): unknown {
   if (typeof value === "bigint") return Number(value);
-  if (type === ScalarType.BYTES) return Buffer.from(value as Uint8Array).toString("base64");
+  if (type === ScalarType.BYTES && value instanceof Uint8Array) return Buffer.from(value).toString("base64");
   return value;
 }
 
-function enumToJson(desc: DescEnum, value: number): string | null {
-  const v = desc.value[value];
+function enumToJson(desc: DescEnum, value: unknown): string | null {
+  const v = typeof value === "number" ? desc.value[value] : undefined;
   return v && v.number !== 0 ? enumValueJson(v) : v ? null : String(value);
 }
 
@@ -134,32 +160,41 @@ export class DecodeErrors {
 }
 
 /** Decodes a JSON object into a message; unknown properties are ignored, as the reference does. */
-export function messageFromJson<D extends DescMessage>(desc: D, json: unknown, errs: DecodeErrors, path = ""): Message {
-  const msg = create(desc) as unknown as Any;
-  if (json === null || json === undefined) return msg as unknown as Message;
-  if (typeof json !== "object" || Array.isArray(json)) {
+export function messageFromJson<D extends DescMessage>(desc: D, json: unknown, errs: DecodeErrors, path = ""): MessageShape<D> {
+  const msg = create(desc);
+  if (json === null || json === undefined) return msg;
+  if (!isObject(json)) {
     errs.add(`${path || "body"} must be an object`);
-    return msg as unknown as Message;
+    return msg;
   }
-  const obj = json as Obj;
+  const r = reflect(desc, msg, false);
   for (const field of desc.fields) {
-    const raw = field.jsonName in obj ? obj[field.jsonName] : obj[field.name];
+    const raw = field.jsonName in json ? json[field.jsonName] : json[field.name];
     if (raw === undefined || raw === null) continue;
-    setField(msg, field, raw, "json", errs, path);
+    setReflected(r, field, raw, "json", errs, path);
   }
-  return msg as unknown as Message;
+  return msg;
 }
 
-/** Sets one field of `msg` from a JSON value or from text (path and query parameters). */
-export function setField(msg: Any, field: DescField, raw: unknown, source: Source, errs: DecodeErrors, path = ""): void {
-  const name = path + field.jsonName;
-  const value = fieldValue(field, raw, source, errs, name);
-  if (value === undefined) return;
-  if (field.oneof) msg[field.oneof.localName] = { case: field.localName, value };
-  else msg[field.localName] = value;
+/**
+ * Sets one field of `msg` from a JSON value or from text (path and query parameters). A record
+ * is taken while the gateway's handler still holds its messages as records; it must be a
+ * message of the field's type all the same.
+ */
+export function setField(msg: Message | Obj, field: DescField, raw: unknown, source: Source, errs: DecodeErrors, path = ""): void {
+  if (!isMessage(msg, field.parent)) throw new Error(`setField: not a ${field.parent.typeName} message`);
+  setReflected(reflect(field.parent, msg, false), field, raw, source, errs, path);
 }
 
-function fieldValue(field: DescField, raw: unknown, source: Source, errs: DecodeErrors, name: string): unknown {
+// Values are checked here, with the messages the API answers; reflect()'s own checks are off
+// (they would also refuse strings with lone surrogates, which the API has always taken).
+function setReflected(r: ReflectMessage, field: DescField, raw: unknown, source: Source, errs: DecodeErrors, path: string): void {
+  const value = decodeField(field, raw, source, errs, path + field.jsonName);
+  if (value !== undefined) r.set(field, value);
+}
+
+/** A field's value in the form ReflectMessage.set takes (messages reflected, lists and maps as ReflectList and ReflectMap), or undefined after an error. */
+function decodeField(field: DescField, raw: unknown, source: Source, errs: DecodeErrors, name: string): unknown {
   switch (field.fieldKind) {
     case "scalar":
       return scalarFromJson(field.scalar, raw, source, errs, name);
@@ -177,41 +212,48 @@ function fieldValue(field: DescField, raw: unknown, source: Source, errs: Decode
             ? enumFromJson(field.enum, v, errs, name, true)
             : singularMessageFromJson(field.message, v, source, errs, name),
       );
-      return out.includes(undefined) ? undefined : out;
+      if (out.includes(undefined)) return undefined;
+      const list = reflectList(field, undefined, false);
+      for (const item of out) list.add(item);
+      return list;
     }
     case "map": {
-      if (typeof raw !== "object" || raw === null || Array.isArray(raw)) return errs.add(`${name} must be an object`);
-      const out: Obj = {};
-      for (const [k, v] of Object.entries(raw as Obj)) {
+      if (!isObject(raw)) return errs.add(`${name} must be an object`);
+      const map = reflectMap(field, undefined, false);
+      for (const [k, v] of Object.entries(raw)) {
         const item =
           field.mapKind === "scalar"
             ? scalarFromJson(field.scalar, v, "json", errs, `${name}.${k}`)
             : field.mapKind === "enum"
               ? enumFromJson(field.enum, v, errs, `${name}.${k}`, false)
               : singularMessageFromJson(field.message, v, "json", errs, `${name}.${k}`);
-        if (item !== undefined) out[k] = item;
+        if (item !== undefined) map.set(k, item);
       }
-      return out;
+      return map;
     }
   }
 }
 
-function singularMessageFromJson(desc: DescMessage, raw: unknown, source: Source, errs: DecodeErrors, name: string): unknown {
+function singularMessageFromJson(desc: DescMessage, raw: unknown, source: Source, errs: DecodeErrors, name: string): ReflectMessage | undefined {
   if (desc.typeName === TIMESTAMP) {
     const date = typeof raw === "string" && ISO_DATE.test(raw) ? new Date(raw) : undefined;
     const seconds = date ? Math.floor(date.getTime() / 1000) : NaN;
     // Year 0 parses (JavaScript's proleptic calendar) but no column or Timestamp takes it.
-    if (!(seconds >= MIN_TIMESTAMP_SECONDS && seconds <= MAX_TIMESTAMP_SECONDS)) return errs.add(`${name} must be a valid ISO 8601 date string`);
-    return timestampFromDate(date!);
+    if (!date || !(seconds >= MIN_TIMESTAMP_SECONDS && seconds <= MAX_TIMESTAMP_SECONDS)) return errs.add(`${name} must be a valid ISO 8601 date string`);
+    return reflect(TimestampSchema, timestampFromDate(date), false);
   }
-  if (desc.typeName === "google.protobuf.Struct") {
-    if (typeof raw !== "object" || raw === null || Array.isArray(raw)) return errs.add(`${name} must be an object`);
-    return raw as JsonValue;
+  // The JSON types take the body's JSON value (a Struct field then holds it as a plain object again).
+  if (desc.typeName === StructSchema.typeName) {
+    if (!isObject(raw) || !isJsonValue(raw)) return errs.add(`${name} must be an object`);
+    return reflect(StructSchema, fromJson(StructSchema, raw), false);
   }
-  if (desc.typeName === "google.protobuf.ListValue" && !Array.isArray(raw)) return errs.add(`${name} must be an array`);
-  if (STRUCT_TYPES.has(desc.typeName)) return raw as JsonValue;
+  if (desc.typeName === ListValueSchema.typeName) {
+    if (!Array.isArray(raw) || !isJsonValue(raw)) return errs.add(`${name} must be an array`);
+    return reflect(ListValueSchema, fromJson(ListValueSchema, raw), false);
+  }
+  if (desc.typeName === ValueSchema.typeName) return isJsonValue(raw) ? reflect(ValueSchema, fromJson(ValueSchema, raw), false) : errs.add(`${name} must be JSON`);
   if (source === "text") return errs.add(`${name} must be an object`);
-  return messageFromJson(desc, raw, errs, `${name}.`);
+  return reflect(desc, messageFromJson(desc, raw, errs, `${name}.`), false);
 }
 
 const ISO_DATE = /^\d{4}-\d{2}-\d{2}([Tt ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:?\d{2})?)?$/;
@@ -253,6 +295,21 @@ function enumFromJson(desc: DescEnum, raw: unknown, errs: DecodeErrors, name: st
   return errs.add(`${each ? "each value in " : ""}${name} must be one of the following values: ${allowed}`);
 }
 
-function isMessage(v: unknown): v is Message {
-  return typeof v === "object" && v !== null && "$typeName" in v;
+function isObject(v: unknown): v is Obj {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+/** What JSON.parse gives: true for every value of a request body (the JSON types take it as it is). */
+function isJsonValue(v: unknown): v is JsonValue {
+  switch (typeof v) {
+    case "string":
+    case "boolean":
+      return true;
+    case "number":
+      return Number.isFinite(v);
+    case "object":
+      return v === null || (Array.isArray(v) ? v.every(isJsonValue) : Object.values(v).every(isJsonValue));
+    default:
+      return false;
+  }
 }

@@ -6,7 +6,6 @@ import { ADMIN_USER_ID } from "../bootstrap.ts";
 import type { Settings } from "../settings.ts";
 import { ISSUER_PATH, startIssuer, type BuiltInIssuer } from "./issuer.ts";
 
-export { ISSUER_PATH } from "./issuer.ts";
 
 /** Sign-in for this server: the built-in issuer, or an external one from the settings. */
 export interface Identity {

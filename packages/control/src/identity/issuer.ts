@@ -10,7 +10,7 @@ import { clientAddress } from "../server/client-address.ts";
 
 /** Where the built-in issuer is mounted on the server's one port. */
 export const ISSUER_PATH = "/oidc";
-export const DEFAULT_CLIENT_ID = "sandbar-cli";
+const DEFAULT_CLIENT_ID = "sandbar-cli";
 /** The scope the API's access tokens carry. */
 const API_SCOPE = "api";
 /** How often keys are re-read from the database (rotation by another process, key age). */
@@ -82,7 +82,7 @@ export async function startIssuer(opts: {
           redirect_uris: ["http://127.0.0.1/callback", "http://[::1]/callback"],
         },
       ],
-      jwks: { keys: signing.keys as never },
+      jwks: { keys: signing.keys },
       cookies: { keys: cookies },
       claims: { openid: ["sub"], email: ["email", "email_verified"], profile: ["name"] },
       scopes: ["openid", "offline_access", "email", "profile", API_SCOPE],

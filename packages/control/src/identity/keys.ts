@@ -3,9 +3,9 @@ import { exportJWK, generateKeyPair, type JWK } from "jose";
 import type pg from "pg";
 
 /** How long a replaced key stays published so tokens it signed still verify. */
-export const RETIRED_KEY_GRACE_MS = 24 * 3600_000;
+const RETIRED_KEY_GRACE_MS = 24 * 3600_000;
 /** A signing key older than this is replaced at start. */
-export const KEY_MAX_AGE_MS = 30 * 24 * 3600_000;
+const KEY_MAX_AGE_MS = 30 * 24 * 3600_000;
 
 export interface SigningKeys {
   /** Private JWKs, the signing key first (oidc-provider signs with the first that fits). */

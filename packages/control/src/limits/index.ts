@@ -2,8 +2,8 @@ import { RateLimits } from "./rate-limits.ts";
 import type { RateLimitSettings } from "./settings.ts";
 import { memoryStore, postgresStore } from "./store.ts";
 
-export { RateLimits, type RateLimitOverrides } from "./rate-limits.ts";
-export { loadRateLimitSettings, type RateLimitSettings } from "./settings.ts";
+export { RateLimits } from "./rate-limits.ts";
+export { type RateLimitSettings } from "./settings.ts";
 
 /** The rate limits of one control process, counting in memory or in the shared database as the settings say. */
 export function startRateLimits(settings: RateLimitSettings, databaseUrl: string, log: (line: string) => void): RateLimits {

@@ -7,13 +7,13 @@ import type { Counter, RateLimitSettings } from "./settings.ts";
 import type { LimiterStore } from "./store.ts";
 
 /** The reference's 429 message (its throttler's text; the docs' "Rate limit exceeded" is not what it sends). */
-export const TOO_MANY_REQUESTS = "ThrottlerException: Too Many Requests";
+const TOO_MANY_REQUESTS = "ThrottlerException: Too Many Requests";
 
 /** The metadata of an error that the REST gateway writes as response headers (others stay internal). */
 export const RATE_LIMIT_HEADER = /^(x-ratelimit-|retry-after)/i;
 
 /** The counters an organization may have its own limit and window for (null: the server's). */
-export type OverridableCounter = "authenticated" | "sandbox-create" | "sandbox-lifecycle";
+type OverridableCounter = "authenticated" | "sandbox-create" | "sandbox-lifecycle";
 export type RateLimitOverrides = Partial<Record<OverridableCounter, { limit: number | null; seconds: number | null }>>;
 
 /** Who a call counts for: its organization, else its user, else its address. */
@@ -212,7 +212,7 @@ const storable = (key: string) => (key.length <= 200 ? key : `sha256:${createHas
 const secondsOf = (ms: number) => Math.max(0, Math.ceil(ms / 1000));
 
 /** 429 / RESOURCE_EXHAUSTED with the spec's headers and the reference's per-counter Retry-After (plain for failed-auth, as it does). */
-export function tooManyRequests(counter: Counter, limit: number, msLeft: number): ConnectError {
+function tooManyRequests(counter: Counter, limit: number, msLeft: number): ConnectError {
   const wait = String(Math.max(1, secondsOf(msLeft)));
   const h = new Headers({ "retry-after": wait, "x-ratelimit-limit": String(limit), "x-ratelimit-remaining": "0", "x-ratelimit-reset": wait });
   if (counter === "failed-auth") {

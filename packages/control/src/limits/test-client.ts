@@ -1,9 +1,10 @@
 import { request } from "node:http";
 import type { IncomingHttpHeaders } from "node:http";
+import type { UntypedJson } from "../casts.ts";
 
 export interface Answer {
   status: number;
-  body: any;
+  body: UntypedJson;
   headers: IncomingHttpHeaders;
 }
 

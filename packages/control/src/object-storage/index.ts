@@ -9,7 +9,6 @@ import { objectStorageService } from "./service.ts";
 import type { ObjectStorageSettings } from "./settings.ts";
 
 export { BuildContexts, CONTEXT_HASH } from "./contexts.ts";
-export type { ObjectStorageBackend } from "./backend.ts";
 
 export interface ObjectStorage {
   backend: ObjectStorageBackend;

@@ -16,7 +16,7 @@ export interface PushCredentials {
 }
 
 /** One hour, as the reference's STS credentials. */
-export const PUSH_ACCESS_TTL_MS = 60 * 60 * 1000;
+const PUSH_ACCESS_TTL_MS = 60 * 60 * 1000;
 
 const b64url = (b: Buffer) => b.toString("base64url");
 

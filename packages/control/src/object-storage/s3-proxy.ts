@@ -66,7 +66,7 @@ function inPrefix(key: string, organizationId: string): boolean {
 }
 
 /** Why the operation is refused, or undefined when the organization may do it. */
-export function refusal(method: string, key: string | undefined, query: Record<string, string | string[]>, headers: Record<string, string>, organizationId: string): string | undefined {
+function refusal(method: string, key: string | undefined, query: Record<string, string | string[]>, headers: Record<string, string>, organizationId: string): string | undefined {
   const params = Object.keys(query).filter((k) => k !== "x-id");
   if (key === undefined) {
     if (method !== "GET" || !params.every((p) => LIST_PARAMS.has(p))) return "Only listing objects is allowed on the bucket";

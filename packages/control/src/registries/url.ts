@@ -2,7 +2,7 @@
 // host an image reference is matched against.
 
 /** Docker Hub answers under several names; images name it "docker.io" once parsed. */
-export const DOCKER_HUB = "docker.io";
+const DOCKER_HUB = "docker.io";
 const DOCKER_HUB_ALIASES = new Set([DOCKER_HUB, "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"]);
 
 const LABEL = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/;

@@ -2,7 +2,6 @@ import type http from "node:http";
 import http2 from "node:http2";
 import { isIPv4, type Server, type Socket } from "node:net";
 import type { Duplex } from "node:stream";
-import type { Settings } from "../settings.ts";
 import { addressList, peerAddress } from "./client-address.ts";
 import type { OpenFilesLimit } from "./open-files.ts";
 
@@ -21,7 +20,7 @@ export interface ConnectionSettings {
 }
 
 /** A body trickled slower than this per SANDBAR_BODY_TIMEOUT_MS is stalled: a byte at a time must not keep a request alive. */
-export const BODY_MIN_PROGRESS = 1024;
+const BODY_MIN_PROGRESS = 1024;
 
 export function loadConnectionSettings(env: NodeJS.ProcessEnv): ConnectionSettings {
   return {
@@ -58,8 +57,15 @@ export interface ConnectionLimits extends ConnectionSettings {
   log?: (line: string) => void;
 }
 
+/** What connectionLimits reads of the server's settings (named here: settings.ts imports this module). */
+interface ConnectionLimitSettings {
+  connections: ConnectionSettings;
+  trustedProxies: string[];
+  proxyProtocolFrom: string[];
+}
+
 /** The limits for `settings`: loopback, trusted proxies and PROXY protocol balancers are not capped per address. */
-export function connectionLimits(settings: Pick<Settings, "connections" | "trustedProxies" | "proxyProtocolFrom">, files: OpenFilesLimit | undefined, log: (line: string) => void): ConnectionLimits {
+export function connectionLimits(settings: ConnectionLimitSettings, files: OpenFilesLimit | undefined, log: (line: string) => void): ConnectionLimits {
   const list = addressList(["127.0.0.1", "::1", ...settings.trustedProxies, ...settings.proxyProtocolFrom]);
   return {
     ...settings.connections,

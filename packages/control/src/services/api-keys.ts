@@ -147,7 +147,7 @@ export function apiKeyService(orm: MikroORM, credentials: Credentials): Partial<
 }
 
 /** Deletes a key and tells every control process, in the same transaction. */
-export async function revoke(orm: MikroORM, credentials: Credentials, key: ApiKeyRecord): Promise<void> {
+async function revoke(orm: MikroORM, credentials: Credentials, key: ApiKeyRecord): Promise<void> {
   await orm.em.fork().transactional(async (em) => {
     await execIn(em)(`delete from api_key where id = ?`, [key.id]);
     await Credentials.publish(execIn(em), { kind: "key", hash: key.keyHash });

@@ -31,7 +31,7 @@ interface MemberRow {
   updated_at: Date | string;
 }
 
-export const memberRoleName = (r: OrganizationMemberRole) => (r === OrganizationMemberRole.OWNER ? "owner" : r === OrganizationMemberRole.MEMBER ? "member" : undefined);
+const memberRoleName = (r: OrganizationMemberRole) => (r === OrganizationMemberRole.OWNER ? "owner" : r === OrganizationMemberRole.MEMBER ? "member" : undefined);
 export const memberRoleOf = (r: string) => (r === "owner" ? OrganizationMemberRole.OWNER : OrganizationMemberRole.MEMBER);
 
 /** 400 unless the request names a member role. */

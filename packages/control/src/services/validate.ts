@@ -26,7 +26,7 @@ export class Checks {
 const URL_SCHEME = /(https?:\/\/|ftps?:\/\/|sftp:\/\/|ssh:\/\/|wss?:\/\/|file:\/\/|ldaps?:\/\/|javascript:|data:|mailto:|tel:|www\.)/i;
 
 /** Names shown in dashboards and logs: no markup, no links, no control characters. */
-export function isSafeDisplayString(value: string): boolean {
+function isSafeDisplayString(value: string): boolean {
   return !/<[^>]*>/.test(value) && !URL_SCHEME.test(value) && !/[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/.test(value);
 }
 
@@ -38,11 +38,11 @@ export function isSafeDisplayString(value: string): boolean {
 // field is checked once: no NUL, and a length by what the field is.
 
 /** Path-like fields: Linux's PATH_MAX. */
-export const MAX_PATH = 4096;
+const MAX_PATH = 4096;
 /** Credentials a client passes through (git passwords and tokens can be long JWTs). */
-export const MAX_SECRET = 8192;
+const MAX_SECRET = 8192;
 /** Ids, names, refs and every other short string. */
-export const MAX_STRING = 1024;
+const MAX_STRING = 1024;
 
 const PATH_FIELDS = new Set(["path", "cwd", "source", "destination", "file", "files", "paths", "path_to_project", "dir", "uri", "mount_path", "subpath", "url"]);
 const SECRET_FIELDS = new Set(["password", "username", "token", "value"]);

@@ -4,7 +4,7 @@ import { DOCKER_HUB, parseImageRef } from "@sandbar/runner/images";
 import type { BuiltImages } from "../builds/built-images.ts";
 import { execIn } from "../db/exec.ts";
 import type { ImageSource } from "../sandboxes/manager.ts";
-import type { CredentialsFor } from "./pulls.ts";
+import type { CredentialsFor } from "./credentials-for.ts";
 
 // Where a runner pulls a snapshot's image from: the snapshot's own image name pinned to the digest
 // control pulled (a moved tag cannot give the runner other bytes), and the organization's

@@ -1,6 +1,7 @@
 import { Code, ConnectError } from "@sandbar/protocol";
-import { DOCKER_HUB, type ImageStore, parseImageRef, type RegistryCredentials } from "@sandbar/runner/images";
+import { DOCKER_HUB, type ImageStore, parseImageRef } from "@sandbar/runner/images";
 import type { Builder } from "../builds/builder.ts";
+import type { CredentialsFor } from "./credentials-for.ts";
 import type { SnapshotRow, SnapshotStore } from "./store.ts";
 
 // Pulls of snapshot images, in the background on this host's image store: pending -> pulling ->
@@ -9,11 +10,8 @@ import type { SnapshotRow, SnapshotStore } from "./store.ts";
 // concurrent pulls of one image a single pull. Each pull's progress lines are its build log: kept
 // in memory while it runs (followers wait on it), written to the row when it ends.
 
-/**
- * Credentials for `registry` (host[:port], the one actually contacted: the mirror for Docker Hub
- * names when one is set) as the organization's registries hold them. The registries API connects here.
- */
-export type CredentialsFor = (organizationId: string, registry: string) => Promise<RegistryCredentials | undefined>;
+// Kept here too for the callers that name it with the pulls (server, sandbox boot).
+export type { CredentialsFor } from "./credentials-for.ts";
 
 export interface PullSettings {
   /** SANDBAR_REGISTRY_MIRROR: host[:port] serving Docker Hub's repositories. */

@@ -13,7 +13,8 @@ import { targetRegion } from "../organizations/target-region.ts";
 import { DEFAULT_SNAPSHOT, RESOURCES } from "../sandboxes/create-request.ts";
 import { Checks } from "../services/validate.ts";
 import { toSnapshot } from "./dto.ts";
-import { type CredentialsFor, type PullSettings, SnapshotPulls } from "./pulls.ts";
+import type { CredentialsFor } from "./credentials-for.ts";
+import { type PullSettings, SnapshotPulls } from "./pulls.ts";
 import { DEFAULT_SNAPSHOT_ID, type ListSort, type SnapshotRow, type SnapshotStateName, SnapshotStore } from "./store.ts";
 
 // SnapshotService (spec 4.7, the /images aliases of 4.11): snapshots from OCI images, pulled in the

@@ -24,7 +24,7 @@ const STATES: Record<VolumeRow["state"], VolumeState> = {
   error: VolumeState.ERROR,
 };
 
-export function toVolume(r: VolumeRow): Volume {
+function toVolume(r: VolumeRow): Volume {
   return create(VolumeSchema, {
     id: r.id,
     name: r.name,

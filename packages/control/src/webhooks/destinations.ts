@@ -103,7 +103,7 @@ export function isInternalAddress(address: string): boolean {
  * Why a webhook may not go to this IP address ("an internal address", "an address of this
  * server"), or undefined. The one check of create, update and delivery.
  */
-export function refusedAddress(address: string): string | undefined {
+function refusedAddress(address: string): string | undefined {
   if (isInternalAddress(address)) return "an internal address";
   const family = isIP(address);
   const v4 = family === 6 ? embeddedIPv4(address) : undefined;
@@ -118,10 +118,10 @@ const named = (address: string) => {
   return v4 ? `${address}, IPv4 ${v4}` : address;
 };
 
-export class DestinationError extends Error {}
+class DestinationError extends Error {}
 
 const ALLOW_HINT = "set SANDBAR_WEBHOOK_ALLOW_PRIVATE=true to allow internal destinations";
-export const MAX_URL_LENGTH = 2048;
+const MAX_URL_LENGTH = 2048;
 
 /** The URL's host as an address or name: brackets off IPv6 literals. */
 const hostOf = (url: URL) => url.hostname.replace(/^\[(.*)\]$/, "$1");

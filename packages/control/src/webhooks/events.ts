@@ -38,7 +38,7 @@ export const EVENT_TYPES: readonly EventType[] = [
 ];
 
 /** Sent to one endpoint on request (SendWebhookTestEvent); not subscribable. */
-export const TEST_EVENT = "webhook.test";
+const TEST_EVENT = "webhook.test";
 
 /** The channel control processes' delivery workers listen on. */
 export const WEBHOOK_CHANNEL = "sandbar_webhooks";

@@ -4,7 +4,7 @@ import { webhookService } from "./service.ts";
 import type { WebhookSettings } from "./settings.ts";
 import { WebhookWorker } from "./worker.ts";
 
-export { recordEvent, EVENT_TYPES, type EventType, type EventPayloads } from "./events.ts";
+export { recordEvent } from "./events.ts";
 
 /** Webhooks of this control process: the API's service and the delivery worker. */
 export async function startWebhooks(orm: MikroORM, box: SecretBox, settings: WebhookSettings, databaseUrl: string, log: (line: string) => void) {

@@ -8,7 +8,7 @@ import { connectRefusal, guardedLookup } from "./destinations.ts";
 // checked against the address actually connected to.
 
 /** What is kept of a receiver's answer. */
-export const RESPONSE_PREFIX_BYTES = 1024;
+const RESPONSE_PREFIX_BYTES = 1024;
 
 export interface SendResult {
   statusCode?: number;

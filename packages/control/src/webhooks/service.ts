@@ -24,7 +24,7 @@ const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const KNOWN = new Set<string>(EVENT_TYPES);
 /** How long a rotated-out secret keeps signing beside the new one. */
 const ROTATION_GRACE_MS = 24 * 3600_000;
-export const MAX_ENDPOINTS = 50;
+const MAX_ENDPOINTS = 50;
 const MAX_DESCRIPTION = 1024;
 
 interface EndpointRow {
@@ -189,15 +189,11 @@ function checkEventTypes(types: readonly string[]): string[] {
   return [...new Set(types)];
 }
 
-/**
- * A JSON array of strings (the update's eventTypes): a ListValue message over gRPC, the plain
- * JSON array the REST gateway decodes it to.
- */
-function stringsOf(list: ListValue | unknown[]): string[] {
-  const items: unknown[] = Array.isArray(list) ? list : list.values.map((v) => (v.kind.case === "stringValue" ? v.kind.value : null));
-  return items.map((v) => {
-    if (typeof v !== "string") throw errors.invalidArgument("eventTypes must be an array of strings");
-    return v;
+/** A JSON array of strings (the update's eventTypes), a ListValue message over gRPC and REST alike. */
+function stringsOf(list: ListValue): string[] {
+  return list.values.map((v) => {
+    if (v.kind.case !== "stringValue") throw errors.invalidArgument("eventTypes must be an array of strings");
+    return v.kind.value;
   });
 }
 

@@ -19,7 +19,7 @@ export interface WebhookSettings {
 }
 
 /** 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 14 h: eight attempts over about a day and a half. */
-export const DEFAULT_RETRY_SCHEDULE = "5s,5m,30m,2h,5h,10h,14h";
+const DEFAULT_RETRY_SCHEDULE = "5s,5m,30m,2h,5h,10h,14h";
 
 const UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
 

@@ -17,7 +17,7 @@ import type { WebhookSettings } from "./settings.ts";
 // the same webhook-id, so receivers de-duplicate.
 
 /** How long delivered (or abandoned) events and their attempts are kept. */
-export const RETENTION_DAYS = 30;
+const RETENTION_DAYS = 30;
 
 /** A claimed delivery, with what sending it needs. */
 interface Claimed {

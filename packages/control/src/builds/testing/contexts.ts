@@ -3,11 +3,22 @@ import path from "node:path";
 import { PutObjectCommand, S3Client } from "@aws-sdk/client-s3";
 import * as tar from "tar";
 
-type Call = (method: string, p: string, body?: unknown) => Promise<{ body: any }>;
+type Call = (method: string, p: string, body?: unknown) => Promise<{ body: unknown }>;
+
+/** What `GET /object-storage/push-access` answers (the fields an upload uses). */
+interface PushAccess {
+  storageUrl: string;
+  region: string;
+  accessKey: string;
+  secret: string;
+  sessionToken: string;
+  bucket: string;
+  organizationId: string;
+}
 
 /** Uploads a build context as a client does: push access, then the AWS S3 client, to `<org>/<hash>/context.tar`. */
 export async function uploadContext(call: Call, hash: string, archive: Buffer): Promise<void> {
-  const a = (await call("GET", "/object-storage/push-access")).body;
+  const a = (await call("GET", "/object-storage/push-access")).body as PushAccess;
   const s3 = new S3Client({ endpoint: a.storageUrl, region: a.region, forcePathStyle: true, credentials: { accessKeyId: a.accessKey, secretAccessKey: a.secret, sessionToken: a.sessionToken } });
   try {
     await s3.send(new PutObjectCommand({ Bucket: a.bucket, Key: `${a.organizationId}/${hash}/context.tar`, Body: archive }));

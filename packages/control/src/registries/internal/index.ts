@@ -12,7 +12,7 @@ import { REGISTRY_SERVICE, type RegistryProcess, signingKey, startRegistryProces
 import type { InternalRegistrySettings } from "./settings.ts";
 import { startTokenService } from "./token-service.ts";
 
-export { loadInternalRegistrySettings, type InternalRegistrySettings } from "./settings.ts";
+export { type InternalRegistrySettings } from "./settings.ts";
 
 // The server's own registry (the reference's "transient" registry): users push images to their
 // organization's namespace with short-lived credentials (registry-push-access), then make
@@ -21,10 +21,10 @@ export { loadInternalRegistrySettings, type InternalRegistrySettings } from "./s
 /** Push access lasts an hour, as the reference's robot accounts. */
 export const PUSH_ACCESS_SECONDS = 3600;
 /** Pull accounts of snapshot pulls: valid 15 minutes, handed out again while 10 are left (a pull's budget). */
-export const PULL_ACCESS_SECONDS = 900;
+const PULL_ACCESS_SECONDS = 900;
 const PULL_REUSE_MARGIN_MS = 600_000;
 /** Build accounts: 3 hours, handed out again while 130 minutes are left (a build's 120-minute limit, then its push). */
-export const BUILD_ACCESS_SECONDS = 3 * 3600;
+const BUILD_ACCESS_SECONDS = 3 * 3600;
 const BUILD_REUSE_MARGIN_MS = 130 * 60_000;
 
 export interface InternalRegistry {

@@ -2,7 +2,7 @@
 // server runs on a loopback `host:port` (port 0: any free port, for tests); or an external one
 // whose token auth points at this server's token service (SANDBAR_REGISTRY_TOKEN_ADDR); or off.
 
-export interface Address {
+interface Address {
   host: string;
   port: number;
 }
@@ -13,7 +13,7 @@ export type InternalRegistrySettings =
   | { enabled: true; external: string; tokenService: Address };
 
 export const DEFAULT_INTERNAL_REGISTRY = "127.0.0.1:5050";
-export const DEFAULT_TOKEN_ADDR = "0.0.0.0:5051";
+const DEFAULT_TOKEN_ADDR = "0.0.0.0:5051";
 
 const LOOPBACK = /^(?:127\.\d{1,3}\.\d{1,3}\.\d{1,3}|localhost)$/;
 const HOST_PORT = /^((?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*|\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$/;

@@ -9,7 +9,7 @@ import type { CredentialGrant } from "./credentials.ts";
 // An account only ever gets pull/push on repositories under its organization's namespace.
 
 /** Tokens live this long at most, and never past their account's expiry. */
-export const TOKEN_SECONDS = 300;
+const TOKEN_SECONDS = 300;
 
 export interface TokenServiceOptions {
   /** The `service` the registry's config names (the JWT's audience). */

@@ -1,14 +1,14 @@
 import { chmod, copyFile, mkdir, realpath } from "node:fs/promises";
 import path from "node:path";
 import { addImage, initLayout, layerFromDir, layerFromFiles, type TestRegistry } from "../../../../runner/src/images/testing/registry.ts";
-import type { CredentialsFor } from "../pulls.ts";
+import type { CredentialsFor } from "../credentials-for.ts";
 
 // An image a sandbox can boot from, pushed to a test registry: a minimal glibc userland copied
 // from this host (the loader, node's libraries, sh, cat, env, id) and a layer of files. An image
 // sandbox gets no host binds, so the agent (the host's node) needs those libraries in the image.
 
 /** What the test image holds (files, env) for assertions. */
-export const TEST_IMAGE = {
+const TEST_IMAGE = {
   files: { "app/hello.txt": "hello from the image\n", "etc/greeting": "hi\n" },
   env: ["GREETING=hello world", "APP_MODE=image", "PATH=/usr/local/bin:/usr/bin:/bin"],
   entrypoint: ["/bin/sh"],
