@@ -3,7 +3,7 @@ import type { IncomingMessage } from "node:http";
 import { createRequire } from "node:module";
 import { beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
-import type { SandboxFixture } from "../sandboxes/testing/fixtures.ts";
+import { eventually, type SandboxFixture } from "../sandboxes/testing/fixtures.ts";
 import { proxyV1, proxyV2 } from "../server/testing/proxy-headers.ts";
 import { APP_PORT, both, DOMAIN, hostOf, pathOf, previewSuite, root, sandbox, send, startApp, until } from "./testing/suite.ts";
 
@@ -285,8 +285,12 @@ describe.skipIf(!root)("the preview proxy's access rules", () => {
     const link = await send(`/info?DAYTONA_SANDBOX_AUTH_KEY=${priv.token}`, { host: hostOf(priv.id) });
     const cookie = (link.headers["set-cookie"] as string[]).find((c) => c.startsWith("sandbar-preview-"))!.split(";")[0]!;
     expect((await f.call("POST", `/sandbox/${priv.id}/stop`)).status).toBe(200);
-    await until("the stop to reach the proxy", async () => (await send("/info", { host: hostOf(priv.id), headers: { "x-sandbar-preview-token": priv.token } })).status, 503);
-    const stopped = await send("/info", { host: hostOf(priv.id), headers: { "x-sandbar-preview-token": priv.token } });
+    // Until the proxy's cache has the new state, the app is merely unreachable (also a 503).
+    let stopped = await send("/info", { host: hostOf(priv.id), headers: { "x-sandbar-preview-token": priv.token } });
+    await eventually("the stop to reach the proxy", async () => {
+      stopped = await send("/info", { host: hostOf(priv.id), headers: { "x-sandbar-preview-token": priv.token } });
+      return /\(state: stopped\)/.test(stopped.text);
+    });
     expect(stopped.status).toBe(503);
     expect(stopped.json.message).toMatch(/is not running \(state: stopped\)/);
     // A stopped private sandbox still tells nothing to a caller without a credential.
