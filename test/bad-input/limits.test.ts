@@ -21,6 +21,7 @@ import {
 import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { api, buildAgentBundle, startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
+import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 
 const root = process.getuid?.() === 0;
 /** The timers' minute in this suite: also the destroyed grace period. */
@@ -289,7 +290,8 @@ describe.skipIf(!root)("a deleted sandbox", () => {
     expect((await call("POST", `/sandbox/${other.id}/start`)).status).toBe(404);
     expect((await call("DELETE", `/sandbox/${other.id}`)).status).toBe(404);
     expect((await call("POST", toolbox("/process/execute").replace(id, other.id), { command: "true" })).status).toBe(404);
-    await new Promise((r) => setTimeout(r, MINUTE_MS + 500));
+    // Once the grace (one timer minute) has run out.
+    await eventually("the destroyed sandbox to read as gone", async () => (await call("GET", `/sandbox/${other.id}`)).status === 404, 10 * MINUTE_MS);
     expectError(await call("GET", `/sandbox/${other.id}`), 404, /not found/);
   }, 120_000);
 });

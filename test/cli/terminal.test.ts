@@ -12,6 +12,7 @@ import { chromium, type BrowserContext } from "playwright-core";
 import { startTestServer, type TestServer } from "@sandbar/control/testing";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { CLI } from "./run-cli.ts";
+import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 import { Tmux } from "./tmux.ts";
 
 const PASSWORD = "correct horse battery staple 42";
@@ -163,22 +164,26 @@ describe("sandbar in a terminal", () => {
   it("shell: an interactive PTY whose size follows the window (stty size), and its exit code", async () => {
     term.clear();
     term.line("sandbar shell term-box; echo shell-rc=$?");
-    // Inside: a prompt of our own to tell it from the host's.
-    await new Promise((r) => setTimeout(r, 1500));
-    term.line("export PS1='box# '");
-    await term.waitFor(/^box# $/m, 20_000);
+    // Inside: a prompt of our own to tell it from the host's. Typed again until the sandbox's shell
+    // takes it (what is typed before the CLI has its PTY may not reach it; the line is idempotent).
+    await eventually("the sandbox's shell", async () => {
+      term.line("export PS1='box# '");
+      return term.waitFor(/^box# $/m, 2000).then(() => true, () => false);
+    }, 30_000);
     term.clear();
     term.line("stty size");
     await term.waitFor(/^30 100$/m);
     term.resize(120, 40);
-    // SIGWINCH reaches the CLI, which resizes the sandbox's PTY.
-    await new Promise((r) => setTimeout(r, 500));
-    term.clear();
-    term.line("stty size");
-    await term.waitFor(/^40 120$/m);
+    // SIGWINCH reaches the CLI, which resizes the sandbox's PTY: asked until the new size shows.
+    await eventually("the sandbox's PTY to take the new size", async () => {
+      term.clear();
+      term.line("stty size");
+      return term.waitFor(/^\d+ \d+$/m, 5000).then((screen) => /^40 120$/m.test(screen), () => false);
+    }, 30_000);
     // Raw mode: Ctrl-C goes to the sandbox's shell, not to the CLI.
-    term.line("sleep 30");
-    await new Promise((r) => setTimeout(r, 500));
+    // The quotes keep the typed line from matching: "sleeping" shows once the shell runs it.
+    term.line("echo sl''eeping; sleep 600");
+    await term.waitFor(/^sleeping$/m);
     term.keys("C-c");
     term.line("echo still-here");
     await term.waitFor(/^still-here$/m);

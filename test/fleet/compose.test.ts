@@ -154,8 +154,9 @@ describe.skipIf(!has("haproxy"))("deploy/haproxy.cfg in front of two control rep
     for (let i = 0; i < FAILED_AUTH; i++) statuses.push((await callFrom(noisy, lbUrl, "GET", "/sandbox", { token: bad })).status);
     // Counted on both replicas together, under the client's address: the limit-th failure is refused.
     expect(statuses).toEqual([...Array(FAILED_AUTH - 1).fill(401), 429]);
-    // The replica that did not answer the 429 learns of the block from the store within a second.
-    await new Promise((r) => setTimeout(r, 1100));
+    // The replica that did not answer the 429 learns of the block from the store (within a second):
+    // both replicas (haproxy takes turns) refuse the noisy client.
+    await eventually("both replicas to refuse the noisy client", async () => (await callFrom(noisy, lbUrl, "GET", "/sandbox", { token: a.adminKey })).status === 429 && (await callFrom(noisy, lbUrl, "GET", "/sandbox", { token: a.adminKey })).status === 429);
     for (let i = 0; i < 2; i++) {
       expect((await callFrom(noisy, lbUrl, "GET", "/sandbox", { token: a.adminKey })).status).toBe(429);
       expect((await callFrom(quiet, lbUrl, "GET", "/sandbox", { token: a.adminKey })).status).toBe(200);
@@ -176,8 +177,8 @@ describe.skipIf(!has("haproxy"))("deploy/haproxy.cfg in front of two control rep
 
   it("a replica that stops is taken out: the survivor serves every call", async () => {
     await b.stop();
-    // Health checks every 2 s, two misses: within ~5 s no connection goes to the stopped replica.
-    await new Promise((r) => setTimeout(r, 6000));
+    // Health checks every 2 s, two misses: once haproxy marks it down, no connection goes to it.
+    await eventually("haproxy to mark the stopped replica down", () => /control-2 is DOWN/.test(lbOut), 30_000);
     const answers = await Promise.all(Array.from({ length: 8 }, () => restOnce()));
     expect(answers.map((x) => x.status)).toEqual(Array(8).fill(200));
     const client = createClient(ApiKeyService, createGrpcTransport({ baseUrl: lbUrl }));

@@ -2,6 +2,7 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
+import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 import { startRegistry, type TestRegistry } from "../../packages/runner/src/images/testing/registry.ts";
 import { pushTestImage } from "../../packages/control/src/snapshots/testing/image.ts";
 import { load, saveRegistry, startRealServer, type RealServer } from "./support.ts";
@@ -63,12 +64,10 @@ it("snapshot.create({name, image: Image.base().runCommands().addLocalFile()}, {o
   await sandbox.delete();
 
   // The same Image again: the build is reused (no buildah run), under another name.
-  const t0 = Date.now();
   const twin = await daytona.snapshot.create({ name: "sdk-build-2", image }, { timeout: 60 });
   expect(twin.state).toBe("active");
   expect(twin.ref).toBe(snap.ref);
-  expect(Date.now() - t0).toBeLessThan(5_000);
-  // (Done before the client's first poll, so it followed nothing: the recorded log says why.)
+  // (Done before the client's first poll, so it followed nothing: the recorded log says it was reused.)
   const recorded = await fetch(`${s.apiUrl}/snapshots/${twin.id}/build-logs`, { headers: { authorization: `Bearer ${s.adminKey}` } });
   expect(await recorded.text()).toMatch(/is cached as sha256:/);
 }, 400_000);
@@ -113,11 +112,7 @@ it("a context hash that is not in storage: the sandbox ends in build_failed nami
   expect(post.status, JSON.stringify(created)).toBe(200);
   expect(created.state).toBe("pending_build");
   let row = created;
-  for (let i = 0; i < 100 && row.state !== "build_failed"; i++) {
-    await new Promise((r) => setTimeout(r, 200));
-    row = await getJson(`/sandbox/${created.id}`);
-  }
-  expect(row.state).toBe("build_failed");
+  await eventually("the build to fail", async () => (row = await getJson(`/sandbox/${created.id}`)).state === "build_failed", 60_000);
   expect(row.errorReason).toMatch(/Build context 0123456789abcdef0123456789abcdef not found in object storage/);
   const del = await fetch(`${s.apiUrl}/sandbox/${created.id}`, { method: "DELETE", headers: { authorization: `Bearer ${s.adminKey}` } });
   expect(del.status).toBe(200);

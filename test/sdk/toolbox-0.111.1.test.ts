@@ -4,6 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { followLogsOverGrpc, load, originScript, PY_MODULE, runLabel, startRealServer, type RealServer } from "./support.ts";
+import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 
 // SDK 0.111.1 on a real sandbox created through its own API: toolbox calls go to
 // {apiUrl}/toolbox/{id}/toolbox; log following uses a WebSocket to the preview URL of port 2280.
@@ -127,7 +128,7 @@ describe("SDK 0.111.1 on a real sandbox", () => {
     const started = await p.executeSessionCommand("s111", { command: "for i in 1 2 3; do echo o$i; echo e$i >&2; sleep 0.2; done", runAsync: true });
     expect(started.cmdId).toBeTruthy();
     // While running the server answers `exitCode: null` (the reference leaves it out).
-    for (let i = 0; i < 100 && (await p.getSessionCommand("s111", started.cmdId!)).exitCode == null; i++) await new Promise((r) => setTimeout(r, 100));
+    await eventually("the async command to end", async () => (await p.getSessionCommand("s111", started.cmdId!)).exitCode != null);
     expect((await p.getSessionCommand("s111", started.cmdId!)).exitCode).toBe(0);
     const logs = await p.getSessionCommandLogs("s111", started.cmdId!);
     expect({ stdout: logs.stdout, stderr: logs.stderr }).toEqual({ stdout: "o1\no2\no3\n", stderr: "e1\ne2\ne3\n" });
@@ -154,7 +155,7 @@ describe("SDK 0.111.1 on a real sandbox", () => {
     const decoder = new TextDecoder();
     const pty = await sandbox.process.createPty({ id: "pty111", cwd: home, envs: { GREETING: "hey" }, cols: 100, rows: 30, onData: (d: Uint8Array) => void (output += decoder.decode(d, { stream: true })) });
     await pty.sendInput('echo "$GREETING $((6*7))"\n');
-    for (let i = 0; i < 100 && !output.includes("hey 42"); i++) await new Promise((r) => setTimeout(r, 100));
+    await eventually("the greeting", () => output.includes("hey 42"));
     expect(output).toContain("hey 42");
     await pty.sendInput("exit 5\n");
     expect((await pty.wait()).exitCode).toBe(5);
@@ -246,11 +247,7 @@ describe("SDK 0.111.1 on a real sandbox", () => {
     expect(sandbox.state).toBe("started");
     expect((await sandbox.fs.downloadFile(`${home}/kept.txt`)).toString()).toBe("kept\n");
     await sandbox.delete();
-    for (let i = 0; i < 100; i++) {
-      const state = await daytona.get(sandbox.id).then((x) => x.state, () => "gone");
-      if (state === "destroyed" || state === "gone") break;
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    await eventually("the sandbox to be destroyed", async () => /destroyed|gone/.test(await daytona.get(sandbox.id).then((x) => String(x.state), () => "gone")));
     expect(await daytona.get(sandbox.id).then((x) => x.state, () => "gone")).toMatch(/destroyed|gone/);
     expect((await daytona.list({ suite: label })).items.filter((x) => x.state !== "destroyed")).toEqual([]);
   }, 300_000);

@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { Readable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { load, originScript, PY_MODULE, runLabel, startRealServer, type RealServer } from "./support.ts";
+import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 
 // SDK 0.218.0 (current) on a real sandbox created through its own API: the toolbox at the DTO's
 // toolboxProxyUrl + "/{id}" (no /toolbox segment), raw commands with envs, process/code-run,
@@ -158,7 +159,7 @@ describe("SDK 0.218.0 on a real sandbox", () => {
     const pty = await sandbox.process.createPty({ id: "pty218", cwd: home, envs: { GREETING: "hey" }, cols: 90, rows: 20, onData: (d: Uint8Array) => void (output += decoder.decode(d, { stream: true })) });
     await pty.resize(100, 33);
     await pty.sendInput('stty size; echo "$GREETING done-$((2+2))"\n');
-    for (let i = 0; i < 100 && !output.includes("hey done-4"); i++) await new Promise((r) => setTimeout(r, 100));
+    await eventually("the greeting", () => output.includes("hey done-4"));
     expect(output).toContain("33 100");
     expect(output).toContain("hey done-4");
     expect((await sandbox.process.listPtySessions()).map((x) => x.id)).toContain("pty218");

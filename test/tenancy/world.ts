@@ -17,6 +17,7 @@ import { expect } from "vitest";
 import { ALL_SCOPES } from "../../packages/control/src/auth/scopes.ts";
 import type { TestIssuer } from "../../packages/control/src/testing/issuer.ts";
 import { api, type TestServer } from "../../packages/control/src/testing/server.ts";
+import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 
 /** Who calls B's ids: a token and the headers that select its organization. */
 export interface Caller {
@@ -125,10 +126,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
 
   const bSnapshot = (await asBob("POST", "/snapshots", { name: "b-snapshot", imageName: "127.0.0.1:9/b/image:1.0" })).body.id as string;
   // Its pull settles before the sweep takes B's rows (port 9 refuses at once).
-  for (let i = 0; (await asBob("GET", `/snapshots/${bSnapshot}`)).body.state !== "error"; i++) {
-    if (i > 300) expect.fail("B's snapshot did not settle in error");
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  await eventually("B's snapshot to settle in error", async () => (await asBob("GET", `/snapshots/${bSnapshot}`)).body.state === "error", 30_000);
 
   const asBKey = caller(t, bKey);
   const bVolume = (await asBKey("POST", "/volumes", { name: "b-volume" })).body.id as string;

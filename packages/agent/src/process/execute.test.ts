@@ -5,6 +5,7 @@ import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, expect, it } from "vitest";
+import { eventually } from "../../../protocol/src/testing/eventually.ts";
 import type { AgentContext } from "../context.ts";
 import { DRAIN_MS, execute } from "./execute.ts";
 import { ShellLauncher } from "./launcher.ts";
@@ -75,7 +76,7 @@ it("keeps the output of a shell reaped with another's SIGCHLD before its output 
   await promisify(execFile)("mkfifo", [gate]);
   const pending = execute(ctx, new ShellLauncher(ctx), { command: `read -r _ < ${gate}; echo s-k-$((6*7))`, envs: {} });
   let shell: number | undefined;
-  while ((shell = childWith(gate)) === undefined || readFileSync(`/proc/${shell}/wchan`, "utf8") !== "wait_for_partner") await new Promise((r) => setTimeout(r, 5));
+  await eventually("the shell to wait at the gate", () => (shell = childWith(gate)) !== undefined && readFileSync(`/proc/${shell}/wchan`, "utf8") === "wait_for_partner");
 
   // Another child's output and SIGCHLD in one poll phase (signals are handled last in it): while
   // its output is handled, the execution's shell writes and exits, so the SIGCHLD handling reaps

@@ -89,8 +89,9 @@ describe("pty", () => {
     expect((await pty.getPty({ sessionId: "t2" })).active).toBe(true);
     expect((await pty.listPty({})).sessions.map((s) => s.id)).toContain("t2");
     const term = attach("t2");
-    await send("t2", "sleep 1000\r");
-    await new Promise((r) => setTimeout(r, 200));
+    // The quotes keep the echoed input from matching: "sleeping" shows once the shell runs the line.
+    await send("t2", "echo sl''eeping; sleep 1000\r");
+    await term.waitFor(/sleeping/);
     await pty.deletePty({ sessionId: "t2" });
     await term.done;
     expect(term.exit).toMatchObject({ exitCode: 137, exitReason: "SIGKILL" });

@@ -1,7 +1,10 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { readFileSync } from "node:fs";
+import { writeFile } from "node:fs/promises";
+import * as path from "node:path";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+import { eventually } from "../../../protocol/src/testing/eventually.ts";
 import { startAgentProcess } from "../testing/agent-process.ts";
 import type { AgentProcess } from "../testing/agent-process.ts";
 
@@ -77,18 +80,23 @@ describe("sessions", () => {
 
   it("returns at once for an asynchronous command, and its follow stream ends when it exits", async () => {
     await proc.createSession({ sessionId: "async" });
-    const started = Date.now();
+    // The command holds its last line until the test opens the gate: the answer cannot wait for it.
+    const gate = path.join(agent.root, "async.gate");
     const { cmdId, exitCode, chunks } = await proc.sessionExecute({
       sessionId: "async",
-      command: "for i in 1 2 3; do echo out$i; echo err$i >&2; sleep 0.3; done; exit 4",
+      command: `echo out1; echo err1 >&2; echo out2; echo err2 >&2; until [ -e ${gate} ]; do sleep 0.05; done; echo out3; echo err3 >&2; exit 4`,
       runAsync: true,
     });
-    expect(Date.now() - started).toBeLessThan(500);
     expect(exitCode).toBeUndefined();
     expect(chunks).toEqual([]);
     expect((await proc.getSessionCommand({ sessionId: "async", commandId: cmdId })).exitCode).toBeUndefined();
-    const logs = await follow("async", cmdId);
-    expect(Date.now() - started).toBeGreaterThanOrEqual(800);
+    // The follow stream is open while the command runs, and ends with its last output once it exits.
+    let followed = false;
+    const following = follow("async", cmdId).finally(() => (followed = true));
+    await eventually("the first lines", async () => text(await proc.getSessionCommandLogs({ sessionId: "async", commandId: cmdId }), "stdout") === "out1\nout2\n");
+    expect(followed).toBe(false);
+    await writeFile(gate, "");
+    const logs = await following;
     expect(logs).toEqual({ stdout: "out1\nout2\nout3\n", stderr: "err1\nerr2\nerr3\n" });
     expect((await proc.getSessionCommand({ sessionId: "async", commandId: cmdId })).exitCode).toBe(4);
     const session = await proc.getSession({ sessionId: "async" });
@@ -117,11 +125,7 @@ describe("sessions", () => {
     const { cmdId } = await proc.sessionExecute({ sessionId: "doomed", command: "sleep 300 & echo $!; trap '' TERM; sleep 301", runAsync: true });
     const followed = follow("doomed", cmdId);
     let pid = 0;
-    for (let i = 0; i < 50 && !pid; i++) {
-      const logs = await proc.getSessionCommandLogs({ sessionId: "doomed", commandId: cmdId });
-      pid = Number(text(logs, "stdout").trim());
-      if (!pid) await new Promise((r) => setTimeout(r, 50));
-    }
+    await eventually("the background pid", async () => (pid = Number(text(await proc.getSessionCommandLogs({ sessionId: "doomed", commandId: cmdId }), "stdout").trim())) > 0);
     expect(alive(pid)).toBe(true);
     await proc.deleteSession({ sessionId: "doomed" });
     await followed;

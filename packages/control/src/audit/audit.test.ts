@@ -258,7 +258,7 @@ describe("audit log", () => {
     expect(failed.items[0]).toMatchObject({ action: "delete", statusCode: 404, errorMessage: "API key not found", metadata: { protocol: "grpc" } });
   });
 
-  it("costs one insert and one update per call: measured in place and end to end", async () => {
+  it("records each state-changing call once, in place and end to end (its cost is bench/audit's figure)", async () => {
     // The recorder's own work on a real update (a role's every field replaced), against the
     // server's database: what every state-changing call pays on top of its handler.
     const org = await newOrg("kim");
@@ -270,32 +270,16 @@ describe("audit log", () => {
     const call = newCall({ headers: { "user-agent": "bench" }, socket: { remoteAddress: "127.0.0.1" } });
     call.admission = { route: routeOf(method), auth: { principal: { kind: "jwt", userId: "kim", email: "kim@example.test", systemRole: "user" }, organizationId: org } };
     const ctx = contextFor(call, method, new AbortController().signal);
-    const p50 = (xs: number[]) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-    const recording: number[] = [];
-    const beginning: number[] = [];
     for (let i = 0; i < 300; i++) {
-      const start = performance.now();
       const complete = await recorder.begin(method, routeOf(method), input, ctx);
-      beginning.push(performance.now() - start);
       await complete({ result: { id: role, organizationId: org } });
-      recording.push(performance.now() - start);
     }
-    const floor: number[] = [];
-    for (let i = 0; i < 300; i++) {
-      const start = performance.now();
-      await t.server.orm.em.getConnection().execute("select 1", [], "all");
-      floor.push(performance.now() - start);
-    }
-    const calls: number[] = [];
     for (let i = 0; i < 100; i++) {
-      const start = performance.now();
       expect((await api(t.url, kim, "PUT", `/organizations/${org}/roles/${role}`, { name: "R", description: "d", permissions: ["read:volumes"] })).status).toBe(200);
-      calls.push(performance.now() - start);
     }
-    console.log(`audit: recording adds p50 ${p50(recording).toFixed(3)} ms per call (the pending insert p50 ${p50(beginning).toFixed(3)} ms, then the outcome; one "select 1" through the same pool: p50 ${p50(floor).toFixed(3)} ms); the whole PUT /organizations/{id}/roles/{id} p50 ${p50(calls).toFixed(3)} ms`);
-    expect(p50(recording)).toBeLessThan(5);
     expect((await db.query(`select count(*)::int as n from audit_log where target_id = $1 and action = 'update' and status_code = 200`, [role])).rows[0].n).toBe(400);
   });
+
 
   it("leaves toolbox calls out unless SANDBAR_AUDIT_TOOLBOX is on", async () => {
     const sandbox = randomUUID();

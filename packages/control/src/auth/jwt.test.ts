@@ -6,6 +6,7 @@ import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { pgExec } from "../db/exec.ts";
 import { Credentials } from "./credentials.ts";
 import { JwtVerifier } from "./jwt.ts";
+import { eventually } from "../../../protocol/src/testing/eventually.ts";
 
 const b64 = (v: unknown) => Buffer.from(JSON.stringify(v)).toString("base64url");
 
@@ -32,7 +33,8 @@ describe("JWT verification against an independent issuer", () => {
     await expect(verifier.verify(fresh)).resolves.toMatchObject({ sub: "ext|ada" });
     await expect(verifier.verify(old)).resolves.toMatchObject({ sub: "ext|ada" });
     idp.unpublish("k1");
-    await new Promise((r) => setTimeout(r, 300)); // past the JWKS cache age
+    // Once the JWKS cache (200 ms here) is read again, the removed key no longer verifies.
+    await eventually("the removed key to be refused", () => verifier.verify(old).then(() => false, () => true));
     await expect(verifier.verify(old)).rejects.toMatchObject({ code: 16 });
     await expect(verifier.verify(fresh)).resolves.toMatchObject({ sub: "ext|ada" });
   });

@@ -86,11 +86,10 @@ describe("declarative builds on a real server", () => {
     if (!rt.images) throw new Error("this test needs the linux runtime (root)");
     const builder = new Builder({ targets: async () => ({ runnerId: rt.runnerId, runtime: rt }), contexts: t.server.objectStorage.contexts, credentialsFor: registryAccount(reg), timeoutMs: 3_000 });
     const org = (await call("GET", "/organizations")).body[0].id as string;
-    const info = checkBuildInfo({ dockerfileContent: dockerfile(120), contextHashes: ["sleepctx"] } as CreateBuildInfo);
-    const t0 = Date.now();
+    // The RUN step outlasts the test's own timeout: an answer at all means the limit stopped it.
+    const info = checkBuildInfo({ dockerfileContent: dockerfile(600), contextHashes: ["sleepctx"] } as CreateBuildInfo);
     const err = await builder.build(org, info).then(() => undefined, (e: unknown) => e as Error);
     expect(err?.message).toBe("The build ran longer than 3 seconds and was stopped");
-    expect(Date.now() - t0).toBeLessThan(30_000);
     expect(await (await rt.images()).built(Builder.key(org, info))).toBeUndefined();
   }, 120_000);
 

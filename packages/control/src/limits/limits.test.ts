@@ -14,6 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { issuerSettings, TestIssuer } from "../testing/issuer.ts";
 import { startTestServer, type TestServer } from "../testing/server.ts";
 import type { RateLimitSettings } from "./settings.ts";
+import { eventually } from "../../../protocol/src/testing/eventually.ts";
 import { callFrom, figures, sleep, type Answer } from "./test-client.ts";
 
 const WINDOW = 3;
@@ -356,8 +357,8 @@ describe("rate limits (PostgreSQL store, two control processes)", () => {
     expect((await callFrom(from, a.url, "GET", "/api-keys/current", { token: bad })).status).toBe(401);
     expect((await callFrom(from, b.url, "GET", "/api-keys/current", { token: bad })).headers["x-ratelimit-remaining-failed-auth"]).toBe("1");
     expectThrottled(await callFrom(from, a.url, "GET", "/api-keys/current", { token: bad }), "/api-keys/current");
-    // b looks blocks up at most once a second per address.
-    await sleep(1100);
+    // b looks blocks up at most once a second per address: it refuses once it has.
+    await eventually("b to learn of the block", async () => (await callFrom(from, b.url, "GET", "/config")).status === 429);
     expectThrottled(await callFrom(from, b.url, "GET", "/config"), "/config");
   });
 });

@@ -9,6 +9,7 @@ import { tunnelSocketBeside } from "@sandbar/protocol/tunnel";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { dialTunnel, TunnelError } from "./tunnel-dial.ts";
 import { freePort } from "@sandbar/runner/free-port";
+import { eventually } from "../../../protocol/src/testing/eventually.ts";
 
 // The agent's byte tunnel, end to end on this host: a real agent (in this process) on a unix
 // socket, real TCP servers on loopback standing for what runs in a sandbox. (In a sandbox the
@@ -89,8 +90,7 @@ describe("the agent's tunnel", () => {
     const port = await tcpServer((s) => s.end());
     await expect(dialTunnel({ ...dial(), secret: "wrong" }, port)).rejects.toMatchObject({ reason: "auth" });
     const closed = await tcpServer(() => {});
-    servers.pop()!.close();
-    await new Promise((r) => setTimeout(r, 50));
+    await new Promise((r) => servers.pop()!.close(r));
     const refused = await dialTunnel(dial(), closed).catch((e: unknown) => e);
     expect(refused).toBeInstanceOf(TunnelError);
     expect(refused).toMatchObject({ reason: "refused", message: `nothing listens on port ${closed}` });
@@ -103,27 +103,30 @@ describe("the agent's tunnel", () => {
 
   it("keeps back-pressure: a reader that does not read holds the sender at a bounded amount in flight", async () => {
     let written = 0;
-    let stalled = false;
+    let draining = false;
     const port = await tcpServer((s) => {
       s.on("error", () => {});
       const chunk = Buffer.alloc(64 * 1024);
       const pump = () => {
+        draining = false;
         while (written < 512 * 1024 * 1024) {
           written += chunk.length;
-          if (!s.write(chunk)) return void s.once("drain", pump);
+          if (!s.write(chunk)) return void ((draining = true), s.once("drain", pump));
         }
         s.end();
       };
       pump();
     });
     const s = await dialTunnel(dial(), port);
-    // Not reading: after a while the server must be stuck far below the 512 MB it wants to send.
-    await new Promise((r) => setTimeout(r, 500));
-    const heldAt = written;
-    await new Promise((r) => setTimeout(r, 300));
-    stalled = written === heldAt;
-    expect(stalled).toBe(true);
-    expect(heldAt).toBeLessThan(64 * 1024 * 1024);
+    // Not reading: the server comes to wait for a drain that does not come (no progress between
+    // two looks), far below the 512 MB it wants to send.
+    let seen = -1;
+    await eventually("the sender to be held", () => {
+      const held = draining && written === seen;
+      seen = written;
+      return held;
+    });
+    expect(written).toBeLessThan(64 * 1024 * 1024);
     s.destroy();
   });
 

@@ -1,5 +1,6 @@
 import { BlockList, createServer, connect, type Server, type Socket } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { eventually } from "../../../protocol/src/testing/eventually.ts";
 import { peerAddress } from "./client-address.ts";
 import { proxyAdmission, readProxyHeader, type HeaderOutcome } from "./proxy-accept.ts";
 import { parseProxyHeader, V2_MAX, V2_SIGNATURE } from "./proxy-protocol.ts";
@@ -168,9 +169,8 @@ describe("readProxyHeader on a real socket", () => {
 
   it("garbage is refused at its first telling byte; a peer that never finishes times out; one that closes mid-header is reported", async () => {
     expect((await exchange([text("GET / HTTP/1.1\r\n\r\n")])).outcome).toMatchObject({ ok: false, reason: expect.stringMatching(/does not start/) });
-    const started = Date.now();
+    // The peer neither finishes nor closes: only the timeout can end the read.
     expect((await exchange([proxyV2("203.0.113.7", 1).subarray(0, 10)], { timeoutMs: 300 })).outcome).toMatchObject({ ok: false, received: 10, reason: "no complete PROXY header within 300 ms" });
-    expect(Date.now() - started).toBeLessThan(2000);
     expect((await exchange([text("PROXY TCP4 1.2")], { end: true })).outcome).toMatchObject({ ok: false, received: 14, reason: "closed in the middle of the PROXY header" });
     expect((await exchange([], { end: true })).outcome).toMatchObject({ ok: false, received: 0, reason: "closed before sending anything" });
   });
@@ -203,7 +203,7 @@ describe("proxyAdmission", () => {
     await new Promise((r) => c.once("connect", r));
     if (bytes) c.write(bytes);
     else c.end();
-    while (results.length === n) await new Promise((r) => setTimeout(r, 10));
+    await eventually("the admission's verdict", () => results.length > n);
     c.destroy();
     return results.at(-1)!;
   };

@@ -7,6 +7,7 @@ import { startRegistry, type TestRegistry } from "../../../runner/src/images/tes
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { pushTestImage, registryAccount } from "./testing/image.ts";
+import { eventually } from "../../../protocol/src/testing/eventually.ts";
 
 // Snapshots from OCI images against a real control server (embedded PostgreSQL), a real registry
 // on loopback (docker-registry with basic auth, fed images built here from files) and real
@@ -338,19 +339,13 @@ describe("a restart during a pull", () => {
     try {
       const created = await at(server)("POST", "/snapshots", { name: "resumed", imageName: `${host}/test/app:1.0` });
       expect(created.status).toBe(200);
-      for (let i = 0; (await at(server)("GET", "/snapshots/resumed")).body.state !== "pulling"; i++) {
-        if (i > 100) throw new Error("the pull did not start");
-        await new Promise((r) => setTimeout(r, 50));
-      }
+      await eventually("the pull to start", async () => (await at(server)("GET", "/snapshots/resumed")).body.state === "pulling");
       await server.stop({ keepData: true });
 
       proxy.release();
       server = await startTestServer({ dataDir, adminKey: t.adminKey, settings: { agentBundle: bundle }, control });
       let row = (await at(server)("GET", "/snapshots/resumed")).body;
-      for (let i = 0; i < 600 && row.state !== "active" && row.state !== "error"; i++) {
-        await new Promise((r) => setTimeout(r, 100));
-        row = (await at(server)("GET", "/snapshots/resumed")).body;
-      }
+      await eventually("the resumed pull to settle", async () => ["active", "error"].includes((row = (await at(server)("GET", "/snapshots/resumed")).body).state), 60_000);
       expect(row.errorReason ?? null).toBeNull();
       expect(row.state).toBe("active");
       expect(row.ref).toMatch(/^sha256:/);

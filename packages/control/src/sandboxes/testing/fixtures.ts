@@ -11,6 +11,9 @@ import type { SandboxManager } from "../manager.ts";
 import { sh } from "./agent-client.ts";
 import { standInAgentBundle } from "./stand-in-agent.ts";
 
+// The poll helper moved to protocol so that every package's tests share it; kept importable from here.
+export { eventually } from "../../../../protocol/src/testing/eventually.ts";
+
 // One real server per test file, its sandboxes run by the stand-in agent, plus the calls the
 // suites make over REST.
 
@@ -79,12 +82,3 @@ export async function sandboxFixture(settings: Partial<Settings> = {}, server: {
   };
 }
 
-/** Polls `fn` until it returns true (or fails the test after `ms`). */
-export async function eventually(what: string, fn: () => Promise<boolean>, ms = 15_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    if (await fn()) return;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { eventually } from "../../../../protocol/src/testing/eventually.ts";
 import { legacyWrapped, splitWords } from "./execute.ts";
 import { PREFIXES, startFixture, toolboxFetch, type Fixture } from "./test-fixture.ts";
 
@@ -62,14 +63,17 @@ describe("execute", () => {
 
   it("answers 408 command execution timeout and kills the command", async () => {
     const marker = `${f.root}/timeout-marker`;
-    const started = Date.now();
-    const res = await execute({ command: sdkWrapped(`sleep 3; touch ${marker}`), timeout: 1 }, { "x-daytona-sdk-version": "0.111.1" });
+    const gate = `${f.root}/timeout-gate`;
+    const pidFile = `${f.root}/timeout-pid`;
+    // The command waits for a gate only this test opens: the 408 came while it was still running.
+    const res = await execute({ command: sdkWrapped(`echo $$ > ${pidFile}; until [ -e ${gate} ]; do sleep 0.05; done; touch ${marker}`), timeout: 1 }, { "x-daytona-sdk-version": "0.111.1" });
     expect(res.status).toBe(408);
     expect(res.body).toMatchObject({ statusCode: 408, message: "command execution timeout" });
-    expect(Date.now() - started).toBeLessThan(2900);
-    await new Promise((r) => setTimeout(r, 2500));
-    const check = await execute({ command: `test -e ${marker} && echo exists || echo gone` }, { "x-daytona-sdk-version": "0.218.0" });
-    expect(check.body.result).toBe("gone\n");
+    // Open the gate: a command still alive would now leave its marker; a killed one is gone.
+    const sh = async (command: string) => (await execute({ command }, { "x-daytona-sdk-version": "0.218.0" })).body.result as string;
+    expect(await sh(`touch ${gate}; cat ${pidFile}`)).toMatch(/^\d+\n$/);
+    await eventually("the timed-out command to be gone", async () => (await sh(`kill -0 $(cat ${pidFile}) 2>/dev/null && echo alive || echo gone`)) === "gone\n");
+    expect(await sh(`test -e ${marker} && echo exists || echo gone`)).toBe("gone\n");
   });
 
   it("refuses a blank command and a caller without credentials", async () => {

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
 import { PREFIXES, PREVIEW_TOKEN, startFixture, toolboxFetch, type Fixture } from "./test-fixture.ts";
+import { eventually } from "../../../../protocol/src/testing/eventually.ts";
 
 // Sessions through the REST toolbox into a real agent: statuses, the output shapes of each
 // SDK generation, plain and JSON logs, and log following over chunked HTTP and WebSocket.
@@ -55,11 +56,9 @@ async function newSession(prefix?: string): Promise<string> {
 }
 
 async function waitExit(sid: string, cid: string): Promise<number> {
-  for (;;) {
-    const res = await call("GET", `/process/session/${sid}/command/${cid}`);
-    if (res.json.exitCode !== undefined && res.json.exitCode !== null) return res.json.exitCode;
-    await new Promise((r) => setTimeout(r, 50));
-  }
+  let code: number | null | undefined;
+  await eventually(`command ${cid} to exit`, async () => (code = (await call("GET", `/process/session/${sid}/command/${cid}`)).json.exitCode) !== undefined && code !== null);
+  return code!;
 }
 
 const MIXED = "echo out1; echo err1 >&2; sleep 0.05; echo out2; printf partial";
@@ -175,23 +174,23 @@ const SLOW = "for i in 1 2 3; do echo o$i; echo e$i >&2; sleep 0.3; done";
 describe("following logs over chunked HTTP", () => {
   it("streams while the command runs and ends when it has exited", async () => {
     const sid = await newSession();
-    const started = await call("POST", `/process/session/${sid}/exec`, { command: SLOW, runAsync: true }, V0111);
-    const t0 = Date.now();
+    // The command holds its later lines until the gate opens, and the test opens it only once
+    // output has come: a log sent only at the exit would never get there.
+    const gate = `${f.root}/follow-${sid}.gate`;
+    const held = `echo o1; echo e1 >&2; until [ -e ${gate} ]; do sleep 0.05; done; for i in 2 3; do echo o$i; echo e$i >&2; done`;
+    const started = await call("POST", `/process/session/${sid}/exec`, { command: held, runAsync: true }, V0111);
     const res = await toolboxFetch(f, `/process/session/${sid}/command/${started.json.cmdId}/logs?follow=true`, { headers: V0111 });
     expect(res.status).toBe(200);
     const reader = res.body!.getReader();
     const decoder = new TextDecoder();
     let log = "";
-    let firstAt = 0;
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
-      if (!firstAt) firstAt = Date.now() - t0;
+      if (!log) expect((await call("POST", "/process/execute", { command: `touch ${gate}` })).status).toBe(200);
       log += decoder.decode(value, { stream: true });
     }
-    const endedAt = Date.now() - t0;
     expect(demux(log)).toEqual({ stdout: "o1\no2\no3\n", stderr: "e1\ne2\ne3\n" });
-    expect(firstAt).toBeLessThan(endedAt - 400); // Output came while the command ran.
   });
 
   it("0.25.6 gets the followed log without markers", async () => {

@@ -6,6 +6,7 @@ import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startFixture, type Fixture } from "./test-fixture.ts";
+import { eventually } from "../../../../protocol/src/testing/eventually.ts";
 
 // Uploads whose agent goes away before it answers (a real agent process, killed): the answer
 // says what is known of the file instead of the bare stream error, as 503 (upload it again).
@@ -66,7 +67,7 @@ it("an upload sent whole says its file's state is unknown; one broken off says i
   // 16 MiB does not: the agent reads no more than its 1 MiB window of it meanwhile.
   const small = upload(whole, 100 * 1024);
   const large = upload(broken, 16 * MIB);
-  while (openingFifos() < 2 || readBytes() - before < 100 * 1024 + MIB) await new Promise((r) => setTimeout(r, 10));
+  await eventually("both uploads at the agent, waiting in open(2)", () => openingFifos() >= 2 && readBytes() - before >= 100 * 1024 + MIB);
   process.kill(f.agentPid, "SIGKILL");
 
   const [a, b] = await Promise.all([small, large]);
