@@ -5,7 +5,7 @@ import { organizationOf } from "../auth/principal.ts";
 import { sandboxIdKey } from "../gateway/rest-route.ts";
 import type { AgentClients } from "./agent-clients.ts";
 import type { AgentEndpoint, AgentLocator } from "./agent-locator.ts";
-import { agentUnary } from "./agent-unary.ts";
+import { agentUnary } from "../grpc-wire/index.ts";
 
 /** The metadata naming the sandbox of a toolbox call made over gRPC/Connect (REST has it in the path). */
 export const SANDBOX_ID_HEADER = "x-sandbar-sandbox-id";
