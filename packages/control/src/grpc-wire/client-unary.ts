@@ -94,13 +94,13 @@ export async function agentUnary<I extends DescMessage, O extends DescMessage>(
         if (data.length < 5) throw new ConnectError("protocol error: missing output message for unary method", Code.Unimplemented);
         if (data[0] & 0b1) throw new ConnectError("protocol error: received compressed output message without an encoding", Code.Internal);
         const size = data.readUInt32BE(1);
-        if (data.length < 5 + size) throw new ConnectError("protocol error: incomplete envelope", Code.Internal);
+        if (data.length < 5 + size) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
         if (data.length > 5 + size) throw new ConnectError("protocol error: received extra output message for unary method", Code.Unimplemented);
         let out: MessageShape<O>;
         try {
           out = fromBinary(method.output, data.subarray(5));
         } catch (err) {
-          throw ConnectError.from(err, Code.Internal);
+          throw new ConnectError(`parse binary: ${err instanceof Error ? err.message : String(err)}`, Code.Internal);
         }
         settle();
         resolve(out);
