@@ -14,11 +14,13 @@
  *   GiB uploaded 2.33 -> 1.55 s at 1 GiB (bench/toolbox/RESULTS.md, "Uploads").
  *
  * The protocol pieces these need (envelopes, grpc-status / grpc-message / grpc-status-details-bin,
- * grpc-timeout, a streaming call's abort and deadline) are written here from the gRPC over HTTP/2
- * spec as Connect writes them, using only Connect's public API: no Connect internals
- * (`@connectrpc/connect/protocol*`) anywhere, so Connect is an ordinary caret dependency.
- * wire.test.ts pins the bytes, trailers and errors against Connect's own client and server, so
- * a Connect upgrade that changes them fails there.
+ * grpc-timeout, a streaming call's abort and deadline: status.ts, envelope.ts, streaming-call.ts)
+ * are written here from the gRPC over HTTP/2 spec as Connect writes them, with Connect's public API
+ * only: nothing imports Connect's internals (`@connectrpc/connect/protocol*`, not in its semver)
+ * outside tests, so Connect is an ordinary caret dependency. wire.test.ts pins our bytes, trailers
+ * and errors against Connect's own handler, client and protocol functions (rpc/grpc-unary.test.ts and
+ * client-unary.test.ts compare whole calls with Connect's), so a Connect upgrade that changes
+ * them fails there.
  */
 export { agentUnary, type UnaryOptions } from "./client-unary.ts";
 export { encodeAnswer, isPlainUnary, readUnaryRequest, timeoutHeader, writeAnswer } from "./server-unary.ts";
