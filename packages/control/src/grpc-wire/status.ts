@@ -69,7 +69,7 @@ export function findStatusError(h: Headers): ConnectError | undefined {
     }
     if (status.code === 0) return undefined;
     const error = new ConnectError(status.message, status.code, h);
-    error.details = status.details.map((any) => ({ type: any.typeUrl.substring(any.typeUrl.lastIndexOf("/") + 1), value: any.value }));
+    error.details = status.details.map((d) => ({ type: d.typeUrl.substring(d.typeUrl.lastIndexOf("/") + 1), value: d.value }));
     error.isWireError = true;
     return error;
   }
