@@ -86,7 +86,7 @@ async function bundleSnapshotEntry(outfile: string): Promise<void> {
     entryPoints: [path.join(here, "src", "snapshot.ts")],
     outfile,
     plugins: [lazyZlib, nodePtyAtRunTime],
-    inject: [path.join(here, "src", "util", "lean-headers.ts"), path.join(here, "src", "util", "snapshot-url.ts")],
+    inject: [path.join(here, "src", "grpc-wire", "lean-headers.ts"), path.join(here, "src", "util", "snapshot-url.ts")],
     // import.meta.url is where the snapshot runs from (set when it starts), not where it was built.
     define: { "import.meta.url": "agentEntryUrl" },
     bundle: true,
@@ -113,7 +113,7 @@ export async function buildAgent(outDir = path.join(here, "dist")): Promise<stri
     chunkNames: "chunks/[name]-[hash]",
     plugins: [lazyZlib],
     // Every use of the global Headers (Connect's) gets a lean one: Node's loads undici.
-    inject: [path.join(here, "src", "util", "lean-headers.ts")],
+    inject: [path.join(here, "src", "grpc-wire", "lean-headers.ts")],
     bundle: true,
     platform: "node",
     format: "esm",

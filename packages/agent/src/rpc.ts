@@ -9,7 +9,7 @@ import { resolvePath } from "./util/paths.ts";
 /** Most bytes of one request message (upload chunks, replace bodies). */
 const READ_MAX_BYTES = 32 * 1024 * 1024;
 
-/** Calls that files/grpc-upload.ts and grpc-download.ts may answer (plain gRPC only). */
+/** Calls that grpc-wire/upload.ts and download.ts may answer (plain gRPC only). */
 const TRANSFERS = new Set([
   "/sandbar.agent.v1.FileService/UploadFile",
   "/sandbar.agent.v1.FileService/UploadFiles",
@@ -48,16 +48,16 @@ export function createRpcHandler(ctx: AgentContext, areas: Areas, secret: string
     return h;
   };
   const authorized = secretCheck(secret);
-  let transfers: Promise<[typeof import("./files/grpc-upload.ts"), typeof import("./files/grpc-download.ts")]> | undefined;
+  let transfers: Promise<typeof import("./grpc-wire/index.ts")> | undefined;
   const direct = { authorized, resolve: (p: string) => resolvePath(ctx.workDir, p), readMaxBytes: READ_MAX_BYTES };
   const handle = (req: Http2ServerRequest, res: Http2ServerResponse) => {
-    // Large file transfers over gRPC skip Connect's per-message pipeline (files/grpc-upload.ts, grpc-download.ts).
+    // Large file transfers over gRPC skip Connect's per-message pipeline (grpc-wire/).
     if (TRANSFERS.has(req.url)) {
-      transfers ??= Promise.all([import("./files/grpc-upload.ts"), import("./files/grpc-download.ts")]);
+      transfers ??= import("./grpc-wire/index.ts");
       transfers
-        .then(([up, down]) => {
-          if (up.isDirectUpload(req)) return up.serveDirectUpload(req, res, direct);
-          if (down.isDirectDownload(req)) return down.serveDirectDownload(req, res, direct);
+        .then((wire) => {
+          if (wire.isDirectUpload(req)) return wire.serveDirectUpload(req, res, direct);
+          if (wire.isDirectDownload(req)) return wire.serveDirectDownload(req, res, direct);
           return handlerFor("sandbar.agent.v1.FileService").then((h) => h(req, res));
         })
         .catch((err: unknown) => {

@@ -16,7 +16,7 @@ export interface Uploaded {
 
 /**
  * What an upload's messages do, in order, whichever decoder read them (Connect's,
- * or the direct gRPC one in grpc-upload.ts): a header opens the next file, data
+ * or the direct gRPC one in grpc-wire/upload.ts): a header opens the next file, data
  * goes to the open file, the end closes it. `many` is UploadFiles (any number of
  * files, each started by a header); otherwise UploadFile (exactly one header,
  * first). A failed upload closes its file without claiming it: the caller

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type HandlerContext } from "@connectrpc/connect";
 import { compressionGzip, connectNodeAdapter, createGrpcTransport } from "@connectrpc/connect-node";
-import { ExecuteResponseSchema, ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
+import { type ExecuteRequest, ExecuteResponseSchema, ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { grpcUnaryFastPath } from "./grpc-unary.ts";
 
 // The fast path beside Connect's own handler, on one real HTTP/2 server and the same
@@ -49,7 +49,7 @@ const sessions = new Set<http2.ServerHttp2Session>();
 beforeAll(async () => {
   const impl = { execute } as never;
   const connect = connectNodeAdapter({ readMaxBytes: 1024 * 1024, routes: (r) => r.service(ProcessService, impl) });
-  const serve = grpcUnaryFastPath([ProcessService], () => (input, ctx) => execute(input as { command: string }, ctx), 1024 * 1024);
+  const serve = grpcUnaryFastPath([ProcessService], async (ctx, input) => create(ExecuteResponseSchema, await execute(input as ExecuteRequest, ctx)), 1024 * 1024);
   server = http2.createServer((req, res) => {
     if (serve(req, res)) fast++;
     else connect(req, res);

@@ -181,7 +181,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   });
   const gateway = createGateway(routes, chain, API_BASE);
   // The toolbox's unary gRPC calls in their plain form skip Connect's pipeline (not the chain).
-  const grpcUnary = grpcUnaryFastPath(toolbox.services, (method) => chain.handler(method), MAX_JSON_BODY);
+  const grpcUnary = grpcUnaryFastPath(toolbox.services, (ctx, input) => chain.unary(ctx, input), MAX_JSON_BODY);
 
   const connections = connectionLimits(settings, files, log);
   log(

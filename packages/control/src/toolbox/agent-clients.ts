@@ -2,7 +2,7 @@ import type { DescService } from "@bufbuild/protobuf";
 import { createClient, type Client } from "@connectrpc/connect";
 import { Http2SessionManager } from "@connectrpc/connect-node";
 import type { AgentDial } from "../sandboxes/runtime.ts";
-import { createAgentTransport } from "./agent-transport.ts";
+import { createAgentTransport } from "../grpc-wire/index.ts";
 import { SendBudget } from "./send-budget.ts";
 
 /** Open connections kept to agents; the least recently used beyond this are closed. */

@@ -5,7 +5,7 @@ import { callKey, organizationOf, SANDBOX_ID_HEADER } from "../call/call.ts";
 import { HTTP_STATUS_META } from "../gateway/http-io.ts";
 import type { AgentClients } from "./agent-clients.ts";
 import type { AgentEndpoint, AgentLocator } from "./agent-locator.ts";
-import { agentUnary } from "./agent-unary.ts";
+import { agentUnary } from "../grpc-wire/index.ts";
 
 type Forwarder = (input: unknown, ctx: HandlerContext) => unknown;
 type ClientMethod = (input: unknown, options: CallOptions) => unknown;

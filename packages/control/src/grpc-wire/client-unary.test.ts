@@ -8,8 +8,8 @@ import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { ExecuteResponseSchema, ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { create } from "@bufbuild/protobuf";
-import { AgentClients } from "./agent-clients.ts";
-import { agentUnary } from "./agent-unary.ts";
+import { AgentClients } from "../toolbox/agent-clients.ts";
+import { agentUnary } from "./client-unary.ts";
 
 // agentUnary against a real Connect server on a real unix socket (the agent's own stack, serving
 // the agent's ProcessService with answers chosen per command), beside Connect's client on the same

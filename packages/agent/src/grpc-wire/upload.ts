@@ -3,8 +3,8 @@ import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { UploadFileRequestSchema, UploadFileResponseSchema, UploadFilesResponseSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
-import { errorTrailers, isPlainGrpc } from "../util/plain-grpc.ts";
-import { UPLOAD_SEALED_HEADER, UploadReceiver } from "./upload-receiver.ts";
+import { envelope, errorTrailers, isPlainGrpc } from "./plain-grpc.ts";
+import { UPLOAD_SEALED_HEADER, UploadReceiver } from "../files/upload-receiver.ts";
 
 /**
  * FileService.UploadFile / UploadFiles over plain gRPC, decoded straight from
@@ -58,10 +58,7 @@ export async function serveDirectUpload(req: Http2ServerRequest, res: Http2Serve
     respond(res, undefined, errorTrailers(err));
     return;
   }
-  const body = new Uint8Array(5 + answer.length);
-  new DataView(body.buffer).setUint32(1, answer.length);
-  body.set(answer, 5);
-  respond(res, body, { "grpc-status": "0" });
+  respond(res, envelope(answer), { "grpc-status": "0" });
 }
 
 /** Headers, the body (if any) and the trailers, unless the caller is gone. */

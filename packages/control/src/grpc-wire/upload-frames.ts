@@ -1,4 +1,5 @@
 import { create, isMessage, ScalarType, toBinary, type DescField, type DescMessage, type MessageInitShape } from "@bufbuild/protobuf";
+import { envelope } from "./envelope.ts";
 
 /**
  * Size the data of an upload is gathered to before it goes to the agent as one message. The body
@@ -111,12 +112,4 @@ function head(buf: Buffer, end: number, tag: number, size: number): number {
   }
   buf[at] = v;
   return n;
-}
-
-function envelope(message: Uint8Array): Uint8Array {
-  const out = Buffer.allocUnsafe(5 + message.length);
-  out[0] = 0;
-  out.writeUInt32BE(message.length, 1);
-  out.set(message, 5);
-  return out;
 }

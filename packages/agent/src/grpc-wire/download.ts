@@ -4,9 +4,9 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { DownloadFileRequestSchema, DownloadFileResponseSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { noteMoved } from "../util/gc-pacer.ts";
-import { errorTrailers, isPlainGrpc } from "../util/plain-grpc.ts";
-import { fileInfo } from "./file-info.ts";
-import { CHUNK_SIZE, openForDownload } from "./transfer.ts";
+import { envelope, errorTrailers, isPlainGrpc } from "./plain-grpc.ts";
+import { fileInfo } from "../files/file-info.ts";
+import { CHUNK_SIZE, openForDownload } from "../files/transfer.ts";
 
 /**
  * FileService.DownloadFile over plain gRPC, answered without Connect's
@@ -47,11 +47,7 @@ export async function serveDirectDownload(req: Http2ServerRequest, res: Http2Ser
     const info = toBinary(DownloadFileResponseSchema, create(DownloadFileResponseSchema, { part: { case: "info", value: fileInfo(p, st) } }));
     if (gone()) return;
     res.writeHead(200, { "content-type": "application/grpc+proto" });
-    const first = Buffer.allocUnsafe(5 + info.length);
-    first[0] = 0;
-    first.writeUInt32BE(info.length, 1);
-    first.set(info, 5);
-    if (!(await send(res, first))) return;
+    if (!(await send(res, envelope(info)))) return;
     for (;;) {
       // A buffer per message: the socket may still hold the last one.
       const buf = Buffer.allocUnsafe(FRAME + CHUNK_SIZE);

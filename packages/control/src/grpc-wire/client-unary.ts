@@ -1,8 +1,9 @@
 import { constants, type ClientHttp2Stream, type IncomingHttpHeaders } from "node:http2";
 import { create, fromBinary, toBinary, type DescMessage, type DescMethodUnary, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
+import { envelope } from "./envelope.ts";
+import { validateResponse, validateTrailer } from "./status.ts";
 
 export interface UnaryOptions {
   /** Request metadata (the agent's bearer secret). */
@@ -17,9 +18,9 @@ export interface UnaryOptions {
 /**
  * One unary gRPC call on an agent's HTTP/2 session: one stream, one frame out, one in. Connect's
  * client does the same through async iterables, linked abort signals and web Headers, which cost
- * 0.5-0.6 ms of CPU per call (3x this); every toolbox exec pays it. Statuses are read by Connect's
- * own gRPC functions (validateResponse, validateTrailer), so errors, their metadata and details
- * are what Connect's client would raise.
+ * 0.5-0.6 ms of CPU per call (3x this); every toolbox exec pays it. Statuses are read as
+ * Connect's gRPC client reads them (status.ts, pinned by wire.test.ts), so errors, their metadata
+ * and details are what Connect's client would raise.
  */
 export async function agentUnary<I extends DescMessage, O extends DescMessage>(
   session: Http2SessionManager,
@@ -30,11 +31,7 @@ export async function agentUnary<I extends DescMessage, O extends DescMessage>(
   const { signal, timeoutMs } = opts;
   if (signal?.aborted) throw ConnectError.from(signal.reason, Code.Canceled);
   if (timeoutMs !== undefined && timeoutMs <= 0) throw timedOut();
-  const body = toBinary(method.input, create(method.input, input));
-  const frame = Buffer.allocUnsafe(5 + body.byteLength);
-  frame[0] = 0;
-  frame.writeUInt32BE(body.byteLength, 1);
-  frame.set(body, 5);
+  const frame = envelope(toBinary(method.input, create(method.input, input)));
   const headers: Record<string, string> = { ...opts.headers, "content-type": "application/grpc+proto", te: "trailers" };
   if (timeoutMs !== undefined) headers["grpc-timeout"] = `${Math.ceil(timeoutMs)}m`;
   let stream: ClientHttp2Stream;
@@ -72,8 +69,6 @@ export async function agentUnary<I extends DescMessage, O extends DescMessage>(
       try {
         const { headerError } = validateResponse(h[":status"] ?? 0, webHeaders(h));
         if (headerError) throw headerError;
-        const encoding = h["grpc-encoding"];
-        if (encoding !== undefined && encoding !== "identity") throw new ConnectError(`unsupported response encoding "${String(encoding)}"`, Code.Internal, webHeaders(h));
       } catch (err) {
         return fail(err);
       }
@@ -89,7 +84,7 @@ export async function agentUnary<I extends DescMessage, O extends DescMessage>(
       if (settled) return;
       if (!head) return fail(resetError(stream.rstCode) ?? new ConnectError("protocol error: missing response headers", Code.Internal));
       try {
-        // A status in the headers (trailers-only) or the trailers; grpc-status-details-bin is read by Connect.
+        // A status in the headers (trailers-only) or the trailers, its details (grpc-status-details-bin) first.
         const t = trailers ?? {};
         if (!(t["grpc-status"] === "0" && t["grpc-status-details-bin"] === undefined && head["grpc-status"] === undefined)) {
           if (trailers === undefined && head["grpc-status"] === undefined) throw resetError(stream.rstCode) ?? new ConnectError("protocol error: missing status", Code.Internal);
@@ -99,13 +94,13 @@ export async function agentUnary<I extends DescMessage, O extends DescMessage>(
         if (data.length < 5) throw new ConnectError("protocol error: missing output message for unary method", Code.Unimplemented);
         if (data[0] & 0b1) throw new ConnectError("protocol error: received compressed output message without an encoding", Code.Internal);
         const size = data.readUInt32BE(1);
-        if (data.length < 5 + size) throw new ConnectError("protocol error: incomplete envelope", Code.Internal);
+        if (data.length < 5 + size) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
         if (data.length > 5 + size) throw new ConnectError("protocol error: received extra output message for unary method", Code.Unimplemented);
         let out: MessageShape<O>;
         try {
           out = fromBinary(method.output, data.subarray(5));
         } catch (err) {
-          throw ConnectError.from(err, Code.Internal);
+          throw new ConnectError(`parse binary: ${err instanceof Error ? err.message : String(err)}`, Code.Internal);
         }
         settle();
         resolve(out);

@@ -15,10 +15,10 @@ import {
 } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { InfoService } from "@sandbar/protocol/gen/sandbar/agent/v1/info_pb.js";
 import { startAgentProcess } from "../testing/agent-process.ts";
-import { CHUNK_SIZE } from "./transfer.ts";
+import { CHUNK_SIZE } from "../files/transfer.ts";
 import type { AgentProcess } from "../testing/agent-process.ts";
 
-// gRPC uploads are decoded by the agent straight from the HTTP/2 stream (grpc-upload.ts), not by
+// gRPC uploads are decoded by the agent straight from the HTTP/2 stream (grpc-wire/upload.ts), not by
 // Connect: these calls send hand-made gRPC bodies cut at awkward places to a real agent process and
 // check the files against what the protobuf schema says the messages hold.
 
