@@ -5,7 +5,7 @@
 // the same both ways). Usage: node bench/runner/spawn-cost.ts [runs=200] [ballastMB=200]
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { readySpawner } from "../../packages/runner/src/linux/spawner.ts";
+import { readySpawner } from "../../packages/runner/src/host/spawner.ts";
 import { stats } from "../sandboxes/support.ts";
 
 const runs = Number(process.argv[2] ?? 200);
