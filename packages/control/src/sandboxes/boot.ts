@@ -72,6 +72,16 @@ export async function openLocalRuntime(settings: Settings, volumes: VolumeStorag
   });
 }
 
+/**
+ * The runtime a `sandbar runner` serves (the runner package's daemon, started by the CLI): this
+ * host's, with volumes only from a root shared with control and the region's other runners
+ * (SANDBAR_VOLUME_ROOT).
+ */
+export function openRunnerRuntime(settings: Settings, log: (line: string) => void): { dataDir: string; version: string; sharedVolumes: boolean; openRuntime: () => Promise<SandboxRuntime> } {
+  const volumes = settings.volumeRoot ? new HostDiskVolumes(settings.volumeRoot) : undefined;
+  return { dataDir: path.join(settings.dataDir, "runner"), version: settings.version, sharedVolumes: !!volumes, openRuntime: () => openLocalRuntime(settings, volumes, log) };
+}
+
 /** The provider SANDBAR_PROVIDER names: a new provider is a case here and its settings. */
 function providerOf(p: Settings["sandboxProvider"]): ProviderOpener {
   if (p.kind === "docker") return (host) => DockerProvider.open({ ...host, socketPath: p.dockerSocket, runtime: p.dockerRuntime });
