@@ -9,7 +9,7 @@ import type { HostOptions } from "./host/sandbox-host.ts";
 
 /**
  * Network modes: "none" is loopback only; "full" reaches anything outside the host (NAT);
- * "allow-list" only `networkAllowList`. Never the host itself nor another sandbox (linux/network.ts).
+ * "allow-list" only `networkAllowList`. Never the host itself nor another sandbox (host/network.ts).
  */
 export type NetworkMode = "none" | "full" | "allow-list";
 

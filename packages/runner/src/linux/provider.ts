@@ -1,15 +1,15 @@
-import { access, mkdir, readlink, realpath, rm } from "node:fs/promises";
+import { mkdir, readlink, realpath, rm } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { errors } from "@sandbar/protocol";
 import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
+import { startSpawner } from "../host/spawner.ts";
 import { definedOf, diskBytesOf, validateId, validateSpec } from "../spec.ts";
 import { which } from "../host/command.ts";
 import { assertReachable, checkRootAndInit, statOrFail } from "../host/host-paths.ts";
-import { packLayer, restoreLayer } from "../host/layer.ts";
 import { Layout } from "../host/layout.ts";
-import { isMountpoint, mountPoints, mountsUnder, unmount } from "../host/mounts.ts";
+import { isMountpoint, mountsUnder } from "../host/mounts.ts";
 import { listRecordIds, type SandboxRecord } from "../host/record.ts";
 import { baseInfo, errorOf, type HostOptions, SandboxHost } from "../host/sandbox-host.ts";
 import { detectCgroups } from "./cgroups/detect.ts";
@@ -18,13 +18,13 @@ import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 import { waitForSocket } from "./launcher.ts";
 import { type LeftoverTally, removeLeftovers } from "./leftovers.ts";
 import { MeminfoRefresher } from "./meminfo-refresher.ts";
-import { growDiskImage, mountDiskImage } from "./mounts.ts";
+import { growDiskImage } from "./mounts.ts";
 import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { applyLimits, meminfoFile, prepareAndLaunch, type StartContext, type StartPhase, type Tools } from "./sandbox-start.ts";
-import { startSpawner } from "../host/spawner.ts";
 import { syscallFilter } from "./syscall-filter.ts";
-import { endSandboxProcesses } from "./terminate.ts";
+import { tearDown } from "./teardown.ts";
 import { SharedToolsLayers } from "./tools-layer.ts";
+import { packSandbox, restoreSandbox } from "./writable-layer.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -254,36 +254,9 @@ export class LinuxProvider implements SandboxProvider {
     });
   }
 
-  /**
-   * Kills the sandbox's processes, removes its cgroup, mounts and runtime dir. Idempotent.
-   * `idle`: the caller just saw the cgroup empty (a start), so there is nothing to kill.
-   * `tally`: counts what was there (leftovers; a few more reads, so only for them).
-   */
-  async #teardown(id: string, graceMs = 0, idle = false, tally?: LeftoverTally): Promise<void> {
-    const L = this.host.layout;
-    if (tally) {
-      if (!idle) tally.add("processes", (await this.cgroups.pids(id)).length);
-      if ((await Promise.all(this.cgroups.paths(id).map(exists))).some(Boolean)) tally.add("cgroups");
-    }
-    if (!idle) await endSandboxProcesses(this.cgroups, id, graceMs);
-    this.meminfo.untrack(id);
-    await this.cgroups.remove(id);
-    // One read of the mount table; read again only to check what was unmounted is gone.
-    const table = await mountPoints();
-    const runtimeMounts = table.filter((m) => m === L.runtime(id) || m.startsWith(L.runtime(id) + "/"));
-    const volumesDir = path.join(L.runtime(id), "volumes") + "/";
-    const unmountCounted = async (target: string) => {
-      await unmount(target);
-      tally?.add("mounts");
-    };
-    if (runtimeMounts.includes(L.rootMount(id))) await unmountCounted(L.rootMount(id));
-    if (table.includes(L.diskMount(id))) await unmountCounted(L.diskMount(id));
-    for (const m of runtimeMounts.filter((x) => x.startsWith(volumesDir)).reverse()) await unmountCounted(m);
-    if (tally) await this.host.networks.removeLeftover(await this.host.readLease(id), id, (kind) => tally.add(kind));
-    else await this.host.networks.tearDown(await this.host.readLease(id), id);
-    const left = runtimeMounts.length > 0 ? await mountsUnder(L.runtime(id)) : [];
-    if (left.length > 0) throw errors.internal(`sandbox ${id}: still mounted after stop: ${left.join(", ")}`);
-    await rm(L.runtime(id), { recursive: true, force: true });
+  /** Kills the sandbox's processes and removes what its start made (linux/teardown.ts). */
+  #teardown(id: string, graceMs = 0, idle = false, tally?: LeftoverTally): Promise<void> {
+    return tearDown(this, id, graceMs, idle, tally);
   }
 
   async destroy(id: string): Promise<void> {
@@ -375,29 +348,7 @@ export class LinuxProvider implements SandboxProvider {
 
   async pack(id: string): Promise<Readable> {
     validateId(id);
-    const release = await this.host.lock.acquire(id);
-    let mountedHere = false;
-    const L = this.host.layout;
-    try {
-      const rec = await this.host.record(id);
-      const hasDisk = rec.spec.diskGiB !== undefined;
-      if (hasDisk && !(await isMountpoint(L.diskMount(id)))) {
-        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
-        await mountDiskImage(L.diskImage(id), L.diskMount(id), true);
-        mountedHere = true;
-      }
-      // The lock (and a temporary mount) are held until tar is done with the layer.
-      const cleanup = async () => {
-        if (mountedHere) await unmount(L.diskMount(id)).catch((e: unknown) => this.host.log(`sandbox ${id}: unmount after pack: ${String(e)}`));
-        release();
-      };
-      const handle = await packLayer(L.upper(id, hasDisk), rec.hostUid, path.join(L.sandboxDir(id), "owner-map"), cleanup);
-      return handle.stream;
-    } catch (err) {
-      if (mountedHere) await unmount(L.diskMount(id)).catch(() => undefined);
-      release();
-      throw err;
-    }
+    return packSandbox(this.host, id);
   }
 
   async restore(id: string, archive: Readable): Promise<void> {
@@ -409,19 +360,7 @@ export class LinuxProvider implements SandboxProvider {
       const rec = await this.host.record(id);
       if ((await this.cgroups.pids(id)).length > 0) throw errors.failedPrecondition(`sandbox ${id} is running; stop it before restoring its writable layer`);
       await this.#teardown(id);
-      const L = this.host.layout;
-      const hasDisk = rec.spec.diskGiB !== undefined;
-      if (hasDisk) {
-        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
-        await mountDiskImage(L.diskImage(id), L.diskMount(id));
-      }
-      try {
-        await restoreLayer(L.upper(id, hasDisk), L.work(id, hasDisk), archive, rec.hostUid);
-      } catch (err) {
-        throw errors.failedPrecondition(`sandbox ${id}: ${(err as Error).message}`);
-      } finally {
-        if (hasDisk) await unmount(L.diskMount(id));
-      }
+      await restoreSandbox(this.host, rec, archive);
     });
   }
 
@@ -435,4 +374,3 @@ export class LinuxProvider implements SandboxProvider {
   }
 }
 
-const exists = (p: string) => access(p).then(() => true, () => false);
