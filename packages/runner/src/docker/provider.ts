@@ -1,4 +1,4 @@
-import { chown, mkdir, realpath, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, realpath, rm, stat } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import Docker from "dockerode";
@@ -14,11 +14,10 @@ import { isMountpoint, mountsUnder, unmount } from "../host/mounts.ts";
 import type { Layout } from "../host/layout.ts";
 import type { NetworkPolicy } from "../host/network.ts";
 import type { SandboxRecord } from "../host/record.ts";
-import { baseInfo, errorOf, type HostOptions, SandboxHost, sandboxEnv } from "../host/sandbox-host.ts";
-import { bindVolume, prepareVolumeRoot } from "../host/volume-binds.ts";
-import { type ContainerState, Containers } from "./containers.ts";
+import { baseInfo, errorOf, type HostOptions, SandboxHost } from "../host/sandbox-host.ts";
+import { Containers } from "./containers.ts";
 import { RootfsImages } from "./rootfs-image.ts";
-import { envFile, prepareUser, type SandboxUser } from "./user-prep.ts";
+import { prepareStart, userOf } from "./start-prep.ts";
 
 // The Docker provider (DESIGN.md decision 7): the same sandboxes as the linux provider, as
 // containers of a Docker engine. What is the same: the agent is the host's node and bundle,
@@ -141,7 +140,7 @@ export class DockerProvider implements SandboxProvider {
       if (state.running) return this.#info(rec);
       await this.#teardown(id); // leftovers of a crash or of a first process that died
       try {
-        await this.#prepare(rec, state);
+        await prepareStart(this.host, rec, state);
         await this.containers.start(id);
         const running = await this.containers.state(id);
         if (rec.spec.network && rec.spec.network !== "none" && running?.running) await this.#attachNetwork(rec.spec, running.pid);
@@ -154,26 +153,6 @@ export class DockerProvider implements SandboxProvider {
       await this.host.markStarted(rec);
       return this.#info(rec);
     });
-  }
-
-  /** The host side of a start: runtime dir, env and secret files, resolv.conf, volume binds, the user in the layer. */
-  async #prepare(rec: SandboxRecord, state: ContainerState): Promise<void> {
-    const { spec, hostUid } = rec;
-    const id = spec.id;
-    const { layout: L, volumeGid } = this.host;
-    const user = userOf(spec, hostUid);
-    await this.host.makeRuntimeDirs(id);
-    await mkdir(L.runDir(id), { recursive: true, mode: 0o700 });
-    await chown(L.runDir(id), user.uid, user.gid);
-    await writeOwned(path.join(L.runDir(id), "env"), envFile(sandboxEnv(spec, user)), user);
-    if (spec.init.secret !== undefined) await writeOwned(path.join(L.runDir(id), "secret"), spec.init.secret, user);
-    await writeFile(path.join(L.runtime(id), "resolv.conf"), this.host.networks.resolvConf(), { mode: 0o644 });
-    for (const [i, v] of (spec.volumes ?? []).entries()) {
-      await prepareVolumeRoot(v.root, volumeGid);
-      await bindVolume(v, path.join(L.runtime(id), "volumes", String(i)), volumeGid);
-    }
-    if (!state.upperDir) throw errors.failedPrecondition(`sandbox ${id}: the engine's storage driver has no upper directory (overlay2 is required)`);
-    await prepareUser(state.upperDir, spec.rootfs, user);
   }
 
   async #attachNetwork(spec: SandboxSpec, pid: number, policy: NetworkPolicy = { mode: spec.network!, allowCidrs: spec.networkAllowList }): Promise<void> {
@@ -366,11 +345,6 @@ export class DockerProvider implements SandboxProvider {
   }
 }
 
-/** No user namespace: the sandbox's uid is its host uid inside too (root stays uid 0, without capabilities). */
-function userOf(spec: SandboxSpec, hostUid: number): SandboxUser {
-  return spec.user === "root" ? { name: "root", uid: 0, gid: 0, home: "/root" } : { name: spec.user!, uid: hostUid, gid: hostUid, home: `/home/${spec.user}` };
-}
-
 async function checkHostPaths(spec: SandboxSpec): Promise<void> {
   await checkRootAndInit(spec);
   for (const m of spec.mounts ?? []) await statOrFail("mount source", m.source);
@@ -380,9 +354,3 @@ async function checkHostPaths(spec: SandboxSpec): Promise<void> {
   }
 }
 
-/** A file only the sandbox user (and root) can read. */
-async function writeOwned(file: string, content: string, owner: { uid: number; gid: number }): Promise<void> {
-  await rm(file, { force: true });
-  await writeFile(file, content, { mode: 0o600, flag: "wx" });
-  await chown(file, owner.uid, owner.gid);
-}

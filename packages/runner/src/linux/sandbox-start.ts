@@ -15,7 +15,7 @@ import type { CgroupBackend, UserLimits } from "./cgroups/types.ts";
 import { AGENT_OOM_SCORE_ADJ, launch, type LaunchedProcess, type LaunchOptions } from "./launcher.ts";
 import type { MeminfoRefresher } from "./meminfo-refresher.ts";
 import { mountRoot } from "./mounts.ts";
-import { ensureMountPoint, ensureUser, sandboxUser } from "./rootprep.ts";
+import { ensureMountPoint, ensureUser, sandboxUser } from "../host/rootprep.ts";
 import type { SharedToolsLayers } from "./tools-layer.ts";
 
 // The linux provider's start, up to a launched first process: runtime dirs, the overlay root

@@ -1,8 +1,8 @@
 import { appendFile, chown, lstat, mkdir, open, readFile } from "node:fs/promises";
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
-import { isErrno } from "../host/files.ts";
-import { settleAll } from "../host/settle.ts";
+import { isErrno } from "./files.ts";
+import { settleAll } from "./settle.ts";
 
 // Prepares the mounted overlay root before launch, as host root: mount points for the runner's
 // binds (bubblewrap, running unprivileged, cannot create them in root-owned directories), the
