@@ -1,11 +1,11 @@
 // What a spawn costs the runner: from this process (as large as a control server: `ballast` MB
-// of heap) against through the runner's spawner process (packages/runner/src/linux/spawner.ts),
+// of heap) against through the runner's spawner process (packages/runner/src/host/spawner.ts),
 // interleaved. Wall time of `mount --version` (an exec like the start path's) start to close,
 // and the CPU time of this process plus the spawner's per spawn (not the command's own: it is
 // the same both ways). Usage: node bench/runner/spawn-cost.ts [runs=200] [ballastMB=200]
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
-import { readySpawner } from "../../packages/runner/src/linux/spawner.ts";
+import { readySpawner } from "../../packages/runner/src/host/spawner.ts";
 import { stats } from "../sandboxes/support.ts";
 
 const runs = Number(process.argv[2] ?? 200);

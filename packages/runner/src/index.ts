@@ -2,6 +2,7 @@ export type {
   BindMount,
   InitCommand,
   NetworkMode,
+  ProviderOpener,
   SandboxInfo,
   SandboxProvider,
   SandboxSpec,
@@ -12,3 +13,4 @@ export type {
 } from "./provider.ts";
 export { SANDBOX_PATHS } from "./provider.ts";
 export { validateSpec } from "./spec.ts";
+export type { HostOptions } from "./host/sandbox-host.ts";

@@ -45,6 +45,6 @@ suite(
     const engine = await sharedDockerd(inject("dockerdDir"));
     return dockerFixture(engine, { runtime: "runsc" });
   },
-  dockerSkip ?? (isRoot && !(await import("./linux/command.ts")).which("runsc") ? "runsc (gVisor) is not installed: apt-get install runsc" : undefined),
+  dockerSkip ?? (isRoot && !(await import("./host/command.ts")).which("runsc") ? "runsc (gVisor) is not installed: apt-get install runsc" : undefined),
   { gvisor: true },
 );

@@ -1,12 +1,15 @@
 import type { Readable } from "node:stream";
+import type { HostOptions } from "./host/sandbox-host.ts";
 
-// The contract between the control plane and a sandbox provider (linux today, docker later).
+// The contract between the control plane and a sandbox provider (linux: bubblewrap and cgroups;
+// docker: containers of an engine). Control holds a provider only through this interface, so a
+// new provider is a new implementation and an opener (ProviderOpener), nothing else.
 // Sandboxes are named by the caller's id; every method is safe to call again after a crash
 // (state lives on disk and in the kernel, not in the provider object).
 
 /**
  * Network modes: "none" is loopback only; "full" reaches anything outside the host (NAT);
- * "allow-list" only `networkAllowList`. Never the host itself nor another sandbox (linux/network.ts).
+ * "allow-list" only `networkAllowList`. Never the host itself nor another sandbox (host/network.ts).
  */
 export type NetworkMode = "none" | "full" | "allow-list";
 
@@ -166,6 +169,11 @@ export interface SandboxProvider {
   stop(id: string, options?: StopOptions): Promise<SandboxInfo>;
   /** Removes everything the sandbox had on the host; unknown ids are fine. */
   destroy(id: string): Promise<void>;
+  /**
+   * Destroys the sandboxes `unclaimed` names (a failure logged rather than thrown) and removes
+   * what else earlier runs left on the host for this provider. Returns the ids destroyed.
+   */
+  removeLeftovers(unclaimed?: readonly string[]): Promise<string[]>;
   inspect(id: string): Promise<SandboxInfo>;
   /** Every sandbox this provider holds, for reconciliation with the control plane. */
   list(): Promise<SandboxInfo[]>;
@@ -174,6 +182,11 @@ export interface SandboxProvider {
    * agent is told separately, over its own API).
    */
   setEnv(id: string, env: Record<string, string>): Promise<void>;
+  /**
+   * Changes the sandbox's egress, kept for every later start and applied at once while it runs.
+   * Returns whether it took effect now (false: not running).
+   */
+  updateNetwork(id: string, network: NetworkMode, allowList?: string[]): Promise<boolean>;
   /**
    * Changes cpu, memory or the disk cap, kept for every later start. cpu and memory take effect at
    * once in a running sandbox (its cgroup); the disk cap only grows, and only while it is not running.
@@ -188,6 +201,9 @@ export interface SandboxProvider {
   /** Releases host resources the provider holds beyond its sandboxes (sandboxes keep running). */
   close(): Promise<void>;
 }
+
+/** Opens a provider over a runner's data dir: what a runtime is given to choose its provider. */
+export type ProviderOpener<P extends SandboxProvider = SandboxProvider> = (host: HostOptions) => Promise<P>;
 
 /** Where the provider puts things inside every sandbox. */
 export const SANDBOX_PATHS = {

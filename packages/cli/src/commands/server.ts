@@ -26,14 +26,16 @@ export function serverCommands(program: Command): void {
     .command("runner")
     .description("run a runner: this host's sandboxes, served to a control service (settings SANDBAR_RUNNER_*)")
     .action(async () => {
-      const { loadRunnerHostSettings, loadSettings, startRunner } = await import("@sandbar/control");
+      // The daemon is the runner package's; the runtime it serves is control's LocalRuntime.
+      const { loadSettings, openRunnerRuntime } = await import("@sandbar/control");
+      const { loadRunnerHostSettings, startRunner } = await import("@sandbar/runner/daemon");
       const settings = loadSettings();
       const host = loadRunnerHostSettings();
       const log = (line: string) => console.log(`[sandbar runner] ${line}`);
       log(`data dir: ${settings.dataDir}`);
       let runner: Awaited<ReturnType<typeof startRunner>>;
       try {
-        runner = await serveUntilSignal(() => startRunner(settings, host, log), log, "shutting down (sandboxes keep running)");
+        runner = await serveUntilSignal(() => startRunner(openRunnerRuntime(settings, log), host, log), log, "shutting down (sandboxes keep running)");
       } catch (err) {
         console.error(`[sandbar runner] failed to start: ${err instanceof Error ? err.message : String(err)}`);
         process.exitCode = 1;

@@ -2,7 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
 import { type BuildSnapshotRequest, type BuildSpec, type LogChunk, type SnapshotProgress, SnapshotProgressSchema } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import { BuildFailed, type ImageStore, parseImageRef, type RegistryCredentials } from "@sandbar/runner/images";
-import { snapshotInfo } from "../runner-host/snapshot-service.ts";
+import { snapshotInfo } from "@sandbar/runner/daemon";
 import { BuildLog } from "../snapshots/pulls.ts";
 import { unpackContext } from "./context-archive.ts";
 

@@ -4,7 +4,7 @@ import { Code } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { eventually } from "../sandboxes/testing/fixtures.ts";
-import { AGENT_API_PATH, ERROR_HEADER, SANDBOX_ID_HEADER } from "../runner-host/agent-streams.ts";
+import { AGENT_API_PATH, ERROR_HEADER, SANDBOX_ID_HEADER } from "@sandbar/runner/daemon";
 import { RemoteRuntime } from "./remote-runtime.ts";
 import { type RunnerProcess, startRunnerProcess } from "./testing/runner-process.ts";
 

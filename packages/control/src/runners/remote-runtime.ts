@@ -17,13 +17,13 @@ import {
   RunnerSnapshotService,
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import type { RegistryCredentials } from "@sandbar/runner/images";
-import { AGENT_API_PATH, AGENT_TUNNEL_PATH, openAgentStream } from "../runner-host/agent-streams.ts";
+import { AGENT_API_PATH, AGENT_TUNNEL_PATH, openAgentStream } from "@sandbar/runner/daemon";
 import { AgentRelay } from "./agent-relay.ts";
-import { networkToProto, resourcesToProto, specToProto, statusFromProto } from "../runner-host/convert.ts";
+import { networkToProto, resourcesToProto, specToProto, statusFromProto } from "@sandbar/runner/daemon";
 import type { AgentDial, RuntimeNetwork, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "../sandboxes/runtime.ts";
 
 // A runner process reached over its port: RunnerService for the lifecycle, and HTTP/2 byte
-// streams for agent traffic (runner-host/agent-streams.ts). The runner's errors arrive as the
+// streams for agent traffic (the runner package's daemon/agent-streams.ts). The runner's errors arrive as the
 // ConnectErrors it raised (same code, same message), so callers see what a local runtime says.
 
 export interface RemoteRuntimeOptions {

@@ -5,7 +5,10 @@ import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { checkHost, formatChecks } from "@sandbar/runner/linux";
 import type { Settings } from "../settings.ts";
-import { agentInit, LocalRuntime, type LocalProvider, SHARED_VOLUME_GID } from "./local-runtime.ts";
+import type { ProviderOpener, SandboxProvider } from "@sandbar/runner";
+import { DockerProvider } from "@sandbar/runner/docker";
+import { LinuxProvider } from "@sandbar/runner/linux";
+import { agentInit, LocalRuntime, SHARED_VOLUME_GID } from "./local-runtime.ts";
 import type { RunnerDirectory, SandboxManager } from "./manager.ts";
 import { reconcile } from "./reconcile.ts";
 import { ClusterLocks } from "./cluster-locks.ts";
@@ -54,12 +57,12 @@ export interface Sandboxes {
 }
 
 /** This host's runtime: the one a single-host server holds in-process and a `sandbar runner` process serves. */
-export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage | undefined, log: (line: string) => void): Promise<LocalRuntime<LocalProvider>> {
+export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage | undefined, log: (line: string) => void): Promise<LocalRuntime<SandboxProvider>> {
   return LocalRuntime.open({
     dataDir: path.join(settings.dataDir, "runner"),
     snapshotCacheDir: settings.snapshotCacheDir,
     sandboxSubnet: settings.sandboxSubnet,
-    docker: settings.sandboxProvider.kind === "docker" ? { socketPath: settings.sandboxProvider.dockerSocket, runtime: settings.sandboxProvider.dockerRuntime } : undefined,
+    provider: providerOf(settings.sandboxProvider),
     init: await agentInit(settings.agentBundle),
     ...(volumes ? { volumeRoot: (id: string) => volumes.hostPath(id) } : {}),
     // Runtimes sharing a volume root (SANDBAR_VOLUME_ROOT) share its group, whatever their uid slots.
@@ -67,6 +70,22 @@ export async function openLocalRuntime(settings: Settings, volumes: VolumeStorag
     images: { mirror: settings.registries.mirror, insecureRegistries: settings.registries.insecureRegistries },
     log,
   });
+}
+
+/**
+ * The runtime a `sandbar runner` serves (the runner package's daemon, started by the CLI): this
+ * host's, with volumes only from a root shared with control and the region's other runners
+ * (SANDBAR_VOLUME_ROOT).
+ */
+export function openRunnerRuntime(settings: Settings, log: (line: string) => void): { dataDir: string; version: string; sharedVolumes: boolean; openRuntime: () => Promise<SandboxRuntime> } {
+  const volumes = settings.volumeRoot ? new HostDiskVolumes(settings.volumeRoot) : undefined;
+  return { dataDir: path.join(settings.dataDir, "runner"), version: settings.version, sharedVolumes: !!volumes, openRuntime: () => openLocalRuntime(settings, volumes, log) };
+}
+
+/** The provider SANDBAR_PROVIDER names: a new provider is a case here and its settings. */
+function providerOf(p: Settings["sandboxProvider"]): ProviderOpener {
+  if (p.kind === "docker") return (host) => DockerProvider.open({ ...host, socketPath: p.dockerSocket, runtime: p.dockerRuntime });
+  return (host) => LinuxProvider.open(host);
 }
 
 /** `credentialsFor`: registry credentials of snapshot pulls (the registries API's lookup); `contexts`: declarative builds' contexts; `runners`: the registered runners; `builtImages`: where built images go (the internal registry). */

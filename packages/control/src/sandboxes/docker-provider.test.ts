@@ -4,7 +4,7 @@ import { DockerProvider } from "@sandbar/runner/docker";
 import { dockerdUnavailable, sharedDockerd } from "@sandbar/runner/testing/dockerd";
 import { loadSettings } from "../settings.ts";
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
-import type { LocalProvider } from "./local-runtime.ts";
+import type { SandboxProvider } from "@sandbar/runner";
 import { sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
 
 // SANDBAR_PROVIDER=docker end to end: a server whose sandboxes are containers of a Docker engine
@@ -38,7 +38,7 @@ describe.skipIf(skip !== undefined)("sandboxes on the docker provider", () => {
   });
 
   it("creates a sandbox through the API and runs commands in it through the toolbox", async () => {
-    const provider = f.runtime.provider as LocalProvider;
+    const provider: SandboxProvider = f.runtime.provider;
     if (!(provider instanceof DockerProvider)) throw new Error(`SANDBAR_PROVIDER=docker made a ${provider.name} provider`);
     const s = await f.create({ env: { PROJECT: "sandbar" } });
     expect(s.state).toBe("started");

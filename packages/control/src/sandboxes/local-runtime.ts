@@ -4,16 +4,15 @@ import path from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
-import { type InitCommand, SANDBOX_PATHS, type SandboxInfo, type SandboxSpec } from "@sandbar/runner";
+import { type InitCommand, type ProviderOpener, SANDBOX_PATHS, type SandboxInfo, type SandboxProvider, type SandboxSpec } from "@sandbar/runner";
 import { snapshotNodeArgs } from "@sandbar/agent/snapshot-blob";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
-import { DockerProvider } from "@sandbar/runner/docker";
 import { ImageStore, sandboxSpecFor, type ImageStoreOptions, type RegistryCredentials } from "@sandbar/runner/images";
 import type { BuildSnapshotRequest, LogChunk, SnapshotProgress } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import { HostBuilds } from "../builds/host-builds.ts";
 import { type AgentDial, type RuntimeHealth, type RuntimeResources, type RuntimeSandbox, type RuntimeSandboxSpec, type SandboxRuntime, type RuntimeNetwork, unixAgentDial } from "./runtime.ts";
 
-// Sandboxes on this host: the linux provider over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
+// Sandboxes on this host: a provider (linux by default) over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
 // from the default snapshot, with the agent as its first process. Each agent gets its own secret,
 // HMAC-SHA256(host secret, sandbox id): a restarted server derives it again to reach sandboxes it
 // re-adopts, and no per-sandbox secret is ever stored by the control plane.
@@ -54,7 +53,7 @@ function bundleInit(dir: string): Omit<InitCommand, "secret"> {
   return { node: process.execPath, bundle: dir, main: AGENT_ENTRY, args: AGENT_ARGS, nodeArgs };
 }
 
-export interface LocalRuntimeOptions {
+export interface LocalRuntimeOptions<P extends SandboxProvider = SandboxProvider> {
   /** The runner's data dir (sandboxes/, host-secret, runner-id). */
   dataDir: string;
   /** Where the default snapshot is built and cached; default `dataDir`. */
@@ -74,13 +73,10 @@ export interface LocalRuntimeOptions {
   images?: Omit<ImageStoreOptions, "dataDir" | "log">;
   /** IPv4 range the /30s of sandboxes with egress come from (SANDBAR_SANDBOX_SUBNET). */
   sandboxSubnet?: string;
-  /** The docker provider instead of the linux one (SANDBAR_PROVIDER=docker): its engine socket and OCI runtime. */
-  docker?: { socketPath?: string; runtime?: string };
+  /** Opens the provider over the runtime's data dir and uid range; default the linux provider (boot.ts picks SANDBAR_PROVIDER's). */
+  provider?: ProviderOpener<P>;
   log?: (line: string) => void;
 }
-
-/** The providers a local runtime drives (both offer updateNetwork). */
-export type LocalProvider = LinuxProvider | DockerProvider;
 
 const UID_SLOT = 65_536;
 const UID_FIRST = 1_700_000_000;
@@ -89,7 +85,7 @@ const UID_SLOTS = 6000; // stays below 2^31
 export const SHARED_VOLUME_GID = UID_FIRST - 1;
 
 /** `P`: the provider's type, for callers (tests, benches) that know which one they opened. */
-export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements SandboxRuntime {
+export class LocalRuntime<P extends SandboxProvider = LinuxProvider> implements SandboxRuntime {
   readonly runnerId: string;
   readonly agentsOnThisHost = true;
   readonly provider: P;
@@ -105,7 +101,7 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
   #images: Promise<ImageStore> | undefined;
   #builds: HostBuilds | undefined;
 
-  private constructor(provider: P, runnerId: string, hostSecret: Buffer, uidBase: number, o: LocalRuntimeOptions) {
+  private constructor(provider: P, runnerId: string, hostSecret: Buffer, uidBase: number, o: LocalRuntimeOptions<P>) {
     this.provider = provider;
     this.uidBase = uidBase;
     this.runnerId = runnerId;
@@ -119,9 +115,9 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
   }
 
   /** Opens the provider (root, bubblewrap and cgroups are checked) and the runner's identity. */
-  static open(o: LocalRuntimeOptions & { docker?: undefined }): Promise<LocalRuntime>;
-  static open(o: LocalRuntimeOptions): Promise<LocalRuntime<LocalProvider>>;
-  static async open(o: LocalRuntimeOptions): Promise<LocalRuntime<LocalProvider>> {
+  static open(o: LocalRuntimeOptions<LinuxProvider> & { provider?: undefined }): Promise<LocalRuntime>;
+  static open<P extends SandboxProvider>(o: LocalRuntimeOptions<P> & { provider: ProviderOpener<P> }): Promise<LocalRuntime<P>>;
+  static async open(o: LocalRuntimeOptions): Promise<LocalRuntime<SandboxProvider>> {
     const dataDir = path.resolve(o.dataDir);
     await mkdir(dataDir, { recursive: true, mode: 0o700 });
     const hostSecret = await loadHostSecret(path.join(dataDir, "host-secret"));
@@ -129,8 +125,8 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
     const slot = createHash("sha256").update(dataDir).digest().readUInt32BE(0) % UID_SLOTS;
     const uidBase = o.uidBase ?? UID_FIRST + slot * UID_SLOT;
     const common = { dataDir, uidBase, uidCount: o.uidCount ?? UID_SLOT, log: o.log, network: { subnet: o.sandboxSubnet }, ...(o.volumeGid !== undefined ? { volumeGid: o.volumeGid } : {}) };
-    const provider = o.docker ? await DockerProvider.open({ ...common, ...o.docker }) : await LinuxProvider.open(common);
-    const runtime = new LocalRuntime<LocalProvider>(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
+    const provider = await (o.provider ?? LinuxProvider.open)(common);
+    const runtime = new LocalRuntime(provider, runnerId, hostSecret, uidBase, { ...o, dataDir });
     // Built (once per host, a minute or two) while the server starts serving, not on the first create.
     runtime.#snapshot().catch((err: unknown) => runtime.#log(`default snapshot: ${(err as Error).message}`));
     return runtime;
@@ -226,16 +222,8 @@ export class LocalRuntime<P extends LocalProvider = LinuxProvider> implements Sa
     return this.provider.destroy(id);
   }
 
-  async removeLeftovers(unclaimed: string[]): Promise<string[]> {
-    if (this.provider instanceof LinuxProvider) return this.provider.removeLeftovers(unclaimed);
-    const removed: string[] = [];
-    for (const id of unclaimed) {
-      await this.provider.destroy(id).then(
-        () => removed.push(id),
-        (err: unknown) => this.#log(`leftovers: removing sandbox ${id} failed: ${err instanceof Error ? err.message : String(err)}`),
-      );
-    }
-    return removed;
+  removeLeftovers(unclaimed: string[]): Promise<string[]> {
+    return this.provider.removeLeftovers(unclaimed);
   }
 
   setEnv(id: string, env: Record<string, string>): Promise<void> {

@@ -23,7 +23,7 @@ describe("persistence", () => {
   });
 
   it("generates the admin key at first start, writes it 0600 (logging where, not what), and keeps it", async () => {
-    const { startControlServer } = await import("../server/control-server.ts");
+    const { startControlServer } = await import("./control-server.ts");
     const { loadSettings } = await import("../settings.ts");
     const { mkdtemp, rm } = await import("node:fs/promises");
     const { tmpdir } = await import("node:os");

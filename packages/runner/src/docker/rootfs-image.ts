@@ -3,7 +3,7 @@ import { createHash } from "node:crypto";
 import { realpath, stat } from "node:fs/promises";
 import type Docker from "dockerode";
 import { errors } from "@sandbar/protocol";
-import { KeyedLock } from "../linux/keyed-lock.ts";
+import { KeyedLock } from "../host/keyed-lock.ts";
 
 // A snapshot is a root filesystem directory (the default snapshot, or an OCI image unpacked by the
 // image store); the engine needs an image. Each directory is imported once (`docker import` of a

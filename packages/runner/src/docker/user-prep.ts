@@ -2,7 +2,7 @@ import { chown, lstat, open, readFile, rename, rm, writeFile } from "node:fs/pro
 import { constants } from "node:fs";
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
-import { safeMkdirp } from "../linux/rootprep.ts";
+import { safeMkdirp } from "../host/rootprep.ts";
 
 // The sandbox user, written into a stopped container's writable layer (overlayfs's upper
 // directory, on the host) before each start: its passwd and group lines name the host uid the

@@ -5,7 +5,7 @@ import os from "node:os";
 import path from "node:path";
 import { Code, ConnectError } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { run } from "../linux/command.ts";
+import { run } from "../host/command.ts";
 import { ImageStore, lowers, type RegistryCredentials } from "./index.ts";
 import { addImage, addIndex, initLayout, layerFromFiles, layerFromTar, rawTar, seedImages, startRegistry, type SeededImages, type TestRegistry } from "./testing/registry.ts";
 

@@ -3,7 +3,7 @@ import { mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/p
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { acquireDirLock } from "../linux/dir-lock.ts";
-import { KeyedLock } from "../linux/keyed-lock.ts";
+import { KeyedLock } from "../host/keyed-lock.ts";
 import { parseDescriptor, readImageConfig, type ImageConfig } from "./config.ts";
 import { flatten } from "./flatten.ts";
 import { DOCKER_HUB, isLoopbackRegistry, parseImageRef, type ImageRef } from "./ref.ts";

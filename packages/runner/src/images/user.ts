@@ -1,5 +1,5 @@
 import { errors } from "@sandbar/protocol";
-import { readPasswd } from "../linux/rootprep.ts";
+import { readPasswd } from "../host/rootprep.ts";
 import type { Image } from "./store.ts";
 
 // The image's USER as the sandbox's user name: "name" and "name:group" are the name; "uid" and

@@ -1,6 +1,7 @@
 import { mkdir, readFile, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
-import { isErrno, sleep } from "./cgroups/types.ts";
+import { isErrno } from "../host/files.ts";
+import { sleep } from "./cgroups/types.ts";
 
 // A lock between processes: a directory made with mkdir (atomic) holding the owner's pid. A lock
 // whose owner is dead is broken, so a crashed build never blocks the next one.

@@ -1,7 +1,8 @@
 import { mkdir, mkdtemp, readdir, readFile, rm, symlink } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
-import { mountDiskImage, unmount } from "./mounts.ts";
+import { unmount } from "../host/mounts.ts";
+import { mountDiskImage } from "./mounts.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Fixture } from "./testing/harness.ts";
 import { fixture, sh, uniqueId } from "./testing/harness.ts";

@@ -3,7 +3,8 @@ import os from "node:os";
 import path from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { DiskImagePool } from "./disk-pool.ts";
-import { mountDiskImage, unmount } from "./mounts.ts";
+import { unmount } from "../host/mounts.ts";
+import { mountDiskImage } from "./mounts.ts";
 
 // The pool of formatted disk images, with real mkfs.ext4 on sparse files in a scratch dir.
 

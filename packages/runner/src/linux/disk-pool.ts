@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
 import { mkdir, readdir, rename, rm, stat } from "node:fs/promises";
 import path from "node:path";
-import { isErrno } from "./cgroups/types.ts";
+import { isErrno } from "../host/files.ts";
 import { makeDiskImage } from "./mounts.ts";
 
 // Disk images formatted ahead of need. mkfs.ext4 of a sandbox's image is 10-30 ms of a cold

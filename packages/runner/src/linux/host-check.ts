@@ -1,7 +1,7 @@
 import { execFile } from "node:child_process";
 import { access, readFile } from "node:fs/promises";
 import { promisify } from "node:util";
-import { which } from "./command.ts";
+import { which } from "../host/command.ts";
 
 // What this host offers sandboxes, and what is missing with the command that fixes it:
 // `sandbar doctor` prints it, the server logs it at start.

@@ -2,7 +2,7 @@ import { chmod, mkdtemp, readFile, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { which } from "./command.ts";
+import { which } from "../host/command.ts";
 import { AGENT_OOM_SCORE_ADJ, launch, type LaunchOptions } from "./launcher.ts";
 
 // launch() with the real sh -> setpriv -> bwrap chain (as root), a shell as the sandbox's first

@@ -1,13 +1,12 @@
 import { spawn } from "node:child_process";
-import { closeSync, constants as fsConstants, openSync, watch, writeFileSync } from "node:fs";
-import type { FileHandle } from "node:fs/promises";
-import { open, stat } from "node:fs/promises";
-import net from "node:net";
+import { closeSync, openSync, watch, writeFileSync } from "node:fs";
+import { open } from "node:fs/promises";
 import path from "node:path";
 import type { Writable } from "node:stream";
 import { encodeArgs } from "./bwrap.ts";
 import { sleep } from "./cgroups/types.ts";
-import { spawner } from "./spawner.ts";
+import { accepts, readRestarts } from "../host/agent-socket.ts";
+import { spawner } from "../host/spawner.ts";
 
 // Starts a sandbox's first process:  sh (joins the cgroups) -> setpriv (drops to the sandbox's
 // host uid, no new privileges) -> bwrap (namespaces) -> the agent.
@@ -151,31 +150,6 @@ export async function waitForSocket(socket: string, child: LaunchedProcess, time
   }
 }
 
-/** Whether `socket` accepts a connection now (a connect that hangs past `timeoutMs` is "refused"). */
-export async function accepts(socket: string, timeoutMs = 5000): Promise<"absent" | "refused" | "accepting"> {
-  try {
-    if (!(await stat(socket)).isSocket()) return "absent";
-  } catch {
-    return "absent";
-  }
-  return new Promise((resolve) => {
-    const s = net.connect(socket);
-    const timer = setTimeout(() => {
-      s.destroy();
-      resolve("refused");
-    }, timeoutMs);
-    s.once("connect", () => {
-      clearTimeout(timer);
-      s.destroy();
-      resolve("accepting");
-    });
-    s.once("error", () => {
-      clearTimeout(timer);
-      resolve("refused");
-    });
-  });
-}
-
 /**
  * oom_score_adj of the agent leaf's processes (the outer bwrap, the init, the agent): the kernel
  * never picks them. Only the host can set it (lowering needs CAP_SYS_RESOURCE, which some hosts'
@@ -198,36 +172,6 @@ function setOomScoreAdj(pid: number, score: number): boolean {
     if (code !== "ENOENT" && code !== "ESRCH") throw err;
   }
   return true;
-}
-
-export interface AgentRestarts {
-  count: number;
-  /** When the last restart was counted. */
-  at?: Date;
-  /** The exit status of the agent that was restarted last (> 128: killed by signal - 128). */
-  lastStatus?: number;
-}
-
-/**
- * The supervising init's count of agent restarts ("<count> <last status>"). The sandbox uid owns
- * the directory: only a small regular file is read, never through a link (nor a FIFO's block).
- */
-export async function readRestarts(file: string): Promise<AgentRestarts> {
-  let fh: FileHandle | undefined;
-  try {
-    fh = await open(file, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW | fsConstants.O_NONBLOCK);
-    const st = await fh.stat();
-    if (!st.isFile()) return { count: 0 };
-    const buf = Buffer.alloc(64);
-    const { bytesRead } = await fh.read(buf, 0, buf.length, 0);
-    const [count, status] = buf.subarray(0, bytesRead).toString().trim().split(/\s+/).map(Number);
-    if (!Number.isSafeInteger(count) || count <= 0) return { count: 0 };
-    return Number.isSafeInteger(status) ? { count, at: st.mtime, lastStatus: status } : { count, at: st.mtime };
-  } catch {
-    return { count: 0 };
-  } finally {
-    await fh?.close();
-  }
 }
 
 /** The end of the first process's output, for error messages (reads only the last `bytes`). */

@@ -2,11 +2,11 @@ import { readdir, readFile } from "node:fs/promises";
 import path from "node:path";
 import { isSandboxId } from "../spec.ts";
 import type { CgroupBackend } from "./cgroups/types.ts";
-import { run } from "./command.ts";
-import type { Layout } from "./layout.ts";
-import { mountPoints } from "./mounts.ts";
-import type { NetworkPart, SandboxNetworks } from "./network.ts";
-import { listRecordIds, readRecord } from "./record.ts";
+import { run } from "../host/command.ts";
+import type { Layout } from "../host/layout.ts";
+import { mountPoints } from "../host/mounts.ts";
+import type { NetworkPart, SandboxNetworks } from "../host/network.ts";
+import { listRecordIds, readRecord } from "../host/record.ts";
 
 // What a runner that did not finish its work leaves on the host (a kill -9, a shutdown cut short,
 // a data dir deleted under running sandboxes), found again by the next runner on the data dir

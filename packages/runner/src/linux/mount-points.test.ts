@@ -2,7 +2,7 @@ import { lstat, mkdir, mkdtemp, rm, symlink } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { ensureMountPoint } from "./rootprep.ts";
+import { ensureMountPoint } from "../host/rootprep.ts";
 
 // The provider makes a start's mount points at once; siblings then race to make shared parents.
 // Each must still end as the right kind, owned as asked, and a planted symlink still refused.

@@ -4,8 +4,8 @@ import { chmod, copyFile, lstat, mkdir, readdir, readFile, readlink, rename, rm,
 import path from "node:path";
 import { createInterface } from "node:readline";
 import type { BindMount } from "../provider.ts";
-import { isErrno } from "./cgroups/types.ts";
-import { run, which } from "./command.ts";
+import { isErrno } from "../host/files.ts";
+import { run, which } from "../host/command.ts";
 import { acquireDirLock } from "./dir-lock.ts";
 
 // The default snapshot: Debian bookworm minbase from Debian's archive (debootstrap), with git,

@@ -2,7 +2,7 @@ import { mkdir, mkdtemp, rm, symlink, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { sandboxUser } from "./rootprep.ts";
+import { sandboxUser } from "../host/rootprep.ts";
 
 // Who a sandbox's user is inside, from a root's /etc/passwd (an image's USER keeps its uid).
 

@@ -4,7 +4,7 @@ import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promis
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { which } from "../../linux/command.ts";
+import { which } from "../../host/command.ts";
 
 // A Docker engine for tests and benches, started here (never the host's): Debian's dockerd with
 // its own data root, exec root, socket and managed containerd under one directory, no bridge, no

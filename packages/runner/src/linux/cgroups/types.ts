@@ -1,6 +1,5 @@
-import { readFileSync } from "node:fs";
-import { readdir, readFile } from "node:fs/promises";
-import path from "node:path";
+import type { SandboxUsage } from "../../provider.ts";
+import { isErrno } from "../../host/files.ts";
 
 // One interface over cgroup v1 and v2: the provider creates one group per sandbox, the launcher
 // writes its own pid into `procsFiles` before exec'ing the sandbox, and OOM / pids / throttling
@@ -28,22 +27,6 @@ export interface UserLimits {
 /** Names of a sandbox group's two leaves. */
 export const AGENT_LEAF = "agent";
 export const USER_LEAF = "user";
-
-export interface CgroupStats {
-  memoryBytes: number;
-  memoryPeakBytes?: number;
-  memoryLimitBytes: number;
-  oomKills: number;
-  pids: number;
-  pidsLimit: number;
-  pidsLimitHits: number;
-  /** The user leaf is at its own pids limit now: user forks are refused (see SandboxUsage). */
-  pidsSaturated?: boolean;
-  cpuUsageUsec?: number;
-  cpuPeriods: number;
-  cpuThrottledPeriods: number;
-  cpuThrottledUsec: number;
-}
 
 /**
  * A sandbox group's memory, over both leaves, in bytes: what its /proc/meminfo view is computed
@@ -74,7 +57,8 @@ export interface CgroupBackend {
   exists(name: string): Promise<boolean>;
   /** Pids in the group and its leaves (empty when the group does not exist). */
   pids(name: string): Promise<number[]>;
-  stats(name: string): Promise<CgroupStats | undefined>;
+  /** The group's counters, totals over both leaves (host/cgroup-usage.ts). */
+  stats(name: string): Promise<SandboxUsage | undefined>;
   /**
    * The group's memory limit, usage and memory.stat (undefined when the group does not exist).
    * Synchronous: the files are made by the kernel in microseconds, and the meminfo refresher reads
@@ -95,73 +79,6 @@ export interface CgroupBackend {
   names(): Promise<string[]>;
 }
 
-/** "key value" lines (memory.events, cpu.stat, pids.events, memory.oom_control) as numbers. */
-export function parseKeyed(text: string): Map<string, number> {
-  const out = new Map<string, number>();
-  for (const line of text.split("\n")) {
-    const [k, v] = line.trim().split(/\s+/);
-    if (k && v !== undefined && /^-?\d+$/.test(v)) out.set(k, Number(v));
-  }
-  return out;
-}
-
-export async function readText(file: string): Promise<string | undefined> {
-  try {
-    return await readFile(file, "utf8");
-  } catch (err) {
-    if (isErrno(err, "ENOENT")) return undefined;
-    throw err;
-  }
-}
-
-/** readText, blocking (see CgroupBackend.memory). */
-export function readTextSync(file: string): string | undefined {
-  try {
-    return readFileSync(file, "utf8");
-  } catch (err) {
-    if (isErrno(err, "ENOENT")) return undefined;
-    throw err;
-  }
-}
-
-/** A number from a one-value file; "max" reads as Infinity. */
-export async function readNumber(file: string): Promise<number | undefined> {
-  const t = (await readText(file))?.trim();
-  if (t === undefined || t === "") return undefined;
-  if (t === "max") return Infinity;
-  const n = Number(t);
-  return Number.isFinite(n) ? n : undefined;
-}
-
-/**
- * A counter of a sandbox group over its leaves. Kernels count some events in the group where
- * they happened only (v1 OOM kills, older pids.events) and others up the tree too: the larger
- * of the group's own value and the sum of its leaves' is the total either way.
- */
-export async function treeCounter(dir: string, file: string, key: string): Promise<number> {
-  const read = async (d: string) => parseKeyed((await readText(path.join(d, file))) ?? "").get(key) ?? 0;
-  const [own, agent, user] = await Promise.all([read(dir), read(path.join(dir, AGENT_LEAF)), read(path.join(dir, USER_LEAF))]);
-  return Math.max(own, agent + user);
-}
-
-/** A pids group at its limit (a limit of "max" never is). */
-export function saturated(current: number | undefined, max: number | undefined): boolean {
-  return current !== undefined && max !== undefined && Number.isFinite(max) && current >= max;
-}
-
-export async function readPids(file: string): Promise<number[]> {
-  const t = await readText(file);
-  if (!t) return [];
-  return t
-    .split("\n")
-    .filter((l) => /^\d+$/.test(l))
-    .map(Number);
-}
-
-export function isErrno(err: unknown, code: string): boolean {
-  return typeof err === "object" && err !== null && (err as { code?: unknown }).code === code;
-}
-
 export function signalAll(pids: number[], signal: NodeJS.Signals): void {
   for (const pid of pids) {
     try {
@@ -174,12 +91,3 @@ export function signalAll(pids: number[], signal: NodeJS.Signals): void {
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-/** Names of the directories in `dir` (none when it does not exist). */
-export async function subdirs(dir: string): Promise<string[]> {
-  try {
-    return (await readdir(dir, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name);
-  } catch (err) {
-    if (isErrno(err, "ENOENT")) return [];
-    throw err;
-  }
-}

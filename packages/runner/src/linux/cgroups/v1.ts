@@ -1,7 +1,10 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { CgroupBackend, CgroupLimits, CgroupStats, MemoryStatKey, MemoryUse, UserLimits } from "./types.ts";
-import { AGENT_LEAF, isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
+import type { SandboxUsage } from "../../provider.ts";
+import { readUsage } from "../../host/cgroup-usage.ts";
+import { isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, subdirs } from "../../host/files.ts";
+import type { CgroupBackend, CgroupLimits, MemoryStatKey, MemoryUse, UserLimits } from "./types.ts";
+import { AGENT_LEAF, signalAll, sleep, USER_LEAF } from "./types.ts";
 
 // cgroup v1: one hierarchy per controller (memory, pids, cpu required; cpuacct and freezer used
 // when mounted). A sandbox gets `<hierarchy>/<our own cgroup>/<group>/<name>` in each of them.
@@ -85,41 +88,10 @@ export class CgroupV1 implements CgroupBackend {
     return readPids(path.join(this.#dir("pids", name)!, AGENT_LEAF, "cgroup.procs"));
   }
 
-  async stats(name: string): Promise<CgroupStats | undefined> {
+  async stats(name: string): Promise<SandboxUsage | undefined> {
     if (!(await this.exists(name))) return undefined;
-    const mem = this.#dir("memory", name)!;
-    const pids = this.#dir("pids", name)!;
-    const cpu = this.#dir("cpu", name)!;
-    const acct = this.#dir("cpuacct", name);
-    // Independent reads, at once (a start answers with them).
-    const [oomKills, pidsLimitHits, cpuText, usageNs, memoryBytes, memoryPeakBytes, memoryLimitBytes, pidsNow, pidsLimit, userPids, userPidsLimit] = await Promise.all([
-      treeCounter(mem, "memory.oom_control", "oom_kill"),
-      treeCounter(pids, "pids.events", "max"),
-      readText(path.join(cpu, "cpu.stat")),
-      acct ? readNumber(path.join(acct, "cpuacct.usage")) : undefined,
-      readNumber(path.join(mem, "memory.usage_in_bytes")),
-      readNumber(path.join(mem, "memory.max_usage_in_bytes")),
-      readNumber(path.join(mem, "memory.limit_in_bytes")),
-      readNumber(path.join(pids, "pids.current")),
-      readNumber(path.join(pids, "pids.max")),
-      readNumber(path.join(pids, USER_LEAF, "pids.current")),
-      readNumber(path.join(pids, USER_LEAF, "pids.max")),
-    ]);
-    const cpuStat = parseKeyed(cpuText ?? "");
-    return {
-      memoryBytes: memoryBytes ?? 0,
-      memoryPeakBytes,
-      memoryLimitBytes: memoryLimitBytes ?? Infinity,
-      oomKills,
-      pids: pidsNow ?? 0,
-      pidsLimit: pidsLimit ?? Infinity,
-      pidsLimitHits,
-      pidsSaturated: saturated(userPids, userPidsLimit),
-      cpuUsageUsec: usageNs === undefined ? undefined : Math.round(usageNs / 1000),
-      cpuPeriods: cpuStat.get("nr_periods") ?? 0,
-      cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,
-      cpuThrottledUsec: Math.round((cpuStat.get("throttled_time") ?? 0) / 1000),
-    };
+    const dirs = { version: "v1" as const, memory: this.#dir("memory", name)!, pids: this.#dir("pids", name)!, cpu: this.#dir("cpu", name)!, cpuacct: this.#dir("cpuacct", name) };
+    return readUsage(dirs, { leaves: [AGENT_LEAF, USER_LEAF], userLeaf: USER_LEAF });
   }
 
   memory(name: string): MemoryUse | undefined {

@@ -1,7 +1,10 @@
 import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
-import type { CgroupBackend, CgroupLimits, CgroupStats, MemoryUse, UserLimits } from "./types.ts";
-import { AGENT_LEAF, MEMORY_STAT_KEYS, isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, saturated, signalAll, sleep, subdirs, treeCounter, USER_LEAF } from "./types.ts";
+import type { SandboxUsage } from "../../provider.ts";
+import { readUsage } from "../../host/cgroup-usage.ts";
+import { isErrno, parseKeyed, readPids, readText, readTextSync, subdirs } from "../../host/files.ts";
+import type { CgroupBackend, CgroupLimits, MemoryUse, UserLimits } from "./types.ts";
+import { AGENT_LEAF, MEMORY_STAT_KEYS, signalAll, sleep, USER_LEAF } from "./types.ts";
 import { rmdirRetry } from "./v1.ts";
 
 // cgroup v2 (unified): one tree; `<our own cgroup>/<group>/<name>` per sandbox, with memory, pids
@@ -113,26 +116,9 @@ export class CgroupV2 implements CgroupBackend {
     return readPids(path.join(this.#dir(name), AGENT_LEAF, "cgroup.procs"));
   }
 
-  async stats(name: string): Promise<CgroupStats | undefined> {
+  async stats(name: string): Promise<SandboxUsage | undefined> {
     if (!(await this.exists(name))) return undefined;
-    const d = this.#dir(name);
-    const oomKills = await treeCounter(d, "memory.events", "oom_kill");
-    const pidsLimitHits = await treeCounter(d, "pids.events", "max");
-    const cpuStat = parseKeyed((await readText(path.join(d, "cpu.stat"))) ?? "");
-    return {
-      memoryBytes: (await readNumber(path.join(d, "memory.current"))) ?? 0,
-      memoryPeakBytes: await readNumber(path.join(d, "memory.peak")),
-      memoryLimitBytes: (await readNumber(path.join(d, "memory.max"))) ?? Infinity,
-      oomKills,
-      pids: (await readNumber(path.join(d, "pids.current"))) ?? 0,
-      pidsLimit: (await readNumber(path.join(d, "pids.max"))) ?? Infinity,
-      pidsLimitHits,
-      pidsSaturated: saturated(await readNumber(path.join(d, USER_LEAF, "pids.current")), await readNumber(path.join(d, USER_LEAF, "pids.max"))),
-      cpuUsageUsec: cpuStat.get("usage_usec"),
-      cpuPeriods: cpuStat.get("nr_periods") ?? 0,
-      cpuThrottledPeriods: cpuStat.get("nr_throttled") ?? 0,
-      cpuThrottledUsec: cpuStat.get("throttled_usec") ?? 0,
-    };
+    return readUsage({ version: "v2", dir: this.#dir(name) }, { leaves: [AGENT_LEAF, USER_LEAF], userLeaf: USER_LEAF });
   }
 
   memory(name: string): MemoryUse | undefined {

@@ -1,7 +1,7 @@
 import type { ChildProcess } from "node:child_process";
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { run } from "../command.ts";
+import { run } from "../../host/command.ts";
 
 // "The internet" for egress tests, without traffic leaving the machine: a network namespace the
 // test creates, wired to the host by a veth of its own on test-only addresses (198.18.0.0/15,

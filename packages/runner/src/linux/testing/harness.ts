@@ -9,7 +9,7 @@ import type { SandboxProvider, SandboxSpec } from "../../provider.ts";
 import { SANDBOX_PATHS } from "../../provider.ts";
 import type { LinuxProviderOptions } from "../provider.ts";
 import { LinuxProvider } from "../provider.ts";
-import { mountsUnder } from "../mounts.ts";
+import { mountsUnder } from "../../host/mounts.ts";
 import { sandboxAgent as agentOf, sandboxInit as initOf } from "../sandbox-procs.ts";
 import { buildHostUsrRootfs } from "../rootfs.ts";
 

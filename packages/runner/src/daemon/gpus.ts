@@ -1,10 +1,14 @@
 import { readdirSync, readFileSync } from "node:fs";
 import path from "node:path";
-import { gpuTypes } from "../sandboxes/sandbox-class.ts";
+import { enumValueJson } from "@sandbar/protocol";
+import { GpuTypeSchema } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
 
 // The GPUs a runner offers: SANDBAR_RUNNER_GPU / SANDBAR_RUNNER_GPU_TYPE when set, else the NVIDIA
 // devices of the host (/dev/nvidia0, /dev/nvidia1, ...) and the model the driver names in
 // /proc/driver/nvidia/gpus/*/information, spelled as a GpuType (H100, RTX-PRO-6000, ...).
+
+/** The GpuType spellings of the contract (H100, RTX-PRO-6000, ...). */
+const GPU_TYPES = GpuTypeSchema.values.filter((v) => v.number !== 0).map((v) => enumValueJson(v));
 
 export interface Gpus {
   count: number;
@@ -27,7 +31,7 @@ export function detectGpus(devDir = "/dev", driverDir = "/proc/driver/nvidia/gpu
 export function gpuTypeOf(model: string): string {
   const words = model.toUpperCase().replace(/[\s_]+/g, "-");
   // Longest first: RTX-PRO-6000 before a shorter name it contains.
-  const known = [...gpuTypes.names].sort((a, b) => b.length - a.length);
+  const known = [...GPU_TYPES].sort((a, b) => b.length - a.length);
   return known.find((t) => new RegExp(`(^|-)${t}(-|$)`).test(words)) ?? "";
 }
 
@@ -35,7 +39,7 @@ export function gpuTypeOf(model: string): string {
 export function loadGpus(env: NodeJS.ProcessEnv, detect: () => Gpus = detectGpus): Gpus {
   const raw = env.SANDBAR_RUNNER_GPU;
   const type = env.SANDBAR_RUNNER_GPU_TYPE ?? "";
-  if (type !== "" && !gpuTypes.names.includes(type)) throw new Error(`SANDBAR_RUNNER_GPU_TYPE must be one of ${gpuTypes.names.join(", ")}, got "${type}"`);
+  if (type !== "" && !GPU_TYPES.includes(type)) throw new Error(`SANDBAR_RUNNER_GPU_TYPE must be one of ${GPU_TYPES.join(", ")}, got "${type}"`);
   if (raw === undefined || raw === "") {
     const found = detect();
     return { count: found.count, type: type || found.type };

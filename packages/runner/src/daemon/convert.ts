@@ -13,7 +13,7 @@ import {
   type SandboxStatus,
   SandboxStatusSchema,
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
-import type { RuntimeNetwork, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, RuntimeState } from "../sandboxes/runtime.ts";
+import type { RuntimeNetwork, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, RuntimeState } from "../runtime.ts";
 
 // The runner protocol's messages and the runtime's types, both ways: the runner serves a
 // SandboxRuntime with them, RemoteRuntime reads its answers back. Sizes travel in MiB and

@@ -5,7 +5,7 @@ import type { ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { type RunnerSnapshotService, type SnapshotInfo, SnapshotInfoSchema, type SnapshotProgress, SnapshotProgressSchema } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import type { Image } from "@sandbar/runner/images";
-import type { SandboxRuntime } from "../sandboxes/runtime.ts";
+import type { SandboxRuntime } from "../runtime.ts";
 
 // RunnerSnapshotService over the runner's image store: control asks a runner to hold the image a
 // sandbox boots from before it creates the sandbox there. A snapshot's ref on a runner is the

@@ -1,7 +1,7 @@
 import { appendFile, chown, lstat, mkdir, open, readFile } from "node:fs/promises";
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
-import { isErrno } from "./cgroups/types.ts";
+import { isErrno } from "./files.ts";
 import { settleAll } from "./settle.ts";
 
 // Prepares the mounted overlay root before launch, as host root: mount points for the runner's

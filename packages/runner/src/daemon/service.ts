@@ -16,7 +16,7 @@ import {
   type SandboxStatus,
   SandboxStatusSchema,
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
-import type { SandboxRuntime } from "../sandboxes/runtime.ts";
+import type { SandboxRuntime } from "../runtime.ts";
 import { SandboxQueue } from "./sandbox-queue.ts";
 import { networkFromProto, resourcesFromProto, specFromProto, statusToProto } from "./convert.ts";
 

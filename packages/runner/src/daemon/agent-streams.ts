@@ -1,8 +1,8 @@
 import http2 from "node:http2";
 import { Socket } from "node:net";
 import type { Duplex } from "node:stream";
-import { Code, ConnectError } from "@sandbar/protocol";
-import type { SandboxRuntime } from "../sandboxes/runtime.ts";
+import { ConnectError, httpStatusOf } from "@sandbar/protocol";
+import type { SandboxRuntime } from "../runtime.ts";
 
 // Agent traffic between control and a runner: one full-duplex HTTP/2 stream per agent
 // connection on the runner's port (POST, the runner credential, `x-sandbar-sandbox-id`), whose
@@ -15,13 +15,6 @@ export const AGENT_TUNNEL_PATH = "/_sandbar/agent/tunnel";
 export const SANDBOX_ID_HEADER = "x-sandbar-sandbox-id";
 /** Why a stream was refused (the status alone does not say). */
 export const ERROR_HEADER = "x-sandbar-error";
-
-const STATUS: Partial<Record<Code, number>> = {
-  [Code.NotFound]: 404,
-  [Code.FailedPrecondition]: 412,
-  [Code.Unavailable]: 503,
-  [Code.InvalidArgument]: 400,
-};
 
 /** Serves one agent stream (the caller checked the credential); the path says which socket. */
 export async function serveAgentStream(runtime: SandboxRuntime, req: http2.Http2ServerRequest, res: http2.Http2ServerResponse): Promise<void> {
@@ -38,7 +31,8 @@ export async function serveAgentStream(runtime: SandboxRuntime, req: http2.Http2
     upstream = req.url === AGENT_API_PATH ? dial.api() : dial.tunnel();
   } catch (err) {
     const e = err instanceof ConnectError ? err : undefined;
-    return refuse(e ? (STATUS[e.code] ?? 500) : 500, e?.rawMessage ?? "the runner could not reach the agent");
+    // The status is the one code table's (control's client reads only "not 200" and the reason header).
+    return refuse(e ? httpStatusOf(e.code) : 500, e?.rawMessage ?? "the runner could not reach the agent");
   }
   const connected = () => {
     if (res.headersSent) return;

@@ -4,9 +4,9 @@ import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { CommandError, run, which } from "./command.ts";
-import { launch } from "./launcher.ts";
+import { launch } from "../linux/launcher.ts";
 import { readySpawner, spawner } from "./spawner.ts";
-import { fixture, leftovers, sh, uniqueId } from "./testing/harness.ts";
+import { fixture, leftovers, sh, uniqueId } from "../linux/testing/harness.ts";
 
 // The runner's spawner process (spawner.ts): commands and launches started by it answer as they
 // do when started here (output, stdin, exit codes, failures to start, exits of what was launched),

@@ -3,7 +3,7 @@ import http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { RunnerService, RunnerSnapshotService } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
-import type { SandboxRuntime } from "../sandboxes/runtime.ts";
+import type { SandboxRuntime } from "../runtime.ts";
 import { AGENT_API_PATH, AGENT_TUNNEL_PATH, ERROR_HEADER, serveAgentStream } from "./agent-streams.ts";
 import { runnerServiceImpl } from "./service.ts";
 import { runnerSnapshotServiceImpl } from "./snapshot-service.ts";

@@ -5,11 +5,11 @@ import type { AddressInfo } from "node:net";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { run } from "./command.ts";
-import { LinuxProvider } from "./provider.ts";
+import { LinuxProvider } from "../linux/provider.ts";
 import type { NetworkLease } from "./network.ts";
-import { type FakeInternet, fakeInternet } from "./testing/fake-internet.ts";
-import type { Fixture } from "./testing/harness.ts";
-import { fixture, leftovers, sh, uniqueId } from "./testing/harness.ts";
+import { type FakeInternet, fakeInternet } from "../linux/testing/fake-internet.ts";
+import type { Fixture } from "../linux/testing/harness.ts";
+import { fixture, leftovers, sh, uniqueId } from "../linux/testing/harness.ts";
 import { disposeFixture } from "../testing/dispose.ts";
 
 // Egress policy with real namespaces, veth pairs and nftables. No traffic leaves the machine:

@@ -1,6 +1,6 @@
 import { readdir, readFile, rename, writeFile } from "node:fs/promises";
 import type { SandboxSpec } from "../provider.ts";
-import { isErrno } from "./cgroups/types.ts";
+import { isErrno } from "./files.ts";
 import type { Layout } from "./layout.ts";
 
 // The sandbox's record on disk: what it was created with and what it should be doing. Together

@@ -1,0 +1,57 @@
+import { mkdir } from "node:fs/promises";
+import path from "node:path";
+import type { Readable } from "node:stream";
+import { errors } from "@sandbar/protocol";
+import { packLayer, restoreLayer } from "../host/layer.ts";
+import { isMountpoint, unmount } from "../host/mounts.ts";
+import type { SandboxRecord } from "../host/record.ts";
+import type { SandboxHost } from "../host/sandbox-host.ts";
+import { mountDiskImage } from "./mounts.ts";
+
+// A linux sandbox's writable layer as a tar stream and back (host/layer.ts's format): the upper
+// directory, on its disk image when it has a cap (mounted for the while when not running).
+
+/** The layer as a tar stream; the sandbox's lock (and a temporary mount) are held until tar is done. */
+export async function packSandbox(host: SandboxHost, id: string): Promise<Readable> {
+  const release = await host.lock.acquire(id);
+  let mountedHere = false;
+  const L = host.layout;
+  try {
+    const rec = await host.record(id);
+    const hasDisk = rec.spec.diskGiB !== undefined;
+    if (hasDisk && !(await isMountpoint(L.diskMount(id)))) {
+      await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+      await mountDiskImage(L.diskImage(id), L.diskMount(id), true);
+      mountedHere = true;
+    }
+    // The lock (and a temporary mount) are held until tar is done with the layer.
+    const cleanup = async () => {
+      if (mountedHere) await unmount(L.diskMount(id)).catch((e: unknown) => host.log(`sandbox ${id}: unmount after pack: ${String(e)}`));
+      release();
+    };
+    const handle = await packLayer(L.upper(id, hasDisk), rec.hostUid, path.join(L.sandboxDir(id), "owner-map"), cleanup);
+    return handle.stream;
+  } catch (err) {
+    if (mountedHere) await unmount(L.diskMount(id)).catch(() => undefined);
+    release();
+    throw err;
+  }
+}
+
+/** Replaces the layer of a sandbox that is not running (call under its lock, after its teardown). */
+export async function restoreSandbox(host: SandboxHost, rec: SandboxRecord, archive: Readable): Promise<void> {
+  const id = rec.spec.id;
+  const L = host.layout;
+  const hasDisk = rec.spec.diskGiB !== undefined;
+  if (hasDisk) {
+    await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+    await mountDiskImage(L.diskImage(id), L.diskMount(id));
+  }
+  try {
+    await restoreLayer(L.upper(id, hasDisk), L.work(id, hasDisk), archive, rec.hostUid);
+  } catch (err) {
+    throw errors.failedPrecondition(`sandbox ${id}: ${(err as Error).message}`);
+  } finally {
+    if (hasDisk) await unmount(L.diskMount(id));
+  }
+}
