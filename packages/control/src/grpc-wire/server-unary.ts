@@ -18,7 +18,7 @@ export function isPlainUnary(req: Http2ServerRequest): boolean {
 }
 
 /** The request's one message, read up to readMaxBytes (the size is known from the first envelope's prefix). */
-export async function readUnaryRequest<M extends DescMethodUnary>(method: M, req: Http2ServerRequest, readMaxBytes: number, closed: ConnectError): Promise<unknown> {
+export async function readUnaryRequest(method: DescMethodUnary, req: Http2ServerRequest, readMaxBytes: number, closed: ConnectError): Promise<Message> {
   return fromEnvelope(method, await readEnvelopes(req, readMaxBytes, closed));
 }
 
@@ -76,7 +76,7 @@ function readEnvelopes(req: Http2ServerRequest, readMaxBytes: number, closed: Co
 }
 
 /** The one message of a unary request, as Connect's pipeline reports a body that is not exactly one. */
-function fromEnvelope(method: DescMethodUnary, data: Buffer): unknown {
+function fromEnvelope(method: DescMethodUnary, data: Buffer): Message {
   if (data.length === 0) throw new ConnectError("protocol error: missing input message for unary method", Code.Unimplemented);
   if (data.length < 5) throw new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument);
   if (data[0] & 0b1) throw new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal);
