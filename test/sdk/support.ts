@@ -87,15 +87,6 @@ export async function followLogsOverGrpc(s: RealServer, sandboxId: string, sessi
   }
 }
 
-/**
- * A case that a known server defect breaks: listed as a todo with the reason, its body kept
- * ready. SANDBAR_SDK_TODO=1 runs these bodies as ordinary tests (to check a fix).
- */
-export function todo(reason: string, name: string, body: () => Promise<void>): void {
-  if (process.env.SANDBAR_SDK_TODO === "1") it(name, body, 120_000);
-  else it.todo(`${name} — ${reason}`);
-}
-
 /** CommonJS packages (the SDKs) from this ES module. */
 export const load = <T>(specifier: string): T => createRequire(import.meta.url)(specifier) as T;
 

@@ -9,7 +9,7 @@ import { httpBindingsOf } from "@sandbar/protocol";
 import { paramsOf } from "./ids.ts";
 import type { World } from "./world.ts";
 
-export interface BodyCase {
+interface BodyCase {
   verb: string;
   path: string;
   body: unknown;

@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { mkdir, readFile, writeFile } from "node:fs/promises";
+import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import type { EntityManager, MikroORM } from "@mikro-orm/postgresql";
 import { generateApiKey, hashApiKey, keyEnds } from "./auth/key-material.ts";
@@ -103,7 +103,3 @@ function keyColumns(value: string) {
   return { keyHash: hashApiKey(value), keyPrefix: prefix, keySuffix: suffix };
 }
 
-/** The admin key written at first start, for tools running beside the server. */
-export async function readAdminKey(dataDir: string): Promise<string> {
-  return (await readFile(join(dataDir, "admin-api-key"), "utf8")).trim();
-}

@@ -2,7 +2,6 @@ export type {
   BindMount,
   InitCommand,
   NetworkMode,
-  ProviderOpener,
   SandboxInfo,
   SandboxProvider,
   SandboxSpec,
@@ -13,4 +12,4 @@ export type {
 } from "./provider.ts";
 export { SANDBOX_PATHS } from "./provider.ts";
 export { validateSpec } from "./spec.ts";
-export type { HostOptions } from "./host/sandbox-host.ts";
+export type { HostOptions, ProviderOpener } from "./host/sandbox-host.ts";

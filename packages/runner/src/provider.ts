@@ -1,5 +1,4 @@
 import type { Readable } from "node:stream";
-import type { HostOptions } from "./host/sandbox-host.ts";
 
 // The contract between the control plane and a sandbox provider (linux: bubblewrap and cgroups;
 // docker: containers of an engine). Control holds a provider only through this interface, so a
@@ -132,7 +131,7 @@ export interface SandboxInfo {
   agent?: AgentHealth;
 }
 
-export interface AgentHealth {
+interface AgentHealth {
   /** Whether an agent process runs now (false while its supervisor waits to restart it). */
   running: boolean;
   /** Restarts by the supervisor since the sandbox started. */
@@ -201,9 +200,6 @@ export interface SandboxProvider {
   /** Releases host resources the provider holds beyond its sandboxes (sandboxes keep running). */
   close(): Promise<void>;
 }
-
-/** Opens a provider over a runner's data dir: what a runtime is given to choose its provider. */
-export type ProviderOpener<P extends SandboxProvider = SandboxProvider> = (host: HostOptions) => Promise<P>;
 
 /** Where the provider puts things inside every sandbox. */
 export const SANDBOX_PATHS = {

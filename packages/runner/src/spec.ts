@@ -12,7 +12,7 @@ const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const MiB = 2 ** 20;
 const GiB = 2 ** 30;
 
-export const DEFAULT_USER = "sandbar";
+const DEFAULT_USER = "sandbar";
 
 /** Whether `id` is a sandbox id validateId accepts (names found on the host are filtered so). */
 export function isSandboxId(id: string): boolean {

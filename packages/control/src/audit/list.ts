@@ -34,7 +34,7 @@ interface Cursor {
 }
 
 /** base64url of JSON [createdAt, id]: opaque to clients. */
-export function encodeCursor(c: Cursor): string {
+function encodeCursor(c: Cursor): string {
   return Buffer.from(JSON.stringify([c.createdAt.toISOString(), c.id])).toString("base64url");
 }
 

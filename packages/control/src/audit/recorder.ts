@@ -8,7 +8,7 @@ import { statusOverride } from "../gateway/http-io.ts";
 import { requestMetadata, storable } from "./request-metadata.ts";
 
 /** How a call ended: its result, or the error it answers. */
-export interface CallOutcome {
+interface CallOutcome {
   result?: unknown;
   error?: ConnectError;
 }

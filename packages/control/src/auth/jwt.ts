@@ -5,7 +5,7 @@ import { errors } from "@sandbar/protocol";
  * Asymmetric algorithms only: `none` and the HMAC family (whose "key" would be the public key
  * anyone can fetch) are never accepted.
  */
-export const JWT_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"];
+const JWT_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"];
 const CLOCK_TOLERANCE_S = 30;
 /** A failed discovery is retried no more often than this. */
 const DISCOVERY_RETRY_MS = 5_000;

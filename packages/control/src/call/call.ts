@@ -44,7 +44,7 @@ export function newCall(req: CallSource, sandboxId?: string): Call {
 }
 
 /** Node's request headers as fetch Headers (repeated ones joined, as Connect does). */
-export function headersOf(headers: IncomingHttpHeaders): Headers {
+function headersOf(headers: IncomingHttpHeaders): Headers {
   const h = new Headers();
   for (const [k, v] of Object.entries(headers)) {
     if (v === undefined || k.startsWith(":")) continue;

@@ -4,7 +4,7 @@ import type { IncomingHttpHeaders } from "node:http";
 // WebSocket upgrades a subprotocol entry "X-Daytona-SDK-Version~<version>"), and answers are
 // shaped by it. Read once per request.
 
-export const SDK_VERSION_HEADER = "x-daytona-sdk-version";
+const SDK_VERSION_HEADER = "x-daytona-sdk-version";
 export const SDK_VERSION_PROTOCOL = "X-Daytona-SDK-Version~";
 
 export type Version = [number, number, number];

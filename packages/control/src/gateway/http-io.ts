@@ -16,7 +16,7 @@ export function httpError(status: number, message: string, code: Code = Code.Inv
 }
 
 /** 413 over REST (RESOURCE_EXHAUSTED over RPC, as Connect itself answers a message over its limit). */
-export function payloadTooLarge(limit: number): ConnectError {
+function payloadTooLarge(limit: number): ConnectError {
   return new ConnectError(`Request body is larger than the limit of ${limit} bytes`, Code.ResourceExhausted, { [HTTP_STATUS_META]: "413" });
 }
 
@@ -106,7 +106,7 @@ export function requestSignal(res: ServerResponse): AbortSignal {
  * True once what is written can no longer reach the client. HTTP/2's compatibility response has no
  * `destroyed`; its stream does.
  */
-export function responseGone(res: ServerResponse): boolean {
+function responseGone(res: ServerResponse): boolean {
   const stream = (res as { stream?: { destroyed: boolean } }).stream;
   return stream ? stream.destroyed : res.destroyed;
 }

@@ -9,7 +9,7 @@ import type { Call } from "../call/call.ts";
 // like any other route's.
 
 /** One HTTP request as a hand-written route serves it. */
-export interface RestCall {
+interface RestCall {
   req: IncomingMessage;
   res: ServerResponse;
   params: Record<string, string>;
@@ -51,5 +51,5 @@ export interface UpgradeCall {
 }
 
 export { clientBefore, clientVersion, SDK_VERSION_PROTOCOL } from "./client-version.ts";
-export { readJsonBody, requestSignal, sendJson, write } from "./http-io.ts";
+export { readJsonBody, sendJson, write } from "./http-io.ts";
 export { DecodeErrors, messageFromJson } from "./json.ts";

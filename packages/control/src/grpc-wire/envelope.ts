@@ -5,7 +5,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
  * the message.
  */
 
-export const ENVELOPE_HEAD = 5;
+const ENVELOPE_HEAD = 5;
 
 /** One uncompressed message in its envelope. */
 export function envelope(message: Uint8Array): Buffer {

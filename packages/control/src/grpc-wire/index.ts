@@ -22,7 +22,7 @@
  * client-unary.test.ts compare whole calls with Connect's), so a Connect upgrade that changes
  * them fails there.
  */
-export { agentUnary, type UnaryOptions } from "./client-unary.ts";
+export { agentUnary } from "./client-unary.ts";
 export { encodeAnswer, isPlainUnary, readUnaryRequest, timeoutHeader, writeAnswer } from "./server-unary.ts";
 export { asConnectError, parseTimeout, setTrailerStatus } from "./status.ts";
 export { createAgentTransport } from "./upload-transport.ts";

@@ -110,7 +110,7 @@ export function validateTrailer(trailer: Headers, header: Headers): void {
 }
 
 /** A gRPC code for an HTTP status other than 200 (grpc/doc/http-grpc-status-mapping.md). */
-export function codeFromHttpStatus(status: number): Code {
+function codeFromHttpStatus(status: number): Code {
   switch (status) {
     case 400: return Code.Internal;
     case 401: return Code.Unauthenticated;

@@ -1,4 +1,3 @@
-import { createContextKey } from "@connectrpc/connect";
 import type { Counter } from "./settings.ts";
 
 /** Where a call stands against its counter, for its response's headers. */
@@ -9,12 +8,6 @@ export interface Figures {
   /** Seconds until the window ends. */
   reset: number;
 }
-
-/**
- * A call's figures, on its context: the REST gateway writes them onto the response itself
- * (cheaper than going through a fetch Headers on every call); RPC calls get them as headers.
- */
-export const rateFiguresKey = createContextKey<Figures | undefined>(undefined);
 
 /** The spec's X-RateLimit-Limit/-Remaining/-Reset and the reference's per-counter spellings. */
 export function writeFigures(f: Figures, set: (name: string, value: string) => void): void {

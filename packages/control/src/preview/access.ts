@@ -10,7 +10,7 @@ export const PREVIEW_TOKEN_HEADERS = ["x-sandbar-preview-token", "x-daytona-prev
 /** The query parameter a token link carries (browsers cannot send a header). */
 export const PREVIEW_TOKEN_QUERY = "DAYTONA_SANDBOX_AUTH_KEY";
 /** The agent's port in the reference: always needs a credential, public sandbox or not. */
-export const TOOLBOX_PORT = 2280;
+const TOOLBOX_PORT = 2280;
 
 /** How a request was let through, and what it leaves for the response. */
 export interface Grant {

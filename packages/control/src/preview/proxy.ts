@@ -79,7 +79,7 @@ export function withoutTokenParameter(path: string): string {
 }
 
 /** Why a port could not be reached, as the client's error: 502 with the agent's reason, 503 for a sandbox whose agent is gone. */
-export function unreachable(err: unknown, e: PortEndpoint): ConnectError {
+function unreachable(err: unknown, e: PortEndpoint): ConnectError {
   if (err instanceof TunnelError) {
     if (err.reason === "refused") return badGateway(`Nothing listens on port ${e.port} in sandbox ${e.sandboxId}`);
     if (err.reason === "agent") return errors.unavailable(`Sandbox ${e.sandboxId} cannot be reached: ${err.message}`);

@@ -12,7 +12,7 @@ import type { PreviewUrls } from "./urls.ts";
 import { TOOLBOX_SCOPE } from "../toolbox/mount.ts";
 
 /** What a caller must hold to reach a sandbox's ports or get its preview token: the toolbox's scope. */
-export const PREVIEW_SCOPE = TOOLBOX_SCOPE;
+const PREVIEW_SCOPE = TOOLBOX_SCOPE;
 
 
 function checkPort(port: number): void {

@@ -3,8 +3,8 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 
 /** Lifetime bounds of a signed preview URL, in seconds (the reference's). */
-export const SIGNED_DEFAULT_S = 60;
-export const SIGNED_MAX_S = 86_400;
+const SIGNED_DEFAULT_S = 60;
+const SIGNED_MAX_S = 86_400;
 
 const hash = (token: string) => createHash("sha256").update(token).digest("hex");
 

@@ -1,7 +1,7 @@
 import { createRegistry, type DescFile, toBinary } from "@bufbuild/protobuf";
 import { FileDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
-import type { ServerReflection, ServerReflectionRequest, ServerReflectionResponse } from "@sandbar/protocol/gen/grpc/reflection/v1/reflection_pb.js";
+import type { ServerReflection, ServerReflectionRequest } from "@sandbar/protocol/gen/grpc/reflection/v1/reflection_pb.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { ServerReflectionResponseSchema } from "@sandbar/protocol/gen/grpc/reflection/v1/reflection_pb.js";
 
@@ -69,4 +69,3 @@ export function reflectionService(files: DescFile[], serviceNames: string[]): Se
     },
   };
 }
-export type { ServerReflectionResponse };

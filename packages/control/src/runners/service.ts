@@ -159,7 +159,7 @@ function availability(r: RunnerRow): number {
   return Math.max(0, Math.round(100 - Math.max(r.cpu_usage, r.memory_usage, r.disk_usage)));
 }
 
-export function toRunner(r: RunnerRow): Runner {
+function toRunner(r: RunnerRow): Runner {
   return create(RunnerSchema, {
     id: r.id,
     ...(r.api_url ? { apiUrl: r.api_url } : {}),

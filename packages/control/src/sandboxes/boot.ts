@@ -57,7 +57,7 @@ export interface Sandboxes {
 }
 
 /** This host's runtime: the one a single-host server holds in-process and a `sandbar runner` process serves. */
-export async function openLocalRuntime(settings: Settings, volumes: VolumeStorage | undefined, log: (line: string) => void): Promise<LocalRuntime<SandboxProvider>> {
+async function openLocalRuntime(settings: Settings, volumes: VolumeStorage | undefined, log: (line: string) => void): Promise<LocalRuntime<SandboxProvider>> {
   return LocalRuntime.open({
     dataDir: path.join(settings.dataDir, "runner"),
     snapshotCacheDir: settings.snapshotCacheDir,

@@ -6,7 +6,7 @@ import type { AgentEndpoint } from "../toolbox/agent-locator.ts";
  * the process whose runner holds the sandbox); the bound covers what no write announces, such
  * as an agent whose processes all died before the reconciler marked the sandbox.
  */
-export const ENDPOINT_TTL_MS = 2000;
+const ENDPOINT_TTL_MS = 2000;
 const MAX_ENTRIES = 10_000;
 
 interface Entry {

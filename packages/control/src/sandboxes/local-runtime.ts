@@ -18,7 +18,7 @@ import { type AgentDial, type RuntimeHealth, type RuntimeResources, type Runtime
 // re-adopts, and no per-sandbox secret is ever stored by the control plane.
 
 /** The agent bundle `node packages/agent/build.ts` writes: a directory whose entry is agent.mjs. */
-export const DEFAULT_AGENT_BUNDLE = fileURLToPath(new URL("../../../agent/dist", import.meta.url));
+const DEFAULT_AGENT_BUNDLE = fileURLToPath(new URL("../../../agent/dist", import.meta.url));
 const AGENT_ENTRY = "agent.mjs";
 /**
  * The agent loads what every first call needs (node:http2, Connect, the info, file and process
@@ -287,7 +287,7 @@ function healthOf({ usage, agent }: SandboxInfo): RuntimeHealth | undefined {
 }
 
 /** debootstrap prints a line per package and step; the log gets each step and a count every 25 packages. */
-export function compactProgress(log: (line: string) => void): (line: string) => void {
+function compactProgress(log: (line: string) => void): (line: string) => void {
   const steps: Record<string, string> = { Retrieving: "downloading", Validating: "downloading", Extracting: "extracting", Unpacking: "unpacking", Configuring: "configuring" };
   let step = "";
   let count = 0;

@@ -7,7 +7,7 @@ import type { RuntimeNetwork } from "./runtime.ts";
 // reference does, then refused: nothing here can enforce a domain (the reference's runner does
 // not either), and accepting one silently would promise a restriction that does not exist.
 
-export const MAX_ALLOW_LIST = 10;
+const MAX_ALLOW_LIST = 10;
 
 /** The operator's default for creates that say nothing (SANDBAR_SANDBOX_NETWORK). */
 export type DefaultNetwork = "none" | "egress";

@@ -16,7 +16,7 @@ const STABLE_ERRORS = ["error", "build_failed", "destroyed"];
 /** States that are a transition whatever the desired state says. */
 const PASSING = ["unknown", "resizing", "restoring", "pending_build", "building_snapshot"];
 
-export const isInterrupted = (r: Pick<SandboxRecord, "state" | "desiredState">) =>
+const isInterrupted = (r: Pick<SandboxRecord, "state" | "desiredState">) =>
   !STABLE_ERRORS.includes(r.state) && (r.state !== r.desiredState || PASSING.includes(r.state));
 
 export class InterruptedOperations {

@@ -7,7 +7,7 @@ import type { AgentDial, SandboxRuntime } from "@sandbar/runner/runtime";
 // runner` serves it and control drives it, in-process or remotely. Control adds how an agent on
 // this host is dialled, and the stand-in where sandboxes cannot run.
 
-export type { AgentDial, RuntimeHealth, RuntimeNetwork, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, RuntimeState, SandboxRuntime } from "@sandbar/runner/runtime";
+export type { AgentDial, RuntimeHealth, RuntimeNetwork, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "@sandbar/runner/runtime";
 
 /** The agent of this host behind its unix socket (its tunnel socket sits beside it). */
 export function unixAgentDial(socket: string, secret: string): AgentDial {

@@ -4,10 +4,6 @@
 // where the sandbox is (state). While the two differ the API reports the transition, derived as
 // the reference derives it: stopped + desired started reads "starting", and so on.
 
-export type StoredState = "unknown" | "started" | "stopped" | "restoring" | "resizing" | "archived" | "error" | "destroyed";
-export type DesiredState = "started" | "stopped" | "archived" | "destroyed";
-export type BackupStateName = "None" | "Pending" | "InProgress" | "Completed" | "Error";
-
 /** The state the API reports (SandboxState's JSON spelling). */
 export function reportedState(state: string, desired: string): string {
   if (state === "started" && desired === "stopped") return "stopping";
@@ -37,7 +33,7 @@ export const isErrored = (state: string) => state === "error" || state === "buil
 export const isEphemeral = (autoDeleteInterval: number) => autoDeleteInterval === 0;
 
 /** The reference's MAX_AUTO_ARCHIVE_INTERVAL default: 30 days, in minutes. */
-export const MAX_AUTO_ARCHIVE_INTERVAL = 43200;
+const MAX_AUTO_ARCHIVE_INTERVAL = 43200;
 
 /** Auto-archive intervals as stored: 0 means the maximum, larger values are clamped to it. */
 export function normalizeAutoArchive(minutes: number): number {

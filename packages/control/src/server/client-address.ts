@@ -1,8 +1,4 @@
 import { BlockList, isIP } from "node:net";
-import { createContextKey } from "@connectrpc/connect";
-
-/** The caller's IP address, on every call's context (REST and RPC alike): rate limits and audit read it. */
-export const clientAddressKey = createContextKey<string>("");
 
 /**
  * Proxies whose `X-Forwarded-For` is believed (SANDBAR_TRUSTED_PROXIES: addresses or CIDRs). One

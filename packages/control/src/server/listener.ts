@@ -132,7 +132,7 @@ export function listenOnePort(handler: Handler, port: number, host: string, onUp
  * preview proxy reads Host before :authority where gRPC reads :authority; a proxy in front may
  * have routed by another one. Refused as Node's parser refuses two Content-Lengths.
  */
-export function hostProblem(rawHeaders: string[]): string | undefined {
+function hostProblem(rawHeaders: string[]): string | undefined {
   let host: string | undefined;
   let authority: string | undefined;
   for (let i = 0; i < rawHeaders.length; i += 2) {

@@ -11,7 +11,7 @@ export interface ProxyProtocolOptions {
   log?: (line: string) => void;
 }
 
-export const PROXY_HEADER_TIMEOUT_MS = 10_000;
+const PROXY_HEADER_TIMEOUT_MS = 10_000;
 
 export type HeaderOutcome = { ok: true; header: ProxyHeader } | { ok: false; reason: string; received: number };
 

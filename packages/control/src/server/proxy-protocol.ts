@@ -10,7 +10,7 @@ import { isIPv4, isIPv6 } from "node:net";
 export const V2_SIGNATURE = Buffer.from("0d0a0d0a000d0a515549540a", "hex");
 const V1_PREFIX = Buffer.from("PROXY ", "latin1");
 /** Longest v1 line, CRLF included (the spec's figure). */
-export const V1_MAX = 107;
+const V1_MAX = 107;
 /** Longest v2 header accepted: 16 fixed bytes plus addresses and TLVs (the spec's figure). */
 export const V2_MAX = 536;
 

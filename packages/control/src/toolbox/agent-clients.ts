@@ -11,7 +11,7 @@ const MAX_AGENTS = 512;
  * Upload bytes one connection holds in node's stream queues at most (send-budget.ts): twice the
  * agent's connection window (its CONNECTION_WINDOW_SIZE), so queued frames still keep it full.
  */
-export const UPLOAD_QUEUE_BYTES = 8 * 1024 * 1024;
+const UPLOAD_QUEUE_BYTES = 8 * 1024 * 1024;
 /**
  * maxSessionMemory of a connection to an agent, in MB: the upload queue, plus room for what other
  * calls queue (unary requests, a stream's current message) and nghttp2's own state. Node refuses

@@ -96,7 +96,7 @@ async function locate(ctx: HandlerContext, locator: AgentLocator): Promise<Agent
  * would fire at once. The reference daemon (Go durations) has no such bound, so a larger value is
  * clamped to it (24.8 days: "no limit" in practice) rather than refused.
  */
-export const MAX_TIMEOUT_SECONDS = Math.floor((2 ** 31 - 1) / 1000);
+const MAX_TIMEOUT_SECONDS = Math.floor((2 ** 31 - 1) / 1000);
 
 function boundTimeouts(method: DescMethod, input: unknown): unknown {
   const msg = input as Record<string, unknown> | undefined;

@@ -21,7 +21,7 @@ export function variables(path: string): string[] {
   return [...path.matchAll(/\{([^}=]*)/g)].map((m) => m[1] ?? "");
 }
 
-export const verbs: Record<string, HttpMethod> = { get: "GET", post: "POST", put: "PUT", patch: "PATCH", delete: "DELETE" };
+const verbs: Record<string, HttpMethod> = { get: "GET", post: "POST", put: "PUT", patch: "PATCH", delete: "DELETE" };
 
 export function bindingsOf(rpc: DescMethod, rule: HttpRule): Binding[] {
   const { pattern } = rule;
@@ -34,12 +34,12 @@ export function bindingsOf(rpc: DescMethod, rule: HttpRule): Binding[] {
   return out;
 }
 
-export function isDescFile(value: unknown): value is DescFile {
+function isDescFile(value: unknown): value is DescFile {
   return typeof value === "object" && value !== null && (value as { kind?: unknown }).kind === "file";
 }
 
 /** Every generated file of sandbar.<pkg>.v1, found on disk so new files are covered too. */
-export async function loadFiles(pkg: string): Promise<DescFile[]> {
+async function loadFiles(pkg: string): Promise<DescFile[]> {
   const dir = new URL(`../../gen/sandbar/${pkg}/v1/`, import.meta.url);
   const names = readdirSync(dir).filter((n) => n.endsWith("_pb.js")).sort();
   const files: DescFile[] = [];
@@ -54,7 +54,7 @@ export function servicesOf(files: DescFile[], pkg: string): DescService[] {
   return files.filter((f) => f.proto.package === pkg).flatMap((f) => f.services);
 }
 
-export function bindingsOfServices(services: DescService[]): Binding[] {
+function bindingsOfServices(services: DescService[]): Binding[] {
   return services.flatMap((s) => s.methods.flatMap((m) => (hasOption(m, http) ? bindingsOf(m, getOption(m, http)) : [])));
 }
 

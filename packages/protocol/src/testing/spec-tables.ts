@@ -6,7 +6,7 @@ export type HttpMethod = "GET" | "POST" | "PUT" | "PATCH" | "DELETE";
 /** One spec table row: method, path (spec spelling), success status. */
 export type SpecRow = readonly [HttpMethod, string, number];
 
-export const configAndApiKeyRows: SpecRow[] = [
+const configAndApiKeyRows: SpecRow[] = [
   // 4.1
   ["GET", "/config", 200],
   // 4.2
@@ -21,7 +21,7 @@ export const configAndApiKeyRows: SpecRow[] = [
 // 4.3. Where the reference's real status differs (accept/decline/leave/
 // suspend/unsuspend/cancel/access send 201, deletes of organizations, roles
 // and members send 200, quota sends 204) our routes follow the spec.
-export const organizationRows: SpecRow[] = [
+const organizationRows: SpecRow[] = [
   ["GET", "/organizations/invitations", 200],
   ["GET", "/organizations/invitations/count", 200],
   ["POST", "/organizations/invitations/{invitationId}/accept", 200],
@@ -65,7 +65,7 @@ export const organizationRows: SpecRow[] = [
 ];
 
 // 4.4 (linked-accounts: the reference sends 201 / 200).
-export const userRows: SpecRow[] = [
+const userRows: SpecRow[] = [
   ["GET", "/users/me", 200],
   ["POST", "/users", 201],
   ["GET", "/users", 200],
@@ -77,7 +77,7 @@ export const userRows: SpecRow[] = [
 ];
 
 // 4.5 (backup/autostop/autoarchive: the reference sends 201).
-export const sandboxRows: SpecRow[] = [
+const sandboxRows: SpecRow[] = [
   ["GET", "/sandbox", 200],
   ["POST", "/sandbox", 200],
   ["GET", "/sandbox/{sandboxId}", 200],
@@ -126,7 +126,7 @@ export const toolboxSuffixRows: SpecRow[] = [
   ["POST", "/lsp/stop", 200],
 ];
 
-export const resourceRows: SpecRow[] = [
+const resourceRows: SpecRow[] = [
   // 4.7
   ["POST", "/snapshots", 200],
   ["GET", "/snapshots", 200],
@@ -157,7 +157,7 @@ export const resourceRows: SpecRow[] = [
 ];
 
 // 4.11: the earlier names. Workspace rows mirror 4.5 with its statuses.
-export const aliasRows: SpecRow[] = [
+const aliasRows: SpecRow[] = [
   ["GET", "/workspace", 200],
   ["POST", "/workspace", 200],
   ["GET", "/workspace/{workspaceId}", 200],
@@ -204,7 +204,7 @@ export const toolboxRows: SpecRow[] = [
 
 // The spec's scope table (section 5), by the first path segment of a route.
 // Reads need a scope only where the table has one (volumes, runners).
-export const scopeTable: Record<string, { write: string; delete: string; read?: string }> = {
+const scopeTable: Record<string, { write: string; delete: string; read?: string }> = {
   sandbox: { write: "write:sandboxes", delete: "delete:sandboxes" },
   workspace: { write: "write:sandboxes", delete: "delete:sandboxes" },
   snapshots: { write: "write:snapshots", delete: "delete:snapshots" },
@@ -218,7 +218,7 @@ export const scopeTable: Record<string, { write: string; delete: string; read?: 
 };
 
 // Routes whose permission the Route option cannot express: the service checks it.
-export const scopeCheckedByService = new Set([
+const scopeCheckedByService = new Set([
   // Any of write:snapshots / write:sandboxes (reference).
   "GET /docker-registry/registry-push-access",
   "GET /object-storage/push-access",
@@ -226,7 +226,7 @@ export const scopeCheckedByService = new Set([
 
 // Reads stricter than the table: they hand out a way into the sandbox (the preview token opens
 // every port and the toolbox's WebSockets; a signed URL opens a port), so the toolbox's scope.
-export const scopeStricterThanSpec = new Map([
+const scopeStricterThanSpec = new Map([
   ["GET /sandbox/{}/ports/{}/preview-url", "write:sandboxes"],
   ["GET /workspace/{}/ports/{}/preview-url", "write:sandboxes"],
   ["GET /sandbox/{}/ports/{}/signed-preview-url", "write:sandboxes"],

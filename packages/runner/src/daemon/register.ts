@@ -33,6 +33,6 @@ export async function credentialHash(dataDir: string, s: RunnerHostSettings, log
   return hash;
 }
 
-export function sha256(value: string): Buffer {
+function sha256(value: string): Buffer {
   return createHash("sha256").update(value).digest();
 }

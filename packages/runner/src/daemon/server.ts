@@ -38,7 +38,7 @@ export interface RunnerServer {
 const STREAM_WINDOW = 4 * 1024 * 1024;
 const SESSION_WINDOW = 32 * 1024 * 1024;
 
-export function bearerCheck(want: Buffer): (authorization: string | undefined) => boolean {
+function bearerCheck(want: Buffer): (authorization: string | undefined) => boolean {
   if (want.length !== 32) throw new Error("the runner credential's hash must be a SHA-256");
   return (authorization) => {
     const m = /^Bearer (.+)$/.exec(authorization ?? "");

@@ -49,7 +49,7 @@ export function loadRunnerHostSettings(env: NodeJS.ProcessEnv = process.env): Ru
 }
 
 /** How a runner registers itself: control's URL, an API key with write:runners, its region and name, and the URL control reaches it at. */
-export interface RunnerRegistration {
+interface RunnerRegistration {
   controlUrl: string;
   key: string;
   region: string;

@@ -10,7 +10,7 @@ import { KeyedLock } from "../host/keyed-lock.ts";
 // tar stream of it, never a file on disk) and named by its identity, so a rebuilt snapshot gets a
 // new image and a restarted runner finds the old one.
 
-export const ROOTFS_REPO = "sandbar-rootfs";
+const ROOTFS_REPO = "sandbar-rootfs";
 
 export class RootfsImages {
   readonly #docker: Docker;

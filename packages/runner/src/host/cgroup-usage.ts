@@ -76,7 +76,7 @@ export async function readUsage(dirs: CgroupDirs, o: UsageOptions = {}): Promise
 }
 
 /** The cgroups `pid` is in, from /proc/<pid>/cgroup; undefined when the process is gone. */
-export async function cgroupDirsOfPid(pid: number): Promise<CgroupDirs | undefined> {
+async function cgroupDirsOfPid(pid: number): Promise<CgroupDirs | undefined> {
   const lines = await readText(`/proc/${pid}/cgroup`).catch(() => undefined);
   if (lines === undefined) return undefined;
   const v1 = new Map<string, string>();

@@ -16,9 +16,9 @@
 // `read ... </proc/uptime` gives a clock without forking.
 
 /** Between consecutive quick deaths: 0.1, 0.5, 1, 2, then 5 s (about 35 s to give up). */
-export const RESTART_DELAYS = [0.1, 0.5, 1, 2, 5];
-export const MAX_QUICK_DEATHS = 10;
-export const QUICK_DEATH_SECONDS = 30;
+const RESTART_DELAYS = [0.1, 0.5, 1, 2, 5];
+const MAX_QUICK_DEATHS = 10;
+const QUICK_DEATH_SECONDS = 30;
 
 /** The init's arguments before the agent's command. */
 export function initArgs(restartsFile: string, delays = RESTART_DELAYS, maxQuickDeaths = MAX_QUICK_DEATHS): string[] {

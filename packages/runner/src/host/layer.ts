@@ -10,7 +10,7 @@ import { PassThrough, type Readable } from "node:stream";
 // receiving sandbox's host uid on restore, so an archive moves between sandboxes and runners.
 
 /** Owner of sandbox files inside an archive (outside every host uid range we hand out). */
-export const ARCHIVE_UID = 2_000_000_000;
+const ARCHIVE_UID = 2_000_000_000;
 
 const XATTRS = ["--xattrs", "--xattrs-include=user.*", "--xattrs-include=trusted.overlay.opaque"];
 
@@ -114,7 +114,7 @@ export async function restoreLayer(upper: string, work: string, archive: Readabl
 }
 
 /** lchown of every entry owned (uid or gid) by `from` to `to`; never follows symlinks. */
-export async function remapOwner(dir: string, from: number, to: number): Promise<void> {
+async function remapOwner(dir: string, from: number, to: number): Promise<void> {
   const fix = async (p: string) => {
     const st = await lstat(p);
     if (st.uid === from || st.gid === from) await lchown(p, st.uid === from ? to : st.uid, st.gid === from ? to : st.gid);

@@ -22,8 +22,8 @@ import type { NetworkMode } from "../provider.ts";
 // The static part is rewritten in one transaction by every runner that starts (idempotent: the
 // map's elements and the per-sandbox chains survive it).
 
-export const DEFAULT_SUBNET = "10.213.0.0/16";
-export const DEFAULT_TABLE = "sandbar";
+const DEFAULT_SUBNET = "10.213.0.0/16";
+const DEFAULT_TABLE = "sandbar";
 /** Host-side veth names: <prefix><slot>; the sandbox side is always eth0. */
 const HOST_IF_PREFIX = "sbh";
 
@@ -68,7 +68,7 @@ export interface NetworkOptions {
 }
 
 /** a.b.c.d/n with n 0..32 and each octet 0..255; throws otherwise. */
-export function parseCidr(cidr: string): { base: number; bits: number } {
+function parseCidr(cidr: string): { base: number; bits: number } {
   const m = /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})\/(\d{1,2})$/.exec(cidr.trim());
   if (!m) throw errors.invalidArgument(`invalid IPv4 CIDR ${JSON.stringify(cidr)}: expected a.b.c.d/n`);
   const octets = m.slice(1, 5).map(Number);
@@ -84,7 +84,7 @@ function ipString(n: number): string {
 }
 
 /** The host's resolvers a sandbox can use: IPv4, not loopback (a stub on 127.0.0.53 is the host's). */
-export async function hostResolvers(): Promise<string[]> {
+async function hostResolvers(): Promise<string[]> {
   for (const file of ["/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"]) {
     const text = await readFile(file, "utf8").catch(() => "");
     const servers = [...text.matchAll(/^\s*nameserver\s+(\d+\.\d+\.\d+\.\d+)\s*$/gm)].map((m) => m[1]).filter((ip) => !ip.startsWith("127."));

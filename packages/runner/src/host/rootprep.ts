@@ -62,7 +62,7 @@ export async function safeMkdirp(root: string, rel: string, options: { ownedBelo
 }
 
 /** Makes sure an empty file exists at `rel` (a mount point for a file bind). */
-export async function safeTouch(root: string, rel: string, options: { ownedBelow?: string; owner?: Owner } = {}): Promise<void> {
+async function safeTouch(root: string, rel: string, options: { ownedBelow?: string; owner?: Owner } = {}): Promise<void> {
   await safeMkdirp(root, path.dirname(rel), options);
   const p = path.join(root, rel);
   let st = await lstatOrUndefined(p);

@@ -1,7 +1,7 @@
 import { chmod, mkdir, readdir, readFile, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
-import type { NetworkMode, SandboxInfo, SandboxSpec } from "../provider.ts";
+import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxSpec } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
 import { validateId, validateSpec } from "../spec.ts";
 import { type AgentRestarts, readRestarts } from "./agent-socket.ts";
@@ -30,6 +30,9 @@ export interface HostOptions {
   network?: NetworkOptions;
   log?: (line: string) => void;
 }
+
+/** Opens a provider over a runner's data dir: what a runtime is given to choose its provider. */
+export type ProviderOpener<P extends SandboxProvider = SandboxProvider> = (host: HostOptions) => Promise<P>;
 
 /** The PATH of a sandbox's first process. */
 const DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/sandbar/bin";

@@ -14,16 +14,16 @@ import { fileURLToPath } from "node:url";
 
 const HELPER = fileURLToPath(new URL("./spawner-process.mjs", import.meta.url));
 
-export interface RunRequest {
+interface RunRequest {
   cmd: string;
   args: readonly string[];
   cwd?: string;
   env: NodeJS.ProcessEnv;
   input?: string;
 }
-export type RunAnswer = { code: number | null; signal: string | null; stdout: string; stderr: string };
+type RunAnswer = { code: number | null; signal: string | null; stdout: string; stderr: string };
 
-export interface LaunchRequest {
+interface LaunchRequest {
   cmd: string;
   args: string[];
   logFile: string;
@@ -34,7 +34,7 @@ export interface LaunchRequest {
 }
 
 /** A process the helper launched: the parts of a ChildProcess the provider uses ("exit" events). */
-export class RemoteChild extends EventEmitter {
+class RemoteChild extends EventEmitter {
   readonly pid: number | undefined;
   readonly oomScoreDenied: boolean;
   exitCode: number | null = null;

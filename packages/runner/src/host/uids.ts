@@ -3,8 +3,8 @@ import { errors } from "@sandbar/protocol";
 // Host uids for sandboxes: one per sandbox from a dedicated range, so no two sandboxes (and no
 // host user) share file ownership or signal rights. Runners sharing a host need disjoint ranges.
 
-export const DEFAULT_UID_BASE = 1_500_000_000;
-export const DEFAULT_UID_COUNT = 65_536;
+const DEFAULT_UID_BASE = 1_500_000_000;
+const DEFAULT_UID_COUNT = 65_536;
 
 export class UidAllocator {
   readonly base: number;

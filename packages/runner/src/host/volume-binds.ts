@@ -15,7 +15,7 @@ import { run } from "./command.ts";
 // volumes run with that group and umask 002: what one writes, the others can change.
 
 /** Mode of volume directories the runner makes: setgid, group-writable, closed to others. */
-export const VOLUME_DIR_MODE = 0o2770;
+const VOLUME_DIR_MODE = 0o2770;
 
 /** Makes `root` a volume directory (idempotent). */
 export async function prepareVolumeRoot(root: string, gid: number): Promise<void> {

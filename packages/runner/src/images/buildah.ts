@@ -12,7 +12,7 @@ import type { RegistryCredentials } from "./skopeo.ts";
 // listed insecure registries, credentials from an auth file of mode 0600 (never argv). The built
 // image is written as an OCI layout that the store unpacks like a pulled one.
 
-export const BUILDAH = process.env.SANDBAR_BUILDAH ?? "buildah";
+const BUILDAH = process.env.SANDBAR_BUILDAH ?? "buildah";
 
 export interface BuildahRun {
   /** buildah's storage root (vfs) and run root. */
@@ -29,7 +29,7 @@ export interface BuildahRun {
 }
 
 /** The images the FROM lines of `dockerfile` name (not earlier stages, `scratch` or ARG-made names). */
-export function fromImages(dockerfile: string): string[] {
+function fromImages(dockerfile: string): string[] {
   const stages = new Set<string>();
   const out = new Set<string>();
   for (const raw of dockerfile.split("\n")) {

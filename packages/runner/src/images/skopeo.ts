@@ -26,7 +26,7 @@ export interface CopyOptions {
   onSpawn?: (pid: number) => void;
 }
 
-export const SKOPEO = process.env.SANDBAR_SKOPEO ?? "skopeo";
+const SKOPEO = process.env.SANDBAR_SKOPEO ?? "skopeo";
 
 /** `skopeo copy docker://<source> oci:<layout>:<name>` for linux/amd64. */
 export async function skopeoCopy(source: string, layout: string, name: string, o: CopyOptions): Promise<void> {

@@ -23,7 +23,7 @@ export interface DiskPoolOptions {
   log: (line: string) => void;
 }
 
-export const DISK_POOL_DEFAULTS: Omit<DiskPoolOptions, "log"> = { perSize: 4, maxSizes: 4, refillDelayMs: 200 };
+const DISK_POOL_DEFAULTS: Omit<DiskPoolOptions, "log"> = { perSize: 4, maxSizes: 4, refillDelayMs: 200 };
 
 const READY = /^[0-9a-f]{16}\.img$/;
 

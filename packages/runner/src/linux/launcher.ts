@@ -175,7 +175,7 @@ function setOomScoreAdj(pid: number, score: number): boolean {
 }
 
 /** The end of the first process's output, for error messages (reads only the last `bytes`). */
-export async function logTail(file: string, bytes = 2000): Promise<string> {
+async function logTail(file: string, bytes = 2000): Promise<string> {
   try {
     const fh = await open(file, "r");
     try {

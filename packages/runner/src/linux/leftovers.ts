@@ -165,7 +165,7 @@ export async function loopDevicesUnder(dir: string): Promise<LoopDevice[]> {
 }
 
 /** Sources of this mount namespace's mounts (a mounted loop device appears as /dev/loopN). */
-export async function mountSources(): Promise<Set<string>> {
+async function mountSources(): Promise<Set<string>> {
   const text = await readFile("/proc/self/mountinfo", "utf8");
   const out = new Set<string>();
   for (const line of text.split("\n")) {
@@ -176,12 +176,12 @@ export async function mountSources(): Promise<Set<string>> {
 }
 
 /** Detaches a loop device no mount uses; one still held elsewhere is marked to go when freed. */
-export async function detachLoop(device: string): Promise<void> {
+async function detachLoop(device: string): Promise<void> {
   await run("losetup", ["--detach", device]);
 }
 
 /** The first path segment below `root` of each path under it (the sandbox id, for the layout's roots). */
-export function idsBelow(root: string, paths: Iterable<string>): string[] {
+function idsBelow(root: string, paths: Iterable<string>): string[] {
   const prefix = root.endsWith("/") ? root : root + "/";
   const out = new Set<string>();
   for (const p of paths) if (p.startsWith(prefix)) out.add(p.slice(prefix.length).split(path.sep)[0]!);

@@ -27,7 +27,7 @@ export interface Snapshot {
 
 // python3-setuptools: pylsp finds its plugins (jedi completions, symbols) through setuptools' entry points.
 export const DEFAULT_PACKAGES = ["git", "python3", "python3-pylsp", "python3-setuptools", "ca-certificates", "procps"];
-export const DEFAULT_SUITE = "bookworm";
+const DEFAULT_SUITE = "bookworm";
 
 export interface DefaultSnapshotOptions {
   /** The runner's data dir; snapshots go to `<dataDir>/snapshots/`. */

@@ -52,7 +52,7 @@ const AGENT_PIDS_RESERVE = 64;
 const AGENT_MEMORY_RESERVE = 64 * 2 ** 20;
 
 /** The user leaf's budget: the totals minus the agent's reserve. */
-export function userLimitsOf(memoryBytes: number, pidsLimit: number): UserLimits {
+function userLimitsOf(memoryBytes: number, pidsLimit: number): UserLimits {
   const pidsReserve = Math.min(AGENT_PIDS_RESERVE, Math.floor(pidsLimit / 2));
   const memoryReserve = Math.min(AGENT_MEMORY_RESERVE, Math.floor(memoryBytes / 4));
   return { pidsMax: Math.max(1, pidsLimit - pidsReserve), memoryBytes: memoryBytes - memoryReserve };

@@ -14,7 +14,7 @@ import { errors } from "@sandbar/protocol";
 // into the runner's data dir; the launcher hands bwrap an fd to it (`--seccomp FD`).
 
 /** Refused inside sandboxes, grouped by why. */
-export const BLOCKED_SYSCALLS: Readonly<Record<string, readonly string[]>> = {
+const BLOCKED_SYSCALLS: Readonly<Record<string, readonly string[]>> = {
   "kernel keyrings (shared across the host, not namespaced)": ["add_key", "request_key", "keyctl"],
   "kernel programs and tracing": ["bpf", "perf_event_open", "lookup_dcookie"],
   "userfaultfd (a staple of kernel exploits)": ["userfaultfd"],

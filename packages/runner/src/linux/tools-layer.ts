@@ -20,7 +20,7 @@ export interface ToolsLayerInput {
 }
 
 /** Builds the layer in `dir` (replacing an earlier one); returns the agent's entry script inside the sandbox. */
-export async function buildToolsLayer(dir: string, t: ToolsLayerInput): Promise<{ agentEntry: string }> {
+async function buildToolsLayer(dir: string, t: ToolsLayerInput): Promise<{ agentEntry: string }> {
   await rm(dir, { recursive: true, force: true });
   await mkdir(path.join(dir, path.dirname(SANDBOX_PATHS.node).slice(1)), { recursive: true, mode: 0o755 });
   await place(t.initSh, path.join(dir, SANDBOX_PATHS.init));

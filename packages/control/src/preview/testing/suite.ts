@@ -15,7 +15,7 @@ import { APP_PY } from "./app.ts";
 export const root = process.getuid?.() === 0;
 export const APP_PORT = 8000;
 export const DOMAIN = "preview.localhost";
-export const BALANCER = "127.0.0.9";
+const BALANCER = "127.0.0.9";
 
 let bundle: string | undefined;
 let f: SandboxFixture;

@@ -71,7 +71,7 @@ function disposition(name: string, path: string): string {
  * `filename="…"` with `\` and `"` escaped, CR, LF and NUL dropped, other control characters and
  * characters beyond Latin-1 replaced by `_`; then `filename*=utf-8''…` (RFC 5987), exact.
  */
-export function filenameParams(path: string): string {
+function filenameParams(path: string): string {
   let quoted = "";
   for (const ch of path) {
     const c = ch.codePointAt(0)!;

@@ -1,7 +1,7 @@
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
 import { DecodeErrors, messageFromJson, readJsonBody } from "../../gateway/rest-route.ts";
-export { requestSignal, sendJson, write } from "../../gateway/rest-route.ts";
+export {  sendJson, write } from "../../gateway/rest-route.ts";
 
 /**
  * Decodes a JSON request body into a message as the gateway does; problems are collected in

@@ -4,8 +4,8 @@
 
 import type { LogChunk } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 
-export const STDOUT_MARK = Buffer.from([1, 1, 1]);
-export const STDERR_MARK = Buffer.from([2, 2, 2]);
+const STDOUT_MARK = Buffer.from([1, 1, 1]);
+const STDERR_MARK = Buffer.from([2, 2, 2]);
 const NEWLINE = Buffer.from("\n");
 
 /** A partial line longer than this is passed on without waiting for its end (memory stays bounded). */

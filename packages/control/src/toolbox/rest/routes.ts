@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import type { ToolboxCaller } from "./call.ts";
 
 /** What a toolbox REST handler gets: the request, its path parameters, and a caller for the agent's services. */
-export interface RestContext {
+interface RestContext {
   req: IncomingMessage;
   res: ServerResponse;
   sandboxId: string;

@@ -4,7 +4,7 @@ import { clientBefore, clientVersion } from "../../gateway/rest-route.ts";
 // How the reference toolbox shapes its answers by the client's SDK version (development versions
 // count as the newest).
 
-export const SPLIT_OUTPUT_HEADER = "x-daytona-split-output";
+const SPLIT_OUTPUT_HEADER = "x-daytona-split-output";
 
 /** How a client wants session output. */
 export interface OutputMode {

@@ -28,7 +28,7 @@ export const singleUpload: RestHandler = async ({ req, res, caller, query }) => 
   sendJson(res, 200, { path: out.file?.path ?? path, bytes: Number(out.file?.bytes ?? 0n) });
 };
 
-export async function* bulkUploadMessages(parts: AsyncIterable<FormPart>): AsyncGenerator<UploadMessage> {
+async function* bulkUploadMessages(parts: AsyncIterable<FormPart>): AsyncGenerator<UploadMessage> {
   const destinations = new Map<string, string>();
   for await (const part of parts) {
     const m = FIELD.exec(part.name);

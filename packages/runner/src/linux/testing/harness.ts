@@ -16,7 +16,7 @@ import { buildHostUsrRootfs } from "../rootfs.ts";
 // Shared by the runner's tests and bench: a provider on a scratch data dir, a small rootfs, and a
 // client for exec-agent.ts.
 
-export const EXEC_AGENT_SOURCE = fileURLToPath(new URL("./exec-agent.ts", import.meta.url));
+const EXEC_AGENT_SOURCE = fileURLToPath(new URL("./exec-agent.ts", import.meta.url));
 
 /**
  * exec-agent.ts with its types stripped, in a world-searchable directory. Node's on-the-fly type
