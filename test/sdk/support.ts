@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import { buildAgentBundle, startTestServer, type TestServer } from "@sandbar/control/testing";
-import { expect, it } from "vitest";
+import { expect } from "vitest";
 import type { TestRegistry } from "../../packages/runner/src/images/testing/registry.ts";
 import type { ControlOptions } from "../../packages/control/src/server/control-server.ts";
 

@@ -1,4 +1,4 @@
-// The package's reviewed casts: the lint (eslint.config.js) refuses `any`, `as unknown as` and
+// The package's reviewed casts: the lint (biome.json, lint/casts.grit) refuses `any`, `as unknown as` and
 // `as never` everywhere else. Each entry says why it cannot be typed.
 
 /**
