@@ -1,4 +1,4 @@
-import type { DescMessage, Message } from "@bufbuild/protobuf";
+import { create, type DescMessage, isMessage } from "@bufbuild/protobuf";
 import { MAX_JSON_DEPTH, messageToJson, valueToJson } from "../gateway/json.ts";
 
 // What an audit entry keeps of a request: the request as the REST API spells it, without the
@@ -30,7 +30,7 @@ function isRedacted(field: DescMessage["fields"][number]): boolean {
 
 /** A message as the REST API spells it, without its redacted fields (at any depth). */
 function withoutSecrets(desc: DescMessage, msg: Record<string, unknown>): Record<string, unknown> {
-  if (!holdsSecrets(desc)) return messageToJson(desc, msg as unknown as Message);
+  if (!holdsSecrets(desc)) return messageToJson(desc, isMessage(msg, desc) ? msg : create(desc, msg));
   const out: Record<string, unknown> = {};
   for (const field of desc.fields) {
     if (isRedacted(field)) continue;

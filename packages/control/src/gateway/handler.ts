@@ -11,7 +11,7 @@ import { textProblems } from "../services/validate.ts";
 import { clientBefore, clientVersion } from "./client-version.ts";
 import { refuse, sendError } from "./error-answer.ts";
 import { readJsonBody, requestSignal, sendJson, upgradeRequired, write } from "./http-io.ts";
-import { DecodeErrors, messageFromJson, messageToJson, setField, valueToJson } from "./json.ts";
+import { DecodeErrors, fieldToJson, messageFromJson, messageToJson, setField } from "./json.ts";
 import type { RestRoute, RouteTable } from "./route-table.ts";
 
 export interface Gateway {
@@ -110,12 +110,12 @@ function splitUrl(url: string, basePath: string): { path: string; query: URLSear
 /** Builds the request message from body, query and path; problems go to `errs`, raised after the guard. */
 async function readInput(req: IncomingMessage, route: RestRoute, params: Record<string, string>, query: URLSearchParams, errs: DecodeErrors): Promise<Message> {
   const desc = route.method.input;
-  let msg: Record<string, unknown>;
+  let msg: Message;
   const json = route.body ? await readJsonBody(req, errs) : undefined;
   if (route.body === "*") {
-    msg = messageFromJson(desc, json, errs) as unknown as Record<string, unknown>;
+    msg = messageFromJson(desc, json, errs);
   } else {
-    msg = create(desc) as unknown as Record<string, unknown>;
+    msg = create(desc);
     const field = route.body ? desc.fields.find((f) => f.name === route.body) : undefined;
     if (field && json !== undefined && json !== null) setField(msg, field, json, "json", errs);
   }
@@ -131,18 +131,18 @@ async function readInput(req: IncomingMessage, route: RestRoute, params: Record<
     const field = fieldNamed(route.method, name);
     if (field) setField(msg, field, value, "text", errs);
   }
-  return msg as unknown as Message;
+  return msg;
 }
 
 /** The request as far as the path and the query give it (what the guard reads: the organization). */
 function partialInput(route: RestRoute, params: Record<string, string>, query: URLSearchParams): Message {
-  const msg = create(route.method.input) as unknown as Record<string, unknown>;
+  const msg = create(route.method.input);
   const ignored = new DecodeErrors();
   for (const [name, value] of [...query.entries(), ...Object.entries(params)]) {
     const field = fieldNamed(route.method, name);
     if (field && field.fieldKind === "scalar") setField(msg, field, value, "text", ignored);
   }
-  return msg as unknown as Message;
+  return msg;
 }
 
 function fieldNamed(method: DescMethod, name: string): DescField | undefined {
@@ -175,7 +175,7 @@ function send(res: ServerResponse, route: RestRoute, output: Message, ctx: Handl
   const opts = { omitUnset: route.omitUnset };
   const field = route.responseBody && !whole ? route.method.output.fields.find((f) => f.name === route.responseBody) : undefined;
   const body = field
-    ? valueToJson(field, (output as unknown as Record<string, unknown>)[field.localName], opts)
+    ? fieldToJson(route.method.output, output, field, opts)
     : messageToJson(route.method.output, output, opts);
   sendJson(res, route.status, body, headers);
 }

@@ -78,6 +78,11 @@ export function messageToJson(desc: DescMessage, msg: Message, opts: JsonOptions
   return out;
 }
 
+/** One field of a message as JSON (a route's `response_body`). */
+export function fieldToJson(desc: DescMessage, msg: Message, field: DescField, opts: JsonOptions = {}): unknown {
+  return valueToJson(field, fieldValue(reflect(desc, msg, false), field), opts);
+}
+
 /**
  * A field's value as valueToJson takes it: undefined when a field with presence is unset, messages
  * as messages (a Struct field's JSON object comes back as a Struct message), lists as arrays and

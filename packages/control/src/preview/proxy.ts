@@ -138,7 +138,7 @@ export function forwardHttp(req: IncomingMessage, res: ServerResponse, e: PortEn
         return resolve();
       }
       // An idle keep-alive tunnel the server had closed: a bodiless request is sent again once.
-      if (retry && (up as unknown as { reusedSocket?: boolean }).reusedSocket && (req.method === "GET" || req.method === "HEAD") && !req.headers["content-length"] && !req.headers["transfer-encoding"]) {
+      if (retry && up.reusedSocket && (req.method === "GET" || req.method === "HEAD") && !req.headers["content-length"] && !req.headers["transfer-encoding"]) {
         return forwardHttp(req, res, e, upstreams, path, headers, extra, false).then(resolve, reject);
       }
       reject(unreachable(err, e));

@@ -1,4 +1,4 @@
-import type { EntityManager, MikroORM } from "@mikro-orm/postgresql";
+import type { EntityDictionary, EntityManager, MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import { SandboxRecord } from "../db/entities.ts";
 import { type Exec, execIn } from "../db/exec.ts";
@@ -139,8 +139,8 @@ export class SandboxStore {
     let before: SandboxRecord | undefined;
     if (changesState(patch)) {
       // The whole row (one round trip either way): what the event names it left, and the row the change answers.
-      const rows = (await exec(`select * from sandbox where id = ? for update`, [id])) as Record<string, unknown>[];
-      if (rows[0]) before = em.map(SandboxRecord, rows[0] as never);
+      const rows = (await exec(`select * from sandbox where id = ? for update`, [id])) as EntityDictionary<SandboxRecord>[];
+      if (rows[0]) before = em.map(SandboxRecord, rows[0]);
     }
     const updatedAt = new Date();
     const n = await em.nativeUpdate(SandboxRecord, { id, ...where }, { ...patch, updatedAt });
@@ -195,8 +195,8 @@ export class SandboxStore {
 
   async list(f: ListFilter): Promise<SandboxRecord[]> {
     const em = this.#em();
-    const rows = await em.execute(`select * from "sandbox" where ${f.where} order by ${f.orderBy}${f.limit ? ` limit ${f.limit}` : ""}${f.offset ? ` offset ${f.offset}` : ""}`, f.params, "all");
-    return (rows as Record<string, unknown>[]).map((r) => em.map(SandboxRecord, r as never));
+    const rows = await em.execute<EntityDictionary<SandboxRecord>[]>(`select * from "sandbox" where ${f.where} order by ${f.orderBy}${f.limit ? ` limit ${f.limit}` : ""}${f.offset ? ` offset ${f.offset}` : ""}`, f.params, "all");
+    return rows.map((r) => em.map(SandboxRecord, r));
   }
 
   async count(f: ListFilter): Promise<number> {

@@ -59,6 +59,7 @@ import { organizationService } from "../services/organizations.ts";
 import { regionService } from "../services/regions.ts";
 import { dockerRegistryService, registryCredentialsFor, startInternalRegistry } from "../registries/index.ts";
 import { userService } from "../services/users.ts";
+import { asHttp1 } from "../casts.ts";
 import type { Settings } from "../settings.ts";
 import { addressList, trustProxies } from "./client-address.ts";
 import { connectionLimits } from "./connection-limits.ts";
@@ -191,13 +192,14 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const listener = await listenOnePort(
     (req, res) => {
       const url = req.url ?? "";
+      const [r1, w1] = asHttp1(req, res);
       // The preview proxy's host form owns its hosts whole, /api included.
-      if (preview.ownsHost(req)) preview.serveHost(req as never, res as never);
-      else if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway.handle(req as never, res as never);
-      else if (identity.owns(url)) identity.handle(req as never, res as never);
+      if (preview.ownsHost(req)) preview.serveHost(r1, w1);
+      else if (url === API_BASE || url.startsWith(API_BASE + "/") || url.startsWith(API_BASE + "?")) void gateway.handle(r1, w1);
+      else if (identity.owns(url)) identity.handle(r1, w1);
       // The S3 endpoint of build contexts: its own protocol and signatures (object-storage/s3-proxy.ts).
-      else if (objectStorage.proxy.owns(url)) void objectStorage.proxy.handle(req as never, res as never);
-      else if (!grpcUnary(req, res)) rpc(req as never, res as never);
+      else if (objectStorage.proxy.owns(url)) void objectStorage.proxy.handle(r1, w1);
+      else if (!grpcUnary(req, res)) rpc(req, res);
     },
     settings.port,
     settings.host,

@@ -1,5 +1,5 @@
 import type { DescService } from "@bufbuild/protobuf";
-import { createClient, type Client } from "@connectrpc/connect";
+import { createClient, type Client, type Transport } from "@connectrpc/connect";
 import { Http2SessionManager } from "@connectrpc/connect-node";
 import type { AgentDial } from "../sandboxes/runtime.ts";
 import { createAgentTransport } from "../grpc-wire/index.ts";
@@ -22,7 +22,8 @@ const SESSION_MEMORY_MB = 32;
 interface Entry {
   manager: Http2SessionManager;
   budget: SendBudget;
-  clients: Map<string, Client<DescService>>;
+  /** Connect's transport over the connection (streams and uploads; unary calls take the session itself). */
+  transport: Transport;
 }
 
 /**
@@ -32,15 +33,9 @@ interface Entry {
 export class AgentClients {
   private readonly entries = new Map<string, Entry>();
 
+  /** A client over the agent's kept connection (a client is a few closures; the connection is what is kept). */
   client<S extends DescService>(service: S, agent: Pick<AgentDial, "key" | "api">): Client<S> {
-    const entry = this.entry(agent);
-    let client = entry.clients.get(service.typeName);
-    if (!client) {
-      const transport = createAgentTransport(entry.manager, entry.budget);
-      client = createClient(service, transport) as unknown as Client<DescService>;
-      entry.clients.set(service.typeName, client);
-    }
-    return client as unknown as Client<S>;
+    return createClient(service, this.entry(agent).transport);
   }
 
   /** The agent's HTTP/2 session, for calls made without a Connect client (agent-unary.ts). */
@@ -59,7 +54,8 @@ export class AgentClients {
         settings: { initialWindowSize: 1024 * 1024 },
         maxSessionMemory: SESSION_MEMORY_MB,
       });
-      entry = { manager, budget: new SendBudget(UPLOAD_QUEUE_BYTES), clients: new Map() };
+      const budget = new SendBudget(UPLOAD_QUEUE_BYTES);
+      entry = { manager, budget, transport: createAgentTransport(manager, budget) };
       if (this.entries.size >= MAX_AGENTS) this.forget(this.entries.keys().next().value!);
     }
     this.entries.set(socket, entry);

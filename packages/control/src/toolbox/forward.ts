@@ -1,4 +1,4 @@
-import type { DescMethod, DescMethodUnary, DescService } from "@bufbuild/protobuf";
+import { type DescMethod, type DescMethodUnary, type DescService, isMessage } from "@bufbuild/protobuf";
 import { ConnectError, type CallOptions, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import { callKey, organizationOf, SANDBOX_ID_HEADER } from "../call/call.ts";
@@ -8,7 +8,6 @@ import type { AgentEndpoint, AgentLocator } from "./agent-locator.ts";
 import { agentUnary } from "../grpc-wire/index.ts";
 
 type Forwarder = (input: unknown, ctx: HandlerContext) => unknown;
-type ClientMethod = (input: unknown, options: CallOptions) => unknown;
 
 /**
  * An implementation of an agent service that forwards every call to the agent of the sandbox
@@ -24,14 +23,17 @@ export function forwardingImpl<S extends DescService>(service: S, locator: Agent
 function forwarder(service: DescService, method: DescMethod, locator: AgentLocator, clients: AgentClients): Forwarder {
   const target = async (ctx: HandlerContext) => {
     const agent = await locate(ctx, locator);
-    const call = (clients.client(service, agent) as unknown as Record<string, ClientMethod>)[method.localName];
+    const client = clients.client(service, agent);
+    // The agent's contract defines every method the toolbox mounts (forwardingImpl reads them from it).
+    const fn: unknown = Reflect.get(client, method.localName);
+    if (typeof fn !== "function") throw errors.unimplemented(`${method.parent.name}.${method.name} is not available`);
     const options: CallOptions = {
       headers: { authorization: `Bearer ${agent.secret}` },
       signal: ctx.signal,
       timeoutMs: ctx.timeoutMs(),
       onHeader: (h) => h.forEach((v, k) => (k.startsWith("x-sandbar-") ? ctx.responseHeader.set(k, v) : undefined)),
     };
-    return (input: unknown) => call(boundTimeouts(method, input), options);
+    return (input: unknown): unknown => Reflect.apply(fn, client, [boundTimeouts(method, input), options]);
   };
   if (method.methodKind === "server_streaming" || method.methodKind === "bidi_streaming") {
     return async function* (input: unknown, ctx: HandlerContext) {
@@ -47,7 +49,9 @@ function forwarder(service: DescService, method: DescMethod, locator: AgentLocat
     const unary = method as DescMethodUnary;
     return async (input: unknown, ctx: HandlerContext) => {
       const agent = await locate(ctx, locator);
-      return agentUnary(clients.session(agent), unary, boundTimeouts(method, input) as never, {
+      const message = boundTimeouts(method, input);
+      if (!isMessage(message, unary.input)) throw errors.invalidArgument(`${unary.input.typeName} expected`);
+      return agentUnary(clients.session(agent), unary, message, {
         headers: { authorization: `Bearer ${agent.secret}` },
         signal: ctx.signal,
         timeoutMs: ctx.timeoutMs(),

@@ -63,7 +63,6 @@ export function openAgentStream(session: http2.ClientHttp2Session, path: string,
     const message = typeof reason === "string" ? decodeURIComponent(reason) : `status ${status}`;
     stream.destroy(new Error(`the runner refused the agent stream: ${message}`));
   });
-  const s = stream as unknown as Record<string, unknown>;
-  for (const m of ["setKeepAlive", "setNoDelay", "ref", "unref"]) if (typeof s[m] !== "function") s[m] = () => stream;
+  for (const m of ["setKeepAlive", "setNoDelay", "ref", "unref"]) if (typeof Reflect.get(stream, m) !== "function") Reflect.set(stream, m, () => stream);
   return stream;
 }

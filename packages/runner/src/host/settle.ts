@@ -3,11 +3,7 @@
  * working on a sandbox's root or mounts when the failure is cleaned up.
  */
 export async function settleAll<T extends readonly unknown[]>(ps: { readonly [K in keyof T]: Promise<T[K]> }): Promise<T> {
-  const results = await Promise.allSettled(ps as readonly Promise<unknown>[]);
-  const values: unknown[] = [];
-  for (const r of results) {
-    if (r.status === "rejected") throw r.reason;
-    values.push(r.value);
-  }
-  return values as unknown as T;
+  await Promise.allSettled(ps);
+  // All settled: Promise.all now answers at once, with the first failure in order if any.
+  return Promise.all(ps);
 }

@@ -1,5 +1,7 @@
 import {
   create,
+  isMessage,
+  type Message,
   type DescMessage,
   type DescMethod,
   type DescMethodClientStreaming,
@@ -8,6 +10,7 @@ import {
   type MessageInitShape,
   type MessageShape,
 } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@sandbar/protocol";
 import { type Call, contextFor } from "../../call/call.ts";
 import type { CallChain } from "../../call/chain.ts";
 import { textProblems } from "../../services/validate.ts";
@@ -33,13 +36,19 @@ export function chainCaller(chain: CallChain, call: Call, signal: AbortSignal): 
   const context = (method: DescMethod, problems: string[] = []) => contextFor(call, method, signal, [...idProblems, ...problems]);
   return {
     async unary(method, input, problems) {
-      return create(method.output, (await chain.unary(context(method, problems), create(method.input, input))) as never);
+      return outputOf(method, await chain.unary(context(method, problems), create(method.input, input)));
     },
     async *serverStream(method, input, problems) {
-      for await (const msg of chain.stream(context(method, problems), create(method.input, input))) yield create(method.output, msg as never);
+      for await (const msg of chain.stream(context(method, problems), create(method.input, input))) yield outputOf(method, msg);
     },
     async clientStream(method, input) {
-      return create(method.output, (await chain.unary(context(method), input)) as never);
+      return outputOf(method, await chain.unary(context(method), input));
     },
   };
+}
+
+/** The chain's answer as the method's output type (the chain makes every answer a message of that type). */
+function outputOf<O extends DescMessage>(method: { output: O }, msg: Message): MessageShape<O> {
+  if (isMessage(msg, method.output)) return msg;
+  throw new ConnectError(`${method.output.typeName} expected, got ${msg.$typeName}`, Code.Internal);
 }
