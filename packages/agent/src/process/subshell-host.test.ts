@@ -83,9 +83,12 @@ describe("a sequential host", () => {
     const h = sequential();
     const hostPid = h.pid;
     for (let i = 0; i < SLOTS; i++) {
-      const shell = (await h.run(`me=$BASHPID; echo out-$(awk '{print $4}' /proc/$me/stat); echo err-${i} >&2; [ "$(ps -o pgid= -p $BASHPID | tr -d ' ')" = $BASHPID ] && exit ${i}`))!;
+      // The script holds until the test has seen the host busy (a loaded machine may run it to its end first).
+      const gate = path.join(dir, `sequential-gate-${i}`);
+      const shell = (await h.run(`me=$BASHPID; echo out-$(awk '{print $4}' /proc/$me/stat); echo err-${i} >&2; while [ ! -e ${gate} ]; do sleep 0.01; done; [ "$(ps -o pgid= -p $BASHPID | tr -d ' ')" = $BASHPID ] && exit ${i}`))!;
       expect(h.busy).toBe(true);
       expect(await h.run("true")).toBeUndefined();
+      await writeFile(gate, "");
       expect(await finished(shell)).toEqual({ output: `out-${hostPid}\nerr-${i}\n`, code: i, signal: null });
       expect(h.busy).toBe(false);
     }
