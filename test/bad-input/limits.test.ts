@@ -20,6 +20,7 @@ import {
 } from "@sandbar/protocol/gen/sandbar/control/v1/organization_pb.js";
 import { WebhookService } from "@sandbar/protocol/gen/sandbar/control/v1/webhook_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { UntypedJson } from "../../packages/control/src/casts.ts";
 import { api, buildAgentBundle, startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
 import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 
@@ -48,7 +49,7 @@ afterAll(async () => {
 });
 
 /** A 4xx with the reference's JSON error body whose message matches. */
-function expectError(res: { status: number; body: any }, status: number, message: RegExp) {
+function expectError(res: { status: number; body: UntypedJson }, status: number, message: RegExp) {
   expect({ status: res.status, message: res.body?.message }).toMatchObject({ status, message: expect.stringMatching(message) });
   expect(res.body).toMatchObject({ statusCode: status, path: expect.any(String), timestamp: expect.any(String) });
 }

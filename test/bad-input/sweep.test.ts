@@ -16,6 +16,7 @@ import type { DescField, DescMessage } from "@bufbuild/protobuf";
 import { ScalarType } from "@bufbuild/protobuf";
 import { filesIn } from "@sandbar/protocol";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { UntypedJson } from "../../packages/control/src/casts.ts";
 import { RouteTable, type RestRoute } from "../../packages/control/src/gateway/route-table.ts";
 import { buildAgentBundle, startTestServer, type TestServer } from "../../packages/control/src/testing/server.ts";
 import { TOOLBOX_PREFIXES } from "../../packages/control/src/toolbox/mount.ts";
@@ -82,7 +83,7 @@ afterAll(async () => {
   if (bundle) await rm(bundle, { recursive: true, force: true });
 });
 
-async function call(p: Probe, timeoutMs = 30_000): Promise<{ status: number; json: any; contentType: string }> {
+async function call(p: Probe, timeoutMs = 30_000): Promise<{ status: number; json: UntypedJson; contentType: string }> {
   const url = `${t.url}/api${p.path}${p.query ? `?${p.query}` : ""}`;
   const res = await fetch(url, {
     method: p.verb,
@@ -91,7 +92,7 @@ async function call(p: Probe, timeoutMs = 30_000): Promise<{ status: number; jso
     signal: AbortSignal.timeout(timeoutMs),
   });
   const text = await res.text();
-  let json: any;
+  let json: UntypedJson;
   try {
     json = text ? JSON.parse(text) : undefined;
   } catch {
@@ -328,7 +329,7 @@ describe.skipIf(!root)("malformed input on every route", () => {
 });
 
 /** A WebSocket handshake: the refusal's status and body, or 101 (the socket then closed). */
-function upgrade(p: Probe): Promise<{ status: number; json: any; contentType: string }> {
+function upgrade(p: Probe): Promise<{ status: number; json: UntypedJson; contentType: string }> {
   return new Promise((resolve, reject) => {
     const req = request(`${t.url}/api${p.path}${p.query ? `?${p.query}` : ""}`, {
       headers: { authorization: `Bearer ${t.adminKey}`, connection: "Upgrade", upgrade: "websocket", "sec-websocket-version": "13", "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==" },
@@ -342,7 +343,7 @@ function upgrade(p: Probe): Promise<{ status: number; json: any; contentType: st
       let text = "";
       res.setEncoding("utf8").on("data", (c: string) => (text += c));
       res.on("end", () => {
-        let json: any;
+        let json: UntypedJson;
         try {
           json = JSON.parse(text);
         } catch {

@@ -31,11 +31,28 @@ function composeConfig(env: NodeJS.ProcessEnv): { status: number | null; stdout:
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
+/** What the test reads of `docker-compose config`'s answer (the resolved file). */
+interface ComposeService {
+  image?: string;
+  entrypoint?: string[];
+  environment: Record<string, string>;
+  depends_on: Record<string, { condition: string }>;
+  ports?: { published: number; target: number }[];
+  volumes: string[];
+  networks?: Record<string, { ipv4_address?: string }>;
+  privileged?: boolean;
+}
+interface ComposeFile {
+  services: Record<string, ComposeService>;
+  volumes: Record<string, unknown>;
+  networks: Record<string, { ipam: { config: { subnet: string }[] } }>;
+}
+
 describe.skipIf(!has("docker-compose"))("docker-compose.yml", () => {
-  const resolved = () => {
+  const resolved = (): ComposeFile => {
     const r = composeConfig({ SANDBAR_BOOTSTRAP_API_KEY: KEY });
     expect(r.status, r.stderr).toBe(0);
-    return parse(r.stdout) as { services: Record<string, any>; volumes: Record<string, unknown> };
+    return parse(r.stdout);
   };
 
   it("is valid and describes the fleet: PostgreSQL, two control replicas behind a load balancer, two self-registering runners", () => {
@@ -66,7 +83,7 @@ describe.skipIf(!has("docker-compose"))("docker-compose.yml", () => {
       expect(r.volumes.map((v: string) => v.replace(/:rw$/, ""))).toEqual(["fleet-config:/fleet:ro", `${name}:/var/lib/sandbar`]);
     }
     expect(subnets.size).toBe(2); // each runner its own egress subnet
-    const { networks } = resolved() as unknown as { networks: Record<string, any> };
+    const { networks } = resolved();
     expect(networks.default.ipam.config).toEqual([{ subnet: "172.29.213.0/24" }]);
     expect(Object.keys(volumes).sort()).toEqual(["archives", "backups", "fleet-config", "pgdata", "runner-1", "runner-2", "volume-data"]);
   });

@@ -2,6 +2,7 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
+import type { UntypedJson } from "../../packages/control/src/casts.ts";
 import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 import { startRegistry, type TestRegistry } from "../../packages/runner/src/images/testing/registry.ts";
 import { pushTestImage } from "../../packages/control/src/snapshots/testing/image.ts";
@@ -22,9 +23,7 @@ let scratch: string;
 let base: string;
 let daytona: import("sdk-0218").Daytona;
 
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-type Json = Record<string, any>;
-const getJson = async (path: string): Promise<Json> => (await (await fetch(`${s.apiUrl}${path}`, { headers: { authorization: `Bearer ${s.adminKey}` } })).json()) as Json;
+const getJson = async (path: string): Promise<UntypedJson> => (await fetch(`${s.apiUrl}${path}`, { headers: { authorization: `Bearer ${s.adminKey}` } })).json();
 
 beforeAll(async () => {
   scratch = await mkdtemp(join(tmpdir(), "sandbar-sdk218-build-"));
@@ -108,10 +107,10 @@ it("a context hash that is not in storage: the sandbox ends in build_failed nami
     headers: { authorization: `Bearer ${s.adminKey}`, "content-type": "application/json" },
     body: JSON.stringify({ buildInfo: { dockerfileContent: `FROM ${base}\nCOPY /x /x\n`, contextHashes: ["0123456789abcdef0123456789abcdef"] } }),
   });
-  const created = (await post.json()) as Json;
+  const created: UntypedJson = await post.json();
   expect(post.status, JSON.stringify(created)).toBe(200);
   expect(created.state).toBe("pending_build");
-  let row = created;
+  let row: UntypedJson = created;
   await eventually("the build to fail", async () => (row = await getJson(`/sandbox/${created.id}`)).state === "build_failed", 60_000);
   expect(row.errorReason).toMatch(/Build context 0123456789abcdef0123456789abcdef not found in object storage/);
   const del = await fetch(`${s.apiUrl}/sandbox/${created.id}`, { method: "DELETE", headers: { authorization: `Bearer ${s.adminKey}` } });

@@ -64,20 +64,30 @@ export function originScript(bare: string): string {
 /** A python module for pylsp completions and document symbols. */
 export const PY_MODULE = "class WidgetFactory:\n    pass\n\n\ndef make_widget():\n    return WidgetFactory()\n\n\nmake_w";
 
+/** sandbar.agent.v1.LogChunk as @grpc/proto-loader decodes it (oneof data, no defaults). */
+type LogChunk = { stdout?: Buffer; stderr?: Buffer };
+
 /** Follows a session command's log with @grpc/grpc-js on the control port: stdout and stderr apart. */
 export async function followLogsOverGrpc(s: RealServer, sandboxId: string, sessionId: string, commandId: string): Promise<{ stdout: string; stderr: string }> {
   const def = protoLoader.loadSync("sandbar/agent/v1/process.proto", { includeDirs: [PROTO_ROOT, join(PROTO_ROOT, "vendor")], keepCase: false, longs: Number, enums: String, defaults: false, oneofs: true });
-  const pkg = grpc.loadPackageDefinition(def) as unknown as { sandbar: { agent: { v1: { ProcessService: grpc.ServiceClientConstructor } } } };
-  const client = new pkg.sandbar.agent.v1.ProcessService(s.server.url.replace("http://", ""), grpc.credentials.createInsecure());
+  const ProcessService = serviceAt(grpc.loadPackageDefinition(def), "sandbar.agent.v1.ProcessService");
+  const client = new ProcessService(s.server.url.replace("http://", ""), grpc.credentials.createInsecure());
   try {
     const md = new grpc.Metadata();
     md.set("authorization", `Bearer ${s.adminKey}`);
     md.set("x-sandbar-sandbox-id", sandboxId);
-    const stream = (client as unknown as Record<string, (req: object, md: grpc.Metadata) => grpc.ClientReadableStream<{ stdout?: Buffer; stderr?: Buffer }>>)
-      .streamSessionCommandLogs({ sessionId, commandId, follow: true }, md);
+    // What client.streamSessionCommandLogs() sends, through its typed form: the loaded method's path and codecs.
+    const method = ProcessService.service.StreamSessionCommandLogs;
+    const stream = client.makeServerStreamRequest<{ sessionId: string; commandId: string; follow: boolean }, LogChunk>(
+      method.path,
+      method.requestSerialize,
+      method.responseDeserialize,
+      { sessionId, commandId, follow: true },
+      md,
+    );
     let stdout = "";
     let stderr = "";
-    for await (const chunk of stream as AsyncIterable<{ stdout?: Buffer; stderr?: Buffer }>) {
+    for await (const chunk of stream as AsyncIterable<LogChunk>) {
       if (chunk.stdout) stdout += chunk.stdout.toString();
       if (chunk.stderr) stderr += chunk.stderr.toString();
     }
@@ -85,6 +95,21 @@ export async function followLogsOverGrpc(s: RealServer, sandboxId: string, sessi
   } finally {
     client.close();
   }
+}
+
+type GrpcNode = grpc.GrpcObject[string];
+/** A package of the loaded definition (not a message or enum type, which carry their descriptors). */
+const isPackage = (n: GrpcNode): n is grpc.GrpcObject => typeof n === "object" && n !== null && !("fileDescriptorProtos" in n);
+
+/** The client constructor of the service at a dotted name of a loaded package definition. */
+function serviceAt(root: grpc.GrpcObject, name: string): grpc.ServiceClientConstructor {
+  let node: GrpcNode = root;
+  for (const part of name.split(".")) {
+    if (!isPackage(node)) throw new Error(`${name}: no package holds ${part}`);
+    node = node[part];
+  }
+  if (typeof node !== "function") throw new Error(`${name} is not a service of the loaded definition`);
+  return node;
 }
 
 /** CommonJS packages (the SDKs) from this ES module. */

@@ -201,7 +201,8 @@ describe("SDK 0.25.6 on a real sandbox", () => {
   }, 180_000);
 
   it("delete: DELETE /sandbox/{id}?force=true (what sandbox.delete() sends, through the SDK's API client) removes it", async () => {
-    const api = (daytona as unknown as { sandboxApi: { deleteSandbox(id: string, force: boolean): Promise<unknown> } }).sandboxApi;
+    // The SDK's API client is a private field its declarations leave untyped: typed here as far as the test uses it.
+    const api: { deleteSandbox(id: string, force: boolean): Promise<unknown> } = daytona["sandboxApi"];
     await api.deleteSandbox(sandbox.id, true);
     // Read by id during the grace period: destroyed (the reference's answer), then 404.
     expect((await daytona.get(sandbox.id)).state).toBe("destroyed");

@@ -14,6 +14,7 @@
  * The bootstrap admin key (the "Default" organization, a system admin) calls too.
  */
 import { expect } from "vitest";
+import type { UntypedJson } from "../../packages/control/src/casts.ts";
 import { ALL_SCOPES } from "../../packages/control/src/auth/scopes.ts";
 import type { TestIssuer } from "../../packages/control/src/testing/issuer.ts";
 import { api, type TestServer } from "../../packages/control/src/testing/server.ts";
@@ -65,7 +66,7 @@ export interface World {
   callers: Caller[];
 }
 
-type Call = (verb: string, path: string, body?: unknown) => Promise<{ status: number; body: any }>;
+type Call = (verb: string, path: string, body?: unknown) => Promise<{ status: number; body: UntypedJson }>;
 
 function caller(t: TestServer, token: string, header: Record<string, string> = {}): Call {
   return async (verb, path, body) => {
