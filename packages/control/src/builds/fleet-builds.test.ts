@@ -11,6 +11,7 @@ import { pushTestImage, registryAccount } from "../snapshots/testing/image.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { Builder } from "./builder.ts";
 import { uploadSleepContext } from "./testing/contexts.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // Declarative builds in a fleet, all real: a control server with its internal registry (Debian's
 // docker-registry on loopback) and object storage, a registry holding the FROM image (basic auth),
@@ -39,8 +40,8 @@ async function register(name: string, subnet: string) {
   return { process, id, key: remote.runnerId, remote };
 }
 
-async function settled(id: string): Promise<any> {
-  let row: any;
+async function settled(id: string): Promise<UntypedJson> {
+  let row: UntypedJson;
   await eventually(`snapshot ${id} built`, async () => !["pending", "building"].includes((row = (await call("GET", `/snapshots/${id}`)).body).state), 240_000);
   return row;
 }
@@ -72,7 +73,7 @@ afterAll(async () => {
 }, 120_000);
 
 describe.skipIf(!root)("declarative builds on registered runners", () => {
-  let snap: any;
+  let snap: UntypedJson;
   let builder: (typeof runners)[number];
   let other: (typeof runners)[number];
 
@@ -85,7 +86,7 @@ describe.skipIf(!root)("declarative builds on registered runners", () => {
     let text = "";
     let stateAtStart: string | undefined;
     const decoder = new TextDecoder();
-    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+    for await (const chunk of res.body!) {
       text += decoder.decode(chunk, { stream: true });
       if (stateAtStart === undefined && /^start$/m.test(text)) stateAtStart = (await call("GET", `/snapshots/${made.body.id}`)).body.state;
     }
@@ -168,7 +169,7 @@ describe.skipIf(!root)("declarative builds on registered runners", () => {
     expect(r.body.state).toBe("pending_build");
     const placedOn = r.body.runnerId as string;
     expect(runners.map((x) => x.key)).toContain(placedOn);
-    let row: any;
+    let row: UntypedJson;
     await eventually("the sandbox built and started", async () => ["started", "build_failed", "error"].includes((row = (await call("GET", `/sandbox/${r.body.id}`)).body).state), 240_000);
     expect(row).toMatchObject({ state: "started", runnerId: placedOn });
     const logs = await fetch(`${t.url}/api/sandbox/${r.body.id}/build-logs`, { headers: { authorization: `Bearer ${t.adminKey}` } }).then((x) => x.text());
@@ -190,7 +191,7 @@ describe.skipIf(!root)("declarative builds on registered runners", () => {
       let text = "";
       let stateAtStart: string | undefined;
       const decoder = new TextDecoder();
-      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      for await (const chunk of res.body!) {
         text += decoder.decode(chunk, { stream: true });
         if (stateAtStart === undefined && /^elsewhere-start$/m.test(text)) stateAtStart = (await api(t2.url, t.adminKey, "GET", `/snapshots/${made.body.id}`)).body.state;
       }

@@ -50,7 +50,7 @@ function execute(req: { command: string }, ctx: HandlerContext) {
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), "agent-unary-"));
   const socket = join(dir, "agent.sock");
-  server = http2.createServer(connectNodeAdapter({ routes: (r) => r.service(ProcessService, { execute } as never) }));
+  server = http2.createServer(connectNodeAdapter({ routes: (r) => r.service(ProcessService, { execute }) }));
   await new Promise<void>((resolve) => server.listen(socket, resolve));
   dial = { key: socket, api: () => connect(socket) };
 });

@@ -12,6 +12,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { eventually, type SandboxFixture } from "../sandboxes/testing/fixtures.ts";
 import { APP_PORT, DOMAIN, hostOf, pathOf, previewSuite, root, sandbox, send } from "./testing/suite.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // What the preview proxy carries: large and streamed bodies, HTTP/1.0 apps, WebSockets, bad ports,
 // smuggling attempts, activity, a real browser (the server and app in testing/suite.ts).
@@ -97,7 +98,7 @@ describe.skipIf(!root)("the preview proxy's traffic", () => {
     expect(r.json).toEqual({ length: body.length, sha256: sha, path: "/sum", te: null });
     // Chunked, written piece by piece: forwarded chunked.
     for (const method of ["POST", "PUT"]) {
-      const chunked = await new Promise<any>((resolve, reject) => {
+      const chunked = await new Promise<UntypedJson>((resolve, reject) => {
         const req = request({ host: "127.0.0.1", port, method, path: "/sum", headers: { host: hostOf(priv.id), "x-sandbar-preview-token": priv.token, "transfer-encoding": "chunked" } }, (res) => {
           let text = "";
           res.on("data", (c) => (text += c));

@@ -47,7 +47,7 @@ let fast = 0;
 const sessions = new Set<http2.ServerHttp2Session>();
 
 beforeAll(async () => {
-  const impl = { execute } as never;
+  const impl = { execute };
   const connect = connectNodeAdapter({ readMaxBytes: 1024 * 1024, routes: (r) => r.service(ProcessService, impl) });
   const serve = grpcUnaryFastPath([ProcessService], async (ctx, input) => create(ExecuteResponseSchema, await execute(input as ExecuteRequest, ctx)), 1024 * 1024);
   server = http2.createServer((req, res) => {

@@ -1,5 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { SecretBox } from "../auth/secret-box.ts";
 import { Organization, type SandboxRecord, User } from "../db/entities.ts";
 import { execIn } from "../db/exec.ts";
 import { insertOrganization } from "../organizations/new-organization.ts";
@@ -45,9 +46,12 @@ function row(server: TestServer, over: Partial<SandboxRecord> = {}): SandboxReco
   };
 }
 
+/** The directory's box for runner credentials, which place() never opens (a fixed key: no database row). */
+let unusedBox: Promise<SecretBox> | undefined;
+
 /** What a create does: the row inserted with its runner chosen in the same transaction; answers where it went or the refusal. */
 async function place(server: TestServer, over: Partial<SandboxRecord> = {}, gpuTypes: string[] = []): Promise<{ runner?: string; gpuType?: string | null; error?: string }> {
-  const directory = new RegisteredRunners(server.server.orm, undefined as never); // place() needs no credentials
+  const directory = new RegisteredRunners(server.server.orm, await (unusedBox ??= SecretBox.open(server.server.orm, "gpu-placement"))); // place() opens no credentials
   const store = new SandboxStore(server.server.orm);
   const r = row(server, over);
   try {

@@ -11,6 +11,7 @@ import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { reconcile } from "../sandboxes/reconcile.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 import { type RunnerProcess, registerRunnerProcess } from "./testing/runner-process.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // Snapshots from images and volumes on registered runners, all real: a docker-registry on
 // loopback (basic auth) holding an image built here, one control server that pulls it as a
@@ -41,7 +42,7 @@ async function register(name: string, subnet: string) {
 async function snapshotFrom(name: string, imageName: string): Promise<{ id: string; ref: string }> {
   const made = await call("POST", "/snapshots", { name, imageName });
   expect(made.status, JSON.stringify(made.body)).toBe(200);
-  let row: any;
+  let row: UntypedJson;
   await eventually(`snapshot ${name} active`, async () => ["active", "error"].includes((row = (await call("GET", `/snapshots/${made.body.id}`)).body).state), 60_000);
   expect(row.errorReason ?? null).toBeNull();
   return { id: row.id, ref: row.ref };

@@ -5,6 +5,7 @@ import { eventually } from "../sandboxes/testing/fixtures.ts";
 import { RemoteRuntime } from "./remote-runtime.ts";
 import { type RunnerProcess, registerRunnerProcess } from "./testing/runner-process.ts";
 import { createTestNetns, type TestNetns } from "./testing/netns.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // Scheduling across registered runners, all real: two `sandbar runner` processes, each in a
 // network namespace the test makes (reached over a veth pair at its own address; own data dir,
@@ -39,7 +40,7 @@ async function register(name: string, subnet: string, index: number): Promise<{ 
 
 const runnerState = async (id: string) => (await call("GET", `/runners/${id}`)).body;
 
-async function create(server = t): Promise<{ status: number; body: any }> {
+async function create(server = t): Promise<{ status: number; body: UntypedJson }> {
   const r = await call("POST", "/sandbox", { target: "fleet", cpu: 1, memory: 1, disk: 3, autoStopInterval: 0 }, server);
   if (r.status === 200) created.set(r.body.id, r.body.runnerId);
   return r;

@@ -5,6 +5,7 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // Real sandboxes running the real agent, through the REST API as clients call it: what a
 // sandbox's own workload does to its disk and its processes, and what the API answers then.
@@ -25,7 +26,7 @@ afterAll(async () => {
 const toolbox = (id: string) => `${f.t.url}/api/toolbox/${id}/toolbox`;
 
 /** A multipart POST of `files` (field name to content, or a text field) to a toolbox path. */
-async function multipart(id: string, path: string, fields: [string, string | Blob][]): Promise<{ status: number; body: any }> {
+async function multipart(id: string, path: string, fields: [string, string | Blob][]): Promise<{ status: number; body: UntypedJson }> {
   const form = new FormData();
   for (const [name, value] of fields) {
     if (typeof value === "string") form.append(name, value);

@@ -9,6 +9,7 @@ import { SandboxRecord } from "../db/entities.ts";
 import { sh } from "./testing/agent-client.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
 import { leftovers } from "./testing/leaks.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // The sandbox lifecycle over REST against a real server whose sandboxes are real (overlayfs,
 // namespaces, cgroups), run by the stand-in agent.
@@ -21,7 +22,7 @@ afterAll(() => f?.stop());
 
 const notFound = (x: string) => `Sandbox with ID or name ${x} not found`;
 
-async function expectError(res: { status: number; body: any }, status: number, message: string | RegExp) {
+async function expectError(res: { status: number; body: UntypedJson }, status: number, message: string | RegExp) {
   expect(res.status, JSON.stringify(res.body)).toBe(status);
   if (typeof message === "string") expect(res.body.message).toBe(message);
   else expect(res.body.message).toMatch(message);

@@ -12,29 +12,51 @@ import { startTestServer, type TestServer } from "../testing/server.ts";
 // as REST, plus health and reflection; and the Connect, gRPC and gRPC-Web protocols of connect-es.
 
 const protoRoot = fileURLToPath(new URL("../../../../proto", import.meta.url));
-const load = (file: string) =>
-  grpc.loadPackageDefinition(
+/** The client class of `service` (its full name) from the proto file that declares it. */
+function load(file: string, service: string): grpc.ServiceClientConstructor {
+  let node: grpc.GrpcObject[string] = grpc.loadPackageDefinition(
     protoLoader.loadSync(file, { includeDirs: [protoRoot, `${protoRoot}/vendor`], keepCase: false, longs: Number, enums: String, defaults: true }),
   );
+  for (const name of service.split(".")) {
+    if (typeof node === "function" || isTypeDefinition(node)) throw new Error(`${service}: ${name} is not in a package`);
+    node = node[name];
+  }
+  if (typeof node !== "function") throw new Error(`${file} declares no service ${service}`);
+  return node;
+}
+const isTypeDefinition = (node: grpc.GrpcObject | grpc.ProtobufTypeDefinition): node is grpc.ProtobufTypeDefinition => "format" in node && typeof node.format === "string";
 
-type Callback<T> = (err: grpc.ServiceError | null, res: T) => void;
-type Unary = (req: object, md: grpc.Metadata, cb: Callback<any>) => void;
-function call<T>(client: grpc.Client, method: string, req: object, key?: string): Promise<T> {
+type ServiceClient = InstanceType<grpc.ServiceClientConstructor>;
+
+/** One unary call through grpc-js's generic client (methods by name), the answer as proto-loader's plain object. */
+function call<T>(client: ServiceClient, method: string, req: object, key?: string): Promise<T> {
   const md = new grpc.Metadata();
   if (key) md.set("authorization", `Bearer ${key}`);
-  return new Promise((resolve, reject) =>
-    ((client as unknown as Record<string, Unary>)[method].bind(client))(req, md, (err, res) => (err ? reject(err) : resolve(res))),
-  );
+  const unary = client[method];
+  if (typeof unary !== "function") throw new Error(`no method ${method}`);
+  return new Promise((resolve, reject) => unary.call(client, req, md, (err: grpc.ServiceError | null, res: T) => (err ? reject(err) : resolve(res))));
+}
+
+// The answers as proto-loader spells them (camelCase fields, enums as their names).
+interface ApiKey {
+  name: string;
+  value: string;
+  permissions: string[];
+}
+interface ReflectionReply {
+  listServicesResponse?: { service: Array<{ name: string }> };
+  fileDescriptorResponse?: { fileDescriptorProto: Buffer[] };
+  errorResponse?: { errorCode: number };
 }
 
 let t: TestServer;
-let apiKeys: grpc.Client;
+let apiKeys: ServiceClient;
 const target = () => t.url.replace("http://", "");
 
 beforeAll(async () => {
   t = await startTestServer();
-  const pkg = load("sandbar/control/v1/api_key.proto") as any;
-  apiKeys = new pkg.sandbar.control.v1.ApiKeyService(target(), grpc.credentials.createInsecure());
+  const ApiKeys = load("sandbar/control/v1/api_key.proto", "sandbar.control.v1.ApiKeyService");
+  apiKeys = new ApiKeys(target(), grpc.credentials.createInsecure());
 });
 afterAll(async () => {
   apiKeys?.close();
@@ -43,14 +65,14 @@ afterAll(async () => {
 
 describe("@grpc/grpc-js against the control port", () => {
   it("creates, reads, lists and deletes keys with the bearer key in metadata", async () => {
-    const created = await call<any>(apiKeys, "createApiKey", { name: "grpc", permissions: ["PERMISSION_WRITE_SANDBOXES"] }, t.adminKey);
+    const created = await call<ApiKey>(apiKeys, "createApiKey", { name: "grpc", permissions: ["PERMISSION_WRITE_SANDBOXES"] }, t.adminKey);
     expect(created.value).toMatch(/^sbr_[0-9a-f]{64}$/);
     expect(created.permissions).toEqual(["PERMISSION_WRITE_SANDBOXES"]);
-    const current = await call<any>(apiKeys, "getCurrentApiKey", {}, created.value);
+    const current = await call<ApiKey>(apiKeys, "getCurrentApiKey", {}, created.value);
     expect(current.name).toBe("grpc");
     expect(current.value).toBe(created.value.slice(0, 3) + "*".repeat(20) + created.value.slice(-3));
-    const list = await call<any>(apiKeys, "listApiKeys", {}, t.adminKey);
-    expect(list.items.map((k: { name: string }) => k.name)).toContain("grpc");
+    const list = await call<{ items: ApiKey[] }>(apiKeys, "listApiKeys", {}, t.adminKey);
+    expect(list.items.map((k) => k.name)).toContain("grpc");
     await call(apiKeys, "deleteApiKey", { name: "grpc" }, t.adminKey);
     await expect(call(apiKeys, "getCurrentApiKey", {}, created.value)).rejects.toMatchObject({ code: grpc.status.UNAUTHENTICATED });
   });
@@ -61,26 +83,26 @@ describe("@grpc/grpc-js against the control port", () => {
     await expect(call(apiKeys, "createApiKey", { name: "", permissions: [] }, t.adminKey)).rejects.toMatchObject({ code: grpc.status.INVALID_ARGUMENT, details: "name should not be empty" });
     await call(apiKeys, "createApiKey", { name: "dup", permissions: [] }, t.adminKey);
     await expect(call(apiKeys, "createApiKey", { name: "dup", permissions: [] }, t.adminKey)).rejects.toMatchObject({ code: grpc.status.ALREADY_EXISTS });
-    const child = await call<any>(apiKeys, "createApiKey", { name: "narrow", permissions: [] }, t.adminKey);
+    const child = await call<ApiKey>(apiKeys, "createApiKey", { name: "narrow", permissions: [] }, t.adminKey);
     await expect(call(apiKeys, "setManagedApiKeys", { organizationId: "x", enabled: true }, child.value)).rejects.toMatchObject({ code: grpc.status.PERMISSION_DENIED });
     await expect(call(apiKeys, "deleteApiKeyForUser", { userId: "u", name: "n" }, t.adminKey)).rejects.toMatchObject({ code: grpc.status.UNAUTHENTICATED });
   });
 
   it("answers gRPC health checks", async () => {
-    const pkg = load("grpc/health/v1/health.proto") as any;
-    const health = new pkg.grpc.health.v1.Health(target(), grpc.credentials.createInsecure());
-    expect(await call<any>(health, "check", { service: "" })).toEqual({ status: "SERVING" });
-    expect(await call<any>(health, "check", { service: "sandbar.control.v1.ApiKeyService" })).toEqual({ status: "SERVING" });
+    const Health = load("grpc/health/v1/health.proto", "grpc.health.v1.Health");
+    const health = new Health(target(), grpc.credentials.createInsecure());
+    expect(await call<{ status: string }>(health, "check", { service: "" })).toEqual({ status: "SERVING" });
+    expect(await call<{ status: string }>(health, "check", { service: "sandbar.control.v1.ApiKeyService" })).toEqual({ status: "SERVING" });
     await expect(call(health, "check", { service: "nope" })).rejects.toMatchObject({ code: grpc.status.NOT_FOUND });
     health.close();
   });
 
   it("lists the services and serves their descriptors through reflection", async () => {
-    const pkg = load("grpc/reflection/v1/reflection.proto") as any;
-    const reflection = new pkg.grpc.reflection.v1.ServerReflection(target(), grpc.credentials.createInsecure());
-    const stream = reflection.serverReflectionInfo();
-    const replies: any[] = [];
-    stream.on("data", (r: unknown) => replies.push(r));
+    const Reflection = load("grpc/reflection/v1/reflection.proto", "grpc.reflection.v1.ServerReflection");
+    const reflection = new Reflection(target(), grpc.credentials.createInsecure());
+    const stream: grpc.ClientDuplexStream<object, ReflectionReply> = reflection.serverReflectionInfo();
+    const replies: ReflectionReply[] = [];
+    stream.on("data", (r: ReflectionReply) => replies.push(r));
     const ended = new Promise((resolve, reject) => {
       stream.on("end", resolve);
       stream.on("error", reject);
@@ -91,12 +113,12 @@ describe("@grpc/grpc-js against the control port", () => {
     stream.end();
     await ended;
     reflection.close();
-    const names = replies[0].listServicesResponse.service.map((s: { name: string }) => s.name);
+    const names = replies[0].listServicesResponse!.service.map((s) => s.name);
     expect(names).toEqual(expect.arrayContaining(["sandbar.control.v1.ApiKeyService", "sandbar.control.v1.SandboxService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"]));
-    const files: Buffer[] = replies[1].fileDescriptorResponse.fileDescriptorProto;
+    const files: Buffer[] = replies[1].fileDescriptorResponse!.fileDescriptorProto;
     expect(files.length).toBeGreaterThan(2);
     expect(files[0].toString("latin1")).toContain("sandbar/control/v1/api_key.proto");
-    expect(replies[2].errorResponse.errorCode).toBe(5);
+    expect(replies[2].errorResponse!.errorCode).toBe(5);
   });
 });
 

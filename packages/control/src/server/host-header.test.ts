@@ -9,6 +9,7 @@ import http2 from "node:http2";
 import { connect } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestServer, type TestServer } from "../testing/server.ts";
+import type { UntypedJson } from "../casts.ts";
 
 const DOMAIN = "preview.localhost";
 const TWO_HOSTS = "The request has more than one Host header";
@@ -76,7 +77,7 @@ describe("ambiguous Host headers", () => {
   });
 
   /** One h2c request with prior knowledge (node:http2): status and JSON body. */
-  async function h2(headers: http2.OutgoingHttpHeaders): Promise<{ status: number; body: any }> {
+  async function h2(headers: http2.OutgoingHttpHeaders): Promise<{ status: number; body: UntypedJson }> {
     const session = http2.connect(`http://${api}`);
     try {
       return await new Promise((resolve, reject) => {

@@ -15,6 +15,7 @@ import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startTestServer, type TestServer } from "../testing/server.ts";
 import { proxyV1, proxyV2 } from "./testing/proxy-headers.ts";
+import type { UntypedJson } from "../casts.ts";
 
 const LB = "127.0.0.1";
 const BAD = "sbr_" + "0".repeat(64);
@@ -50,7 +51,7 @@ describe("PROXY protocol on the control listener", () => {
   function rest(from: string, preface: Buffer | undefined, verb: string, path: string, opts: { key?: string; body?: unknown; headers?: Record<string, string> } = {}) {
     const text = opts.body === undefined ? undefined : JSON.stringify(opts.body);
     const headers: Record<string, string> = { ...opts.headers, ...(opts.key ? { authorization: `Bearer ${opts.key}` } : {}), ...(text ? { "content-type": "application/json" } : {}) };
-    return new Promise<{ status: number; body: any }>((resolve, reject) => {
+    return new Promise<{ status: number; body: UntypedJson }>((resolve, reject) => {
       const req = request({ path: `/api${path}`, method: verb, headers, createConnection: () => socketFrom(from, preface) }, (res) => {
         const chunks: Buffer[] = [];
         res.on("data", (c: Buffer) => chunks.push(c));

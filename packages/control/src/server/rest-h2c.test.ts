@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { RouteTable } from "../gateway/route-table.ts";
 import { TOOLBOX_PREFIXES } from "../toolbox/mount.ts";
 import { PREFIXES, SANDBOX, startFixture, type Fixture } from "../toolbox/rest/test-fixture.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // REST on the one port over HTTP/2 cleartext, as curl (prior knowledge, and HTTP/1.1 with
 // `Upgrade: h2c`, served over HTTP/1.1) and node:http2 send it: the contract's routes, the
@@ -29,7 +30,7 @@ async function curl(mode: "--http2-prior-knowledge" | "--http2", path: string, a
   const cut = stdout.lastIndexOf("\n");
   const [status, version] = stdout.slice(cut + 1).split(" ");
   const text = stdout.slice(0, cut);
-  let json: any;
+  let json: UntypedJson;
   try {
     json = JSON.parse(text);
   } catch {
@@ -93,7 +94,7 @@ function h2(session: http2.ClientHttp2Session, method: string, path: string, opt
   const key = opts.key === undefined ? f.adminKey : opts.key;
   const stream = session.request({ ":method": method, ":path": `/api${path}`, ...(key ? { authorization: `Bearer ${key}` } : {}), ...opts.headers }, { endStream: opts.body === undefined });
   if (opts.body !== undefined) stream.end(opts.body);
-  return new Promise<{ status: number; headers: http2.IncomingHttpHeaders; body: Buffer; json: any }>((resolve, reject) => {
+  return new Promise<{ status: number; headers: http2.IncomingHttpHeaders; body: Buffer; json: UntypedJson }>((resolve, reject) => {
     let headers: http2.IncomingHttpHeaders = {};
     const chunks: Buffer[] = [];
     stream.on("response", (h) => (headers = h));
@@ -101,7 +102,7 @@ function h2(session: http2.ClientHttp2Session, method: string, path: string, opt
     stream.on("error", reject);
     stream.on("end", () => {
       const body = Buffer.concat(chunks);
-      let json: any;
+      let json: UntypedJson;
       try {
         json = JSON.parse(body.toString());
       } catch {

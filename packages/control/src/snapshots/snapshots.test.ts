@@ -8,6 +8,7 @@ import { buildAgentBundle } from "../testing/agent-bundle.ts";
 import { api, startTestServer, type TestServer } from "../testing/server.ts";
 import { pushTestImage, registryAccount } from "./testing/image.ts";
 import { eventually } from "../../../protocol/src/testing/eventually.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // Snapshots from OCI images against a real control server (embedded PostgreSQL), a real registry
 // on loopback (docker-registry with basic auth, fed images built here from files) and real
@@ -62,7 +63,7 @@ function registryCredentials() {
 
 const randomSuffix = () => Math.random().toString(36).slice(2, 8);
 
-async function waitFor(id: string, states: string[], ms = 60_000): Promise<any> {
+async function waitFor(id: string, states: string[], ms = 60_000): Promise<UntypedJson> {
   const until = Date.now() + ms;
   for (;;) {
     const r = await call("GET", `/snapshots/${id}`);
@@ -122,9 +123,9 @@ describe("snapshots from images", () => {
     const r = await call("GET", "/snapshots?limit=1&page=1");
     expect(r.status).toBe(200);
     expect(r.body).toMatchObject({ total: 2, page: 1, totalPages: 2 });
-    expect(r.body.items.map((s: any) => s.name)).toEqual(["app-snap"]); // its own first
+    expect(r.body.items.map((s: { name: string }) => s.name)).toEqual(["app-snap"]); // its own first
     const all = await call("GET", "/snapshots");
-    expect(all.body.items.map((s: any) => [s.name, s.general, s.state])).toEqual([
+    expect(all.body.items.map((s: { name: string; general: boolean; state: string }) => [s.name, s.general, s.state])).toEqual([
       ["app-snap", false, "active"],
       ["sandbar-default", true, "active"],
     ]);
@@ -243,7 +244,7 @@ describe("snapshots from images", () => {
 
   it("refuses a snapshot over the organization's snapshot quota", async () => {
     const org = (await call("GET", "/snapshots/app-snap")).body.organizationId;
-    const own = (await call("GET", "/snapshots")).body.items.filter((i: any) => !i.general).length;
+    const own = (await call("GET", "/snapshots")).body.items.filter((i: { general: boolean }) => !i.general).length;
     expect((await call("PATCH", `/organizations/${org}/quota`, { snapshotQuota: own })).status).toBe(200);
     const r = await call("POST", "/snapshots", { name: "one-too-many", imageName: app });
     expect(r.status).toBe(400);
@@ -263,7 +264,7 @@ describe("snapshots from images", () => {
     expect(general.body.general).toBe(true);
     expect(general.body.organizationId ?? null).toBeNull();
     // A general snapshot is listed after the organization's own, and not deleted.
-    expect((await call("GET", "/snapshots")).body.items.filter((i: any) => i.general).map((i: any) => i.name).sort()).toEqual([app, "sandbar-default"].sort());
+    expect((await call("GET", "/snapshots")).body.items.filter((i: { general: boolean }) => i.general).map((i: { name: string }) => i.name).sort()).toEqual([app, "sandbar-default"].sort());
     expect((await call("DELETE", `/images/${r.body.id}`)).status).toBe(403);
     expect((await call("PATCH", `/images/${r.body.id}/general`, { general: false })).body.general).toBe(false);
     expect((await call("DELETE", `/images/${r.body.id}`)).status).toBe(200);

@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { startControlServer, type ControlOptions, type ControlServer } from "../server/control-server.ts";
 import { loadSettings, type Settings } from "../settings.ts";
 import { freePort } from "@sandbar/runner/free-port";
+import type { UntypedJson } from "../casts.ts";
 
 /**
  * Where test servers build and cache the default snapshot: shared with the runner's tests, so
@@ -71,7 +72,7 @@ export async function api(base: string, key: string | undefined, method: string,
     body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
   });
   const text = await res.text();
-  let json: any = undefined;
+  let json: UntypedJson = undefined;
   try {
     json = text ? JSON.parse(text) : undefined;
   } catch {

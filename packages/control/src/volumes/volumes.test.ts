@@ -8,6 +8,7 @@ import { execIn } from "../db/exec.ts";
 import { volumeService } from "./service.ts";
 import { loadSettings } from "../settings.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "../sandboxes/testing/fixtures.ts";
+import type { UntypedJson } from "../casts.ts";
 
 // Volumes over REST against a real server (embedded PostgreSQL) whose sandboxes are real
 // (overlayfs, namespaces, a host uid per sandbox), run by the stand-in agent.
@@ -21,7 +22,7 @@ beforeAll(async () => {
 });
 afterAll(() => f?.stop());
 
-async function expectError(res: { status: number; body: any }, status: number, message: string | RegExp) {
+async function expectError(res: { status: number; body: UntypedJson }, status: number, message: string | RegExp) {
   expect(res.status, JSON.stringify(res.body)).toBe(status);
   if (typeof message === "string") expect(res.body.message).toBe(message);
   else expect(res.body.message).toMatch(message);

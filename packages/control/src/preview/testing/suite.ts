@@ -5,6 +5,7 @@ import { afterAll, beforeAll, expect } from "vitest";
 import { buildAgentBundle } from "../../testing/agent-bundle.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "../../sandboxes/testing/fixtures.ts";
 import { APP_PY } from "./app.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // The preview proxy end to end: real sandboxes running the real agent (bundled from source, with
 // its tunnel), a python web app and WebSocket echo inside, reached through the control port by
@@ -25,7 +26,7 @@ export interface Answer {
   status: number;
   headers: Record<string, string | string[] | undefined>;
   text: string;
-  json: any;
+  json: UntypedJson;
 }
 
 /** Starts the file's server (as root) before its tests and stops it after; answers the fixture and the control port. */
@@ -60,7 +61,7 @@ export function send(path: string, opts: { host?: string; method?: string; heade
       res.on("data", (c: Buffer) => chunks.push(c));
       res.on("end", () => {
         const text = Buffer.concat(chunks).toString();
-        let json: any;
+        let json: UntypedJson;
         try {
           json = JSON.parse(text);
         } catch {

@@ -8,6 +8,7 @@ import { freePort } from "@sandbar/runner/free-port";
 import { issuerSettings, TestIssuer } from "../../testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../../testing/server.ts";
 import { type RegistryProcess, startRegistryProcess } from "./registry-process.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // SANDBAR_PUSH_REGISTRY: the server runs no registry, only the token service, at a fixed address;
 // an operator's registry (here a docker-registry this test starts, as an operator would, with the
@@ -88,7 +89,7 @@ describe("an external push registry", () => {
     const snap = await api(t.url, t.adminKey, "POST", "/snapshots", { name: "from-external", imageName: `${registryHost}/${mine.project}/app:1.0` });
     expect(snap.status, JSON.stringify(snap.body)).toBe(200);
     const until = Date.now() + 60_000;
-    let state: any;
+    let state: UntypedJson;
     do {
       await new Promise((r) => setTimeout(r, 100));
       state = (await api(t.url, t.adminKey, "GET", `/snapshots/${snap.body.id}`)).body;

@@ -11,6 +11,7 @@ import { issuerSettings, TestIssuer } from "../../testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../../testing/server.ts";
 import { MAX_LIVE_ACCOUNTS } from "./credentials.ts";
 import { PUSH_ACCESS_SECONDS } from "./index.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // The internal registry end to end: a real server (embedded PostgreSQL) running Debian's
 // docker-registry with token auth against its own token service; images pushed with skopeo using
@@ -55,7 +56,7 @@ async function skopeo(access: Pick<Access, "registryUrl" | "username" | "secret"
 const push = (a: Access, repo: string) => skopeo(a, ["copy", "--quiet", "--dest-tls-verify=false", `oci:${layout}:app`, `docker://${a.registryUrl}/${repo}`]);
 const inspect = (a: Access, repo: string) => skopeo(a, ["inspect", "--raw", "--tls-verify=false", `docker://${a.registryUrl}/${repo}`]);
 
-async function waitFor(id: string, states: string[], as = call, ms = 60_000): Promise<any> {
+async function waitFor(id: string, states: string[], as = call, ms = 60_000): Promise<UntypedJson> {
   const until = Date.now() + ms;
   for (;;) {
     const r = await as("GET", `/snapshots/${id}`);

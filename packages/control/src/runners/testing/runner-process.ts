@@ -6,6 +6,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { freePort } from "@sandbar/runner/free-port";
 import { TEST_SNAPSHOT_CACHE } from "../../testing/server.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // A real `sandbar runner` process on loopback, with its own data dir and port, for tests.
 
@@ -90,7 +91,7 @@ export async function startRunnerProcess(o: { env?: NodeJS.ProcessEnv; subnet?: 
   };
 }
 
-type Call = (method: string, p: string, body?: unknown) => Promise<{ status: number; body: any }>;
+type Call = (method: string, p: string, body?: unknown) => Promise<{ status: number; body: UntypedJson }>;
 
 /**
  * A runner registered through `POST /runners` in a region, then started as a process with the

@@ -10,6 +10,7 @@ import { LocalRuntime } from "../local-runtime.ts";
 import type { SandboxManager } from "../manager.ts";
 import { sh } from "./agent-client.ts";
 import { standInAgentBundle } from "./stand-in-agent.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // The poll helper moved to protocol so that every package's tests share it; kept importable from here.
 export { eventually } from "../../../../protocol/src/testing/eventually.ts";
@@ -37,7 +38,7 @@ export interface SandboxDto {
   name: string;
   state: string;
   desiredState: string;
-  [key: string]: any;
+  [key: string]: UntypedJson;
 }
 
 export async function sandboxFixture(settings: Partial<Settings> = {}, server: { dataDir?: string; adminKey?: string } = {}): Promise<SandboxFixture> {

@@ -1,14 +1,14 @@
 import { createHash, randomBytes } from "node:crypto";
-import type { IncomingMessage } from "node:http";
-import { Readable } from "node:stream";
+import { IncomingMessage } from "node:http";
+import { Socket } from "node:net";
 import busboy from "busboy";
 import { describe, expect, it } from "vitest";
 import { formParts } from "./multipart-parts.ts";
 
 // The multipart parser against busboy (which it replaced, and which the SDKs' own tests use) on
 // the same bodies, cut into reads at every kind of place: inside a delimiter, right after a CR,
-// inside a part's headers. The request is a Readable with the request's fields the parser reads
-// (headers, complete): the cut points are the point, and a socket would merge them. The real
+// inside a part's headers. The request is node's IncomingMessage fed those reads one by one (not
+// through a socket): the cut points are the point, and a socket would merge them. The real
 // HTTP path is covered by transfer.test.ts, upload-errors.test.ts and the SDK suites.
 
 interface Seen {
@@ -23,11 +23,16 @@ interface Seen {
 const hash = (chunks: Buffer[]) => chunks.reduce((h, c) => h.update(c), createHash("sha256")).digest("hex");
 
 function request(contentType: string, reads: Buffer[], complete = true): IncomingMessage {
-  const stream = Readable.from(reads, { objectMode: false }) as Readable & { headers: Record<string, string>; complete: boolean };
-  stream.headers = { "content-type": contentType };
-  stream.complete = false;
-  stream.on("end", () => (stream.complete = complete));
-  return stream as unknown as IncomingMessage;
+  // A request of node's own, on a socket that never connects: its body is `reads`, one per read.
+  const req = new IncomingMessage(new Socket());
+  req.headers = { "content-type": contentType };
+  const next = reads[Symbol.iterator]();
+  req._read = () => {
+    const read = next.next();
+    req.push(read.done ? null : read.value);
+  };
+  req.on("end", () => (req.complete = complete));
+  return req;
 }
 
 async function ours(contentType: string, reads: Buffer[]): Promise<Seen[]> {

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { eventually } from "../../../../protocol/src/testing/eventually.ts";
 import { legacyWrapped, splitWords } from "./execute.ts";
 import { PREFIXES, startFixture, toolboxFetch, type Fixture } from "./test-fixture.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // process/execute and process/code-run through the REST toolbox into a real agent, with the
 // command forms of each SDK generation.
@@ -23,7 +24,7 @@ function sdkWrapped(command: string, env?: Record<string, string>): string {
 
 async function execute(body: unknown, headers: Record<string, string> = {}, prefix?: string) {
   const res = await toolboxFetch(f, "/process/execute", { method: "POST", body: JSON.stringify(body), headers: { "content-type": "application/json", ...headers }, prefix });
-  return { status: res.status, body: (await res.json() as any) };
+  return { status: res.status, body: (await res.json() as UntypedJson) };
 }
 
 const TRICKY = {
@@ -102,6 +103,6 @@ describe("code-run", () => {
       headers: { "content-type": "application/json", "x-daytona-sdk-version": "0.218.0" },
     });
     expect(res.status).toBe(200);
-    expect((await res.json() as any)).toMatchObject({ exitCode: 0, result: "['a', 'b'] it's $x\n" });
+    expect((await res.json() as UntypedJson)).toMatchObject({ exitCode: 0, result: "['a', 'b'] it's $x\n" });
   });
 });

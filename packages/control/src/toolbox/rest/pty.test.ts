@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
 import { PREFIXES, PREVIEW_TOKEN, startFixture, toolboxFetch, type Fixture } from "./test-fixture.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // Terminals through the REST toolbox: created over REST, driven over a WebSocket on the
 // toolbox prefix, into a real agent's PTY.
@@ -18,7 +19,7 @@ async function createPty(id: string, prefix?: string) {
     body: JSON.stringify({ id, cwd: f.root, envs: { GREETING: "it's $me" }, cols: 100, rows: 30, lazyStart: true }),
     headers: { "content-type": "application/json" },
   });
-  return { status: res.status, body: (await res.json() as any) };
+  return { status: res.status, body: (await res.json() as UntypedJson) };
 }
 
 /** A terminal client as the SDK's PtyHandle behaves: waits for the connected control frame. */
@@ -91,7 +92,7 @@ describe("PTY over WebSocket", () => {
     const t = new Terminal("pty-token", { "x-daytona-preview-token": PREVIEW_TOKEN });
     await t.until(() => t.controls.length > 0, "the connected frame");
     const resize = await toolboxFetch(f, "/process/pty/pty-token/resize", { method: "POST", body: JSON.stringify({ cols: 120, rows: 40 }), headers: { "content-type": "application/json" } });
-    expect((await resize.json() as any)).toMatchObject({ cols: 120, rows: 40, active: true });
+    expect(await resize.json()).toMatchObject({ cols: 120, rows: 40, active: true });
     t.send("stty size\n");
     await t.until(() => t.output.includes("40 120"), "the new size");
     const killed = await toolboxFetch(f, "/process/pty/pty-token", { method: "DELETE" });

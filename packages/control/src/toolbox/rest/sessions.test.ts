@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
 import { PREFIXES, PREVIEW_TOKEN, startFixture, toolboxFetch, type Fixture } from "./test-fixture.ts";
 import { eventually } from "../../../../protocol/src/testing/eventually.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // Sessions through the REST toolbox into a real agent: statuses, the output shapes of each
 // SDK generation, plain and JSON logs, and log following over chunked HTTP and WebSocket.
@@ -38,7 +39,7 @@ async function call(method: string, path: string, body?: unknown, headers: Recor
     headers: { ...(body === undefined ? {} : { "content-type": "application/json" }), ...headers },
   });
   const text = await res.text();
-  let json: any;
+  let json: UntypedJson;
   try {
     json = JSON.parse(text);
   } catch {

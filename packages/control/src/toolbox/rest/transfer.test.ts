@@ -9,6 +9,7 @@ import { Readable } from "node:stream";
 import busboy from "busboy";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startFixture, toolboxFetch, type Fixture } from "./test-fixture.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // Bulk and single uploads and downloads through the control server's REST toolbox into a real
 // agent, byte for byte, in the multipart shapes the SDKs write and parse.
@@ -48,7 +49,7 @@ async function parseMultipart(res: Response): Promise<Part[]> {
     bb.on("close", resolve);
     bb.on("error", reject);
   });
-  Readable.fromWeb(res.body! as never).pipe(bb);
+  Readable.fromWeb(res.body!).pipe(bb);
   await done;
   return parts;
 }
@@ -118,7 +119,7 @@ describe("bulk upload", () => {
     });
     const res = await toolboxFetch(f, "/files/bulk-upload", { method: "POST", body: form });
     expect(res.status).toBe(200);
-    const body = (await res.json() as any);
+    const body = (await res.json() as UntypedJson);
     expect(body.files.map((x: { bytes: number }) => x.bytes)).toEqual(files.map((x) => x.data.length));
     for (const file of files) {
       const onDisk = await readFile(file.path.startsWith("/") ? file.path : join(f.root, file.path));
@@ -132,13 +133,13 @@ describe("bulk upload", () => {
     form.append("files[0].path", join(f.root, "never.txt"));
     const res = await toolboxFetch(f, "/files/bulk-upload", { method: "POST", body: form });
     expect(res.status).toBe(400);
-    expect(((await res.json() as any)).message).toMatch(/files\[0\]\.path/);
+    expect((await res.json() as UntypedJson).message).toMatch(/files\[0\]\.path/);
     await expect(stat(join(f.root, "never.txt"))).rejects.toThrow();
 
     const truncated = "--XYZ\r\nContent-Disposition: form-data; name=\"files[0].path\"\r\n\r\n" + join(f.root, "t.txt") + "\r\n--XYZ\r\nContent-Disposition: form-data; name=\"files[0].file\"; filename=\"t\"\r\n\r\npartial";
     const bad = await toolboxFetch(f, "/files/bulk-upload", { method: "POST", body: truncated, headers: { "content-type": "multipart/form-data; boundary=XYZ" } });
     expect(bad.status).toBe(400);
-    expect(((await bad.json() as any)).statusCode).toBe(400);
+    expect((await bad.json() as UntypedJson).statusCode).toBe(400);
 
     const notMultipart = await toolboxFetch(f, "/files/bulk-upload", { method: "POST", body: "{}", headers: { "content-type": "application/json" } });
     expect(notMultipart.status).toBe(400);
@@ -152,7 +153,7 @@ describe("bulk upload", () => {
     expect(res.status).toBe(401);
     const other = await fetch(`${f.url}/api/toolbox/other/toolbox/files/bulk-upload`, { method: "POST", body: form, headers: { authorization: `Bearer ${f.adminKey}` } });
     expect(other.status).toBe(404);
-    expect(((await other.json() as any)).statusCode).toBe(404);
+    expect((await other.json() as UntypedJson).statusCode).toBe(404);
     await expect(stat(join(f.root, "unauth.txt"))).rejects.toThrow();
   });
 });
@@ -174,7 +175,7 @@ describe("single upload and download", () => {
 
     const missing = await toolboxFetch(f, `/files/download?path=${encodeURIComponent(join(f.root, "nope"))}`);
     expect(missing.status).toBe(404);
-    expect(((await missing.json() as any)).statusCode).toBe(404);
+    expect((await missing.json() as UntypedJson).statusCode).toBe(404);
     const noPath = await toolboxFetch(f, "/files/upload", { method: "POST", body: form });
     expect(noPath.status).toBe(400);
   });
@@ -222,7 +223,7 @@ describe("bulk download", () => {
     expect(none.status).toBe(400);
     const bad = await toolboxFetch(f, "/files/bulk-download", { method: "POST", body: JSON.stringify({ paths: "x" }), headers: { "content-type": "application/json" } });
     expect(bad.status).toBe(400);
-    expect(((await bad.json() as any)).message).toMatch(/paths must be an array/);
+    expect((await bad.json() as UntypedJson).message).toMatch(/paths must be an array/);
   });
 });
 

@@ -6,6 +6,7 @@ import { issuerSettings, TestIssuer } from "../../testing/issuer.ts";
 import { api, startTestServer, type TestServer } from "../../testing/server.ts";
 import type { WebhookSettings } from "../settings.ts";
 import { Receiver, type Received } from "./receiver.ts";
+import type { UntypedJson } from "../../casts.ts";
 
 // Webhooks end to end on a real server (embedded PostgreSQL) with real sandboxes, delivering to
 // real HTTP receivers on 127.0.0.1 (so private destinations are allowed here). Polling is set to an
@@ -32,7 +33,7 @@ export interface WebhookSuite {
   adminOrg(server?: TestServer): Promise<string>;
   endpoint(org: string, url: string, extra?: Record<string, unknown>, token?: string): Promise<{ endpoint: { id: string; url: string; eventTypes: string[]; enabled: boolean }; secret: string }>;
   /** The endpoint's attempts (newest first), once at least `n` are recorded. */
-  attemptsOf(org: string, id: string, n: number, server?: TestServer): Promise<Array<Record<string, any>>>;
+  attemptsOf(org: string, id: string, n: number, server?: TestServer): Promise<Array<Record<string, UntypedJson>>>;
 }
 
 /** One server per test file (`SETTINGS` with `overrides`): registers its start and stop with the file's hooks. */
@@ -85,7 +86,7 @@ export function webhookSuite(overrides: Partial<WebhookSettings> = {}): WebhookS
       return res.body;
     },
     async attemptsOf(org, id, n, s = server()) {
-      let items: Array<Record<string, any>> = [];
+      let items: Array<Record<string, UntypedJson>> = [];
       await eventually(`${n} attempts of endpoint ${id}`, async () => {
         const body = (await api(s.url, s.adminKey, "GET", `${base(org)}/${id}/attempts`)).body;
         items = body.items;
