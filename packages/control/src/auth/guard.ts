@@ -36,14 +36,28 @@ export class Guard {
    * blocked for failed authentications is refused before its credentials are read.
    */
   async check(method: DescMethod, header: Headers, message: unknown, route: Route = routeOf(method), call: CallSite = {}): Promise<AuthContext> {
+    return this.#admit(route, call, () => this.authorize(header, message, route, call));
+  }
+
+  /**
+   * A call whose protocol has credentials of its own (the S3 endpoint's signatures, the internal
+   * registry's basic auth): `verify` checks them (UNAUTHENTICATED when wrong) and says who the
+   * call acts for; the address is throttled for failed attempts and the call counted under `route`
+   * as for any other.
+   */
+  async checkForeign(route: Route, call: CallSite, verify: () => Promise<AuthContext>): Promise<AuthContext> {
+    return this.#admit(route, call, async () => ({ auth: await verify() }));
+  }
+
+  async #admit(route: Route, call: CallSite, authorize: () => Promise<Authorized>): Promise<AuthContext> {
     const { limits } = this;
     const address = call.address ?? "";
-    if (!limits) return (await this.authorize(header, message, route, call)).auth;
+    if (!limits) return (await authorize()).auth;
     const lookup = limits.refuseBlocked(address);
     if (lookup) await lookup;
     let authorized: Authorized;
     try {
-      authorized = await this.authorize(header, message, route, call);
+      authorized = await authorize();
     } catch (err) {
       if (err instanceof ConnectError && err.code === Code.Unauthenticated) throw await limits.failedAuthentication(address, err);
       throw err;

@@ -1,12 +1,13 @@
 import { create, type DescMessage, type DescMethod, type DescService, type Message } from "@bufbuild/protobuf";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
-import { Code, ConnectError, errors, routeOf, type Route } from "@sandbar/protocol";
+import { Code, ConnectError, errors, RateLimit, routeOf, type Route } from "@sandbar/protocol";
+import { RouteSchema } from "@sandbar/protocol/gen/sandbar/options/v1/options_pb.js";
 import type { CallRecorder, CompleteCall } from "../audit/recorder.ts";
 import type { Guard } from "../auth/guard.ts";
 import type { AuthContext } from "../auth/principal.ts";
 import { writeFigures } from "../limits/figures.ts";
 import { requiredProblems, stringProblems } from "../services/validate.ts";
-import { type Call, callKey, inputProblemsKey } from "./call.ts";
+import { type Call, callKey, type CallSource, inputProblemsKey, newCall } from "./call.ts";
 import { reportUnexpected } from "./unexpected.ts";
 
 /** An implementation method as the chain holds it (Connect's handler signature, messages untyped). */
@@ -88,6 +89,27 @@ export class CallChain {
     call.admission = { route: this.#mounted(method).route, auth };
   }
 
+  /**
+   * Admits a call of a protocol whose credentials the guard does not know (the S3 endpoint's SigV4
+   * push keys, the internal registry's basic auth): the adapter's `verify` checks them and names the
+   * organization (UNAUTHENTICATED when wrong); the chain throttles failed attempts by the client's
+   * address and counts the call under `route`, as for every other way in.
+   */
+  async admitForeign(call: Call, route: Route, verify: () => Promise<AuthContext>): Promise<AuthContext> {
+    const auth = await this.#guard.checkForeign(route, call, verify);
+    call.admission = { route, auth };
+    return auth;
+  }
+
+  /**
+   * The admission of data-plane protocols with their own credentials: not rate-limited (their
+   * traffic is work, as the toolbox's), failed authentications throttled by address.
+   */
+  foreignAdmission(): ForeignAdmission {
+    const route = create(RouteSchema, { rateLimit: RateLimit.NONE });
+    return (req, verify) => this.admitForeign(newCall(req), route, verify);
+  }
+
   /** Invokes a unary or client-streaming method in a context made by `contextFor()`; answers its output message. */
   async unary(ctx: HandlerContext, input: unknown): Promise<Message> {
     return asMessage(ctx.method.output, await this.#mounted(ctx.method).run(input, ctx));
@@ -166,6 +188,9 @@ export class CallChain {
     };
   }
 }
+
+/** How an adapter of a protocol with credentials of its own enters the chain (CallChain.foreignAdmission). */
+export type ForeignAdmission = (req: CallSource, verify: () => Promise<AuthContext>) => Promise<AuthContext>;
 
 /** Two rules that admit the same callers (the toolbox mounts every agent method under one). */
 const sameRule = (a: Route, b: Route) => a === b || (a.auth === b.auth && a.scope === b.scope && a.owner === b.owner && a.userLevel === b.userLevel && a.rateLimit === b.rateLimit);

@@ -4,6 +4,7 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { startObjectStorage, type ObjectStorageBackend } from "./backend.ts";
 import { BuildContexts } from "./contexts.ts";
 import { PushAccessKeys } from "./push-credentials.ts";
+import type { ForeignAdmission } from "../call/chain.ts";
 import { s3Proxy, type S3Proxy } from "./s3-proxy.ts";
 import { objectStorageService } from "./service.ts";
 import type { ObjectStorageSettings } from "./settings.ts";
@@ -18,14 +19,14 @@ export interface ObjectStorage {
   close(): Promise<void>;
 }
 
-export async function startObjectStorageService(settings: ObjectStorageSettings, dataDir: string, publicUrl: string, orm: MikroORM): Promise<ObjectStorage> {
+export async function startObjectStorageService(settings: ObjectStorageSettings, dataDir: string, publicUrl: string, orm: MikroORM, admit: ForeignAdmission): Promise<ObjectStorage> {
   const backend = await startObjectStorage(settings, dataDir);
   const keys = await PushAccessKeys.open(orm);
   const contexts = new BuildContexts(backend);
   return {
     backend,
     contexts,
-    proxy: s3Proxy(backend, keys),
+    proxy: s3Proxy(backend, keys, admit),
     impl: objectStorageService(backend, keys, publicUrl),
     async close() {
       contexts.close();

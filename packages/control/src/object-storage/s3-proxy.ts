@@ -1,11 +1,14 @@
 import { request as httpRequest, type IncomingMessage, type ServerResponse } from "node:http";
 import { request as httpsRequest } from "node:https";
+import { Code, ConnectError } from "@sandbar/protocol";
+import type { ForeignAdmission } from "../call/chain.ts";
 import type { ObjectStorageBackend } from "./backend.ts";
 import type { PushAccessKeys } from "./push-credentials.ts";
 import { amzDate, parseAuthorization, signFor, verifySignature, type SignableRequest } from "./sigv4.ts";
 
-// The S3 endpoint clients get from push-access (`<public URL>/s3`, path-style): every request is
-// checked here (a SigV4 signature under credentials this server issued, the bucket, the
+// The S3 endpoint clients get from push-access (`<public URL>/s3`, path-style), an adapter of the
+// call chain: every request's signature (SigV4, under credentials this server issued) is checked
+// through the chain's foreign admission (failed attempts throttled by address), then here the bucket, the
 // organization's prefix, and only what a context upload or read needs: list, put, multipart
 // upload, get, head), then re-signed with the store's own credentials and streamed to it (the
 // embedded s3rver on loopback, or the operator's S3). The body is never buffered.
@@ -88,7 +91,23 @@ export interface S3Proxy {
   handle(req: IncomingMessage, res: ServerResponse): Promise<void>;
 }
 
-export function s3Proxy(backend: ObjectStorageBackend, keys: PushAccessKeys): S3Proxy {
+/** An S3 error answer as a ConnectError: its S3 code and status ride in its metadata. */
+function s3Refusal(status: number, code: string, message: string): ConnectError {
+  return new ConnectError(message, Code.Unauthenticated, { [S3_CODE]: code, [S3_STATUS]: String(status) });
+}
+const S3_CODE = "x-s3-error-code";
+const S3_STATUS = "x-s3-status";
+
+/** Answers a refused admission the S3 way (a client blocked for failed attempts gets 503 SlowDown, which S3 clients back off from). */
+function sendRefusal(res: ServerResponse, err: unknown): void {
+  const e = ConnectError.from(err);
+  const code = e.metadata.get(S3_CODE);
+  if (code) return s3Error(res, Number(e.metadata.get(S3_STATUS)), code, e.rawMessage);
+  if (e.code === Code.ResourceExhausted) return s3Error(res, 503, "SlowDown", e.rawMessage);
+  s3Error(res, 500, "InternalError", `the S3 endpoint failed: ${e.rawMessage}`);
+}
+
+export function s3Proxy(backend: ObjectStorageBackend, keys: PushAccessKeys, admit: ForeignAdmission): S3Proxy {
   const target = new URL(backend.endpoint);
   const basePath = target.pathname.replace(/\/+$/, "");
 
@@ -104,6 +123,23 @@ export function s3Proxy(backend: ObjectStorageBackend, keys: PushAccessKeys): S3
     },
   };
 
+  /** The request's signature, under credentials this server issued: the organization they belong to. */
+  async function verify(signable: SignableRequest): Promise<{ organizationId: string }> {
+    const headers = signable.headers;
+    const auth = parseAuthorization(headers.authorization ?? "");
+    if (!auth) throw s3Refusal(403, "AccessDenied", "Requests must be signed with AWS Signature Version 4 (the credentials of GET /api/object-storage/push-access)");
+    const token = headers["x-amz-security-token"];
+    const creds = token ? keys.resolve(auth.accessKeyId, token) : undefined;
+    if (creds === "expired") throw s3Refusal(400, "ExpiredToken", "The provided token has expired: get new credentials from GET /api/object-storage/push-access");
+    if (!creds) throw s3Refusal(403, "InvalidAccessKeyId", "The access key and session token were not issued by this server");
+    const date = amzDate(headers["x-amz-date"]);
+    if (!date || Math.abs(date.getTime() - Date.now()) > MAX_SKEW_MS) throw s3Refusal(403, "RequestTimeTooSkewed", "x-amz-date is missing or more than 15 minutes from the server's time");
+    if (!(await verifySignature(signable, auth, creds.secretAccessKey, date).catch(() => false))) {
+      throw s3Refusal(403, "SignatureDoesNotMatch", "The request signature we calculated does not match the signature you provided");
+    }
+    return { organizationId: creds.organizationId };
+  }
+
   async function serve(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = req.url ?? "/";
     const q = url.indexOf("?");
@@ -113,17 +149,12 @@ export function s3Proxy(backend: ObjectStorageBackend, keys: PushAccessKeys): S3
     const headers = headersOf(req);
     const method = (req.method ?? "GET").toUpperCase();
 
-    const auth = parseAuthorization(headers.authorization ?? "");
-    if (!auth) return s3Error(res, 403, "AccessDenied", "Requests must be signed with AWS Signature Version 4 (the credentials of GET /api/object-storage/push-access)");
-    const token = headers["x-amz-security-token"];
-    const creds = token ? keys.resolve(auth.accessKeyId, token) : undefined;
-    if (creds === "expired") return s3Error(res, 400, "ExpiredToken", "The provided token has expired: get new credentials from GET /api/object-storage/push-access");
-    if (!creds) return s3Error(res, 403, "InvalidAccessKeyId", "The access key and session token were not issued by this server");
-    const date = amzDate(headers["x-amz-date"]);
-    if (!date || Math.abs(date.getTime() - Date.now()) > MAX_SKEW_MS) return s3Error(res, 403, "RequestTimeTooSkewed", "x-amz-date is missing or more than 15 minutes from the server's time");
     const signable: SignableRequest = { method, protocol: "http:", hostname: "", path, query, headers };
-    if (!(await verifySignature(signable, auth, creds.secretAccessKey, date).catch(() => false))) {
-      return s3Error(res, 403, "SignatureDoesNotMatch", "The request signature we calculated does not match the signature you provided");
+    let organizationId: string;
+    try {
+      organizationId = (await admit(req, () => verify(signable))).organizationId ?? "";
+    } catch (err) {
+      return sendRefusal(res, err);
     }
 
     // /s3/<bucket>[/<key>]: path-style only.
@@ -139,7 +170,7 @@ export function s3Proxy(backend: ObjectStorageBackend, keys: PushAccessKeys): S3
       return s3Error(res, 400, "InvalidURI", "Malformed path");
     }
     if (bucket !== backend.bucket) return s3Error(res, 403, "AccessDenied", `Only the bucket ${backend.bucket} is served`);
-    const why = refusal(method, key, query, headers, creds.organizationId);
+    const why = refusal(method, key, query, headers, organizationId);
     if (why) return s3Error(res, 403, "AccessDenied", why);
 
     const forward: Record<string, string> = {};

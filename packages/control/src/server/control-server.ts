@@ -117,19 +117,20 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const identity = await startIdentity(settings, databaseUrl, credentials, log);
   const limits = startRateLimits(settings.rateLimits, databaseUrl, log);
   const guard = new Guard(credentials, limits);
+  // Every state-changing call is recorded on its way through the chain (toolbox calls on request).
+  const recorder = new AuditRecorder(orm, log, settings.auditToolbox);
+  const chain = new CallChain(guard, recorder);
+  const foreign = chain.foreignAdmission();
   const box = await SecretBox.open(orm, settings.encryptionKey);
-  const pushRegistry = await startInternalRegistry(settings.internalRegistry, settings.dataDir, orm, log);
+  const pushRegistry = await startInternalRegistry(settings.internalRegistry, settings.dataDir, orm, log, foreign);
   const savedCredentials = options.registryCredentials ?? ((organizationId, host) => registryCredentialsFor(orm, organizationId, host, box));
   // Images in the internal registry pull with the organization's own short-lived account.
   const internalRegistry = pushRegistry.registry;
   const registryCredentials: CredentialsFor = (organizationId, host) => (internalRegistry?.owns(host) ? internalRegistry.pullCredentials(organizationId) : savedCredentials(organizationId, host));
-  const objectStorage = await startObjectStorageService(settings.objectStorage, settings.dataDir, settings.publicUrl, orm);
+  const objectStorage = await startObjectStorageService(settings.objectStorage, settings.dataDir, settings.publicUrl, orm, foreign);
   const runners = new RegisteredRunners(orm, box);
   const sandboxes = await startSandboxes({ ...settings, databaseUrl }, orm, log, registryCredentials, objectStorage.contexts, runners, internalRegistry && builtImagesIn(internalRegistry));
   const webhooks = await startWebhooks(orm, box, settings.webhooks, databaseUrl, log);
-  // Every state-changing call is recorded on its way through the chain (toolbox calls on request).
-  const recorder = new AuditRecorder(orm, log, settings.auditToolbox);
-  const chain = new CallChain(guard, recorder);
   const runnerHealth = new RunnerHealth(orm, box, { ...settings.runnerChecks, log });
   runnerHealth.start();
   const auditRetention = new AuditRetention(orm, { retentionDays: settings.auditRetentionDays, minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });

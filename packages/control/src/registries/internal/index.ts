@@ -11,6 +11,7 @@ import { RegistryCredentialStore } from "./credentials.ts";
 import { REGISTRY_SERVICE, type RegistryProcess, signingKey, startRegistryProcess, TOKEN_ISSUER } from "./registry-process.ts";
 import type { InternalRegistrySettings } from "./settings.ts";
 import { startTokenService } from "./token-service.ts";
+import type { ForeignAdmission } from "../../call/chain.ts";
 
 export { type InternalRegistrySettings } from "./settings.ts";
 
@@ -52,6 +53,7 @@ export async function startInternalRegistry(
   dataDir: string,
   orm: MikroORM,
   log: (line: string) => void,
+  admit: ForeignAdmission,
 ): Promise<{ registry?: InternalRegistry; reason: string }> {
   if (!settings.enabled) return { reason: "The internal registry is off on this server (SANDBAR_INTERNAL_REGISTRY=off)" };
   const dir = path.join(dataDir, "registry");
@@ -65,6 +67,7 @@ export async function startInternalRegistry(
       keyPem: key.keyPem,
       certDer: key.certDer,
       verify: (u, s) => store.verify(u, s),
+      admit,
       namespaceOf,
       listen: "external" in settings ? settings.tokenService : undefined,
       log,

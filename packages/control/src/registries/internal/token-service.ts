@@ -1,12 +1,16 @@
 import { createPrivateKey, createSign, type KeyObject, randomBytes } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
+import { Code, ConnectError, errors } from "@sandbar/protocol";
+import type { ForeignAdmission } from "../../call/chain.ts";
 import type { CredentialGrant } from "./credentials.ts";
 
 // The token service of the internal registry (Docker's token authentication: the registry answers
 // 401 with a Bearer challenge naming this realm; the client brings its username and secret here
 // and gets a JWT listing what it may do; the registry checks the JWT against our certificate).
-// An account only ever gets pull/push on repositories under its organization's namespace.
+// An account only ever gets pull/push on repositories under its organization's namespace. An
+// adapter of the call chain: the credentials are checked through its foreign admission (failed
+// attempts throttled by the client's address, as API keys are).
 
 /** Tokens live this long at most, and never past their account's expiry. */
 const TOKEN_SECONDS = 300;
@@ -20,6 +24,8 @@ export interface TokenServiceOptions {
   certDer: Buffer;
   /** An unexpired account's grant, else undefined. */
   verify(username: string, secret: string): Promise<CredentialGrant | undefined>;
+  /** The call chain's way in for credentials of this protocol. */
+  admit: ForeignAdmission;
   /** The namespace (first path component) the organization's repositories live under. */
   namespaceOf(organizationId: string): string;
   /** Where to listen; default a free loopback port (the embedded registry's realm). */
@@ -56,6 +62,9 @@ export function grantedAccess(scopes: string[], grant: CredentialGrant, namespac
   return out;
 }
 
+/** The distribution spec's error codes by status. */
+const ERROR_CODES: Record<number, string> = { 400: "BAD_REQUEST", 401: "UNAUTHORIZED", 404: "NOT_FOUND", 429: "TOOMANYREQUESTS" };
+
 const b64url = (b: Buffer | string) => Buffer.from(b).toString("base64url");
 
 function basicAuth(header: string | undefined): { username: string; secret: string } | undefined {
@@ -75,15 +84,25 @@ export async function startTokenService(o: TokenServiceOptions): Promise<TokenSe
     return `${input}.${b64url(createSign("RSA-SHA256").update(input).sign(key))}`;
   };
   const refuse = (res: http.ServerResponse, status: number, message: string) =>
-    res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify({ errors: [{ code: status === 401 ? "UNAUTHORIZED" : status === 404 ? "NOT_FOUND" : status === 400 ? "BAD_REQUEST" : "UNAVAILABLE", message }] }));
+    res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify({ errors: [{ code: ERROR_CODES[status] ?? "UNAVAILABLE", message }] }));
 
   const server = http.createServer((req, res) => {
     void (async () => {
       const url = new URL(req.url ?? "/", "http://token");
       if (req.method !== "GET" || url.pathname !== "/token") return refuse(res, 404, "not found");
       const given = basicAuth(req.headers.authorization);
-      // Anonymous tokens would only ever carry nothing: ask for credentials instead.
-      const grant = given ? await o.verify(given.username, given.secret) : undefined;
+      let grant: CredentialGrant | undefined;
+      try {
+        await o.admit(req, async () => {
+          // Anonymous tokens would only ever carry nothing: ask for credentials instead.
+          grant = given ? await o.verify(given.username, given.secret) : undefined;
+          if (!grant) throw errors.unauthenticated();
+          return { organizationId: grant.organizationId };
+        });
+      } catch (err) {
+        const blocked = err instanceof ConnectError && err.code === Code.ResourceExhausted;
+        return refuse(res, blocked ? 429 : 401, blocked ? err.rawMessage : "incorrect username or secret, or the credentials expired");
+      }
       if (!given || !grant) return refuse(res, 401, "incorrect username or secret, or the credentials expired");
       const service = url.searchParams.get("service");
       if (service !== o.service) return refuse(res, 400, `unknown service ${JSON.stringify(service)}`);
