@@ -11,7 +11,7 @@ import { type Call, callKey, type CallSource, inputProblemsKey, newCall } from "
 import { reportUnexpected } from "./unexpected.ts";
 
 /** An implementation method as the chain holds it (Connect's handler signature, messages untyped). */
-export type Impl = (input: unknown, ctx: HandlerContext) => unknown;
+type Impl = (input: unknown, ctx: HandlerContext) => unknown;
 
 /** What the rule of a method is: the contract's option, or the policy of the service it was mounted with. */
 type Policy = (method: DescMethod) => Route;
@@ -24,8 +24,9 @@ interface Mounted {
 
 /**
  * The one owner of every call. Services are mounted here; every entry point (the Connect router,
- * the REST gateway and its hand-written routes, WebSockets, the gRPC fast path, the preview proxy)
- * makes a Call and invokes methods through the chain, which runs, in order:
+ * the REST gateway and its hand-written routes, WebSockets, the gRPC fast path, the preview proxy;
+ * the S3 endpoint and the registry's token service through `foreignAdmission`) makes a Call and
+ * invokes methods through the chain, which runs, in order:
  *
  *   authenticate -> rate limit (once per request: `admit`) -> audit (the entry is written before
  *   anything else runs, completed with the outcome) -> input checks -> implementation
@@ -64,11 +65,6 @@ export class CallChain {
     const out: Record<string, Impl> = {};
     for (const method of service.methods) out[method.localName] = this.#mounted(method).run;
     return out as Partial<ServiceImpl<S>>;
-  }
-
-  /** The wrapped implementation of a method, for adapters that make their own context (the gRPC fast path). */
-  handler(method: DescMethod): Impl {
-    return this.#mounted(method).run;
   }
 
   /**
