@@ -92,7 +92,7 @@ it("after kill -9, a restarted server adopts, restarts or cleanly reports every 
   void call("POST", `/sandbox/${slowStop}/stop`).catch(() => undefined);
   await eventually("the slow stop to begin", async () => (await call("GET", `/sandbox/${slowStop}`)).body.state === "stopping");
   void call("POST", "/sandbox", { name: "in-flight" }).catch(() => undefined);
-  await new Promise((r) => setTimeout(r, 150));
+  await eventually("the create to be recorded", async () => (await call("GET", "/sandbox/in-flight")).status === 200);
   first.child.kill("SIGKILL");
   await new Promise((r) => first.child.once("exit", r));
 

@@ -71,7 +71,7 @@ it("makes a sandbox of another shape the ordinary way, and gives back a claim wh
   expect(before.has(big.id)).toBe(false);
   // Its agent is dialled while the answer goes out: the first call needs no lookup, and writes
   // no activity stamp (the create's is fresh).
-  await new Promise((r) => setTimeout(r, 100));
+  await eventually("its agent dialled", () => f.manager.endpoints.get(f.orgId, big.id) !== undefined);
   const lookups = vi.spyOn(f.manager.store, "find");
   const stamps = vi.spyOn(f.manager.store, "touch");
   expect((await execute(big.id, "echo made")).result).toBe("made\n");

@@ -67,12 +67,10 @@ describe("declarative builds", () => {
     expect(image.config.entrypoint).toEqual(["/bin/sh", "-c", "sleep 1"]);
     expect(lines.join("\n")).toMatch(/RUN echo built/);
 
-    // Same key: no build, the same image, at once.
-    const t0 = Date.now();
+    // Same key: no build (the context is never read), the same image.
     const again: string[] = [];
     const cached = await store.build("k1", { dockerfile, credentials: credentials(), context: async () => { throw new Error("not called"); }, onProgress: (l) => again.push(l) });
     expect(cached.digest).toBe(image.digest);
-    expect(Date.now() - t0).toBeLessThan(1000);
     expect(again).toEqual([`build k1 is cached as ${image.digest}`]);
   }, 180_000);
 

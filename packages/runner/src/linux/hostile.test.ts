@@ -236,10 +236,9 @@ describe("the supervisor", () => {
 
   it("stops gracefully: the agent gets SIGTERM through the init and exits before the grace ends", async () => {
     const id = await started("graceful");
-    const t0 = Date.now();
-    const info = await f.provider.stop(id, { graceMs: 10_000 });
+    // A grace of ten minutes: the stop answers within the test's time only if the agent exited by itself.
+    const info = await f.provider.stop(id, { graceMs: 600_000 });
     expect(info.state).toBe("stopped");
-    expect(Date.now() - t0).toBeLessThan(5000);
     expect(await readFile(f.provider.layout.initLog(id), "utf8")).toContain("sandbar-agent: stopping on SIGTERM");
   });
 });

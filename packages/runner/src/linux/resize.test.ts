@@ -100,11 +100,8 @@ describe("linux sandbox resize", () => {
 
     await f.provider.stop(id);
     await refused(f.provider.resize(id, { diskGiB: 32 / 1024 }), Code.InvalidArgument, /cannot shrink/);
-    const t0 = performance.now();
     const info = await f.provider.resize(id, { diskGiB: 0.25 });
-    const ms = performance.now() - t0;
     expect(info.spec.diskGiB).toBe(0.25);
-    expect(ms).toBeLessThan(10_000);
 
     await f.provider.start(id);
     const after = await sh(f.provider, id, "head -c 150M /dev/zero > ~/big; echo rc=$?; df -m / | tail -1; sha256sum ~/keep");

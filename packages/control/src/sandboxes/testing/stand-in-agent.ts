@@ -8,11 +8,12 @@ import path from "node:path";
 // without `authorization: Bearer <secret>`, and answers ProcessService/Execute in the Connect
 // protocol (JSON), so the tests' client is the real Connect client and works with the real
 // agent too. Switches for failure tests, from the sandbox's env: STAND_IN_EXIT_CODE=<n> exits
-// at once; STAND_IN_IGNORE_SIGTERM=1 makes a graceful stop wait out its grace period.
+// at once; STAND_IN_IGNORE_SIGTERM=1 makes a graceful stop wait out its grace period (each
+// SIGTERM it ignores is noted in ~/stand-in-signals, which outlives the stop).
 
 const SOURCE = `
 import { spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { appendFileSync, readFileSync } from "node:fs";
 import http2 from "node:http2";
 
 const argv = process.argv.slice(2);
@@ -61,6 +62,7 @@ server.on("stream", (stream, headers) => {
 server.listen(socket);
 process.on("SIGTERM", () => {
   if (!process.env.STAND_IN_IGNORE_SIGTERM) process.exit(0);
+  appendFileSync((process.env.HOME || "/tmp") + "/stand-in-signals", "TERM\\n");
 });
 `;
 
