@@ -75,7 +75,7 @@ load average at the end ${loadAvg()} (the machine is shared: other work running 
 Command: \`node bench/audit/run.ts${QUICK ? " --quick" : ""}\`. One real control server (\`startTestServer\`, embedded
 PostgreSQL). The method: \`OrganizationRoleService.UpdateRole\` (every field of a role replaced; the handler
 itself writes in a transaction), called ${CALLS} times per path after ${WARMUP} warm-up calls, the paths taking
-turns in rounds of ${ROUND}. "Secure path" is rpc/secure.ts called in process (guard with the bootstrap key,
+turns in rounds of ${ROUND}. "Call chain" is call/chain.ts called in process (guard with the bootstrap key,
 input checks, handler), with and without the audit recorder; the REST row is the whole HTTP call for scale.
 
 | path | calls | p50 ms | p99 ms | mean ms |
