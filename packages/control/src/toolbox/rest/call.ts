@@ -31,7 +31,7 @@ export interface ToolboxCaller {
  * forwarder locates the sandbox's agent.
  */
 export function chainCaller(chain: CallChain, call: Call, signal: AbortSignal): ToolboxCaller {
-  // One id that cannot be an id is reported after authentication, like any input problem.
+  // A path id that cannot be an id is reported after authentication, like any input problem.
   const idProblems = textProblems("sandbox_id", "sandboxId", call.sandboxId ?? "");
   const context = (method: DescMethod, problems: string[] = []) => contextFor(call, method, signal, [...idProblems, ...problems]);
   return {
