@@ -146,6 +146,11 @@ describe("roles, members and invitations", () => {
     // Someone else's invitation does not exist for them.
     const vic = await jwt("vic");
     expect((await api(t.url, vic, "POST", `/organizations/invitations/${inv.body.id}/accept`)).body).toMatchObject({ statusCode: 404, message: `Organization invitation with ID ${inv.body.id} not found` });
+    // Accepting or declining is the person's act, as in the reference: a key of theirs is refused.
+    const personal = (await api(t.url, uma, "GET", "/organizations")).body[0].id as string;
+    const umaKey = await api(t.url, uma, "POST", "/api-keys", { name: "uma-key", permissions: ["write:sandboxes"] }, { "x-daytona-organization-id": personal });
+    expect(umaKey.status).toBe(201);
+    for (const act of ["accept", "decline"]) expect((await api(t.url, umaKey.body.value, "POST", `/organizations/invitations/${inv.body.id}/${act}`)).status).toBe(401);
     const accepted = await api(t.url, uma, "POST", `/organizations/invitations/${inv.body.id}/accept`);
     expect(accepted.body).toMatchObject({ status: "accepted", role: "owner" });
     expect((await api(t.url, uma, "GET", `/organizations/${org}/users`)).body.find((m: { userId: string }) => m.userId === "uma")).toMatchObject({
