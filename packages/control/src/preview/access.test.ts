@@ -163,6 +163,17 @@ describe.skipIf(!root)("the preview proxy's access rules", () => {
     const sandboxes = (await f.call("POST", "/api-keys", { name: `sandboxes-${Date.now()}`, permissions: ["write:sandboxes"] })).body.value as string;
     for (const r of await both(priv.id, "/info", { headers: { authorization: `Bearer ${sandboxes}` } })) expect(r.status, r.text).toBe(200);
     expect((await f.call("GET", `/sandbox/${priv.id}/ports/${APP_PORT}/preview-url`, undefined, sandboxes)).body.token).toBe(priv.token);
+    // Not while the organization is suspended (as the toolbox, which the same scope gates); the grace period outlasts the test.
+    expect((await f.call("POST", `/organizations/${f.orgId}/suspend`, { reason: "unpaid", suspensionCleanupGracePeriodHours: 100_000 })).status).toBe(204);
+    try {
+      await eventually("the proxy to refuse the suspended organization", async () => {
+        const answers = await both(priv.id, "/info", { headers: { authorization: `Bearer ${sandboxes}` } });
+        return answers.every((r) => r.status === 403 && r.json.message === "Organization is suspended: unpaid");
+      });
+    } finally {
+      expect((await f.call("POST", `/organizations/${f.orgId}/unsuspend`)).status).toBe(204);
+    }
+    await eventually("the proxy to let the organization in again", async () => (await both(priv.id, "/info", { headers: { authorization: `Bearer ${sandboxes}` } })).every((r) => r.status === 200));
 
     // The preview token (got with a full key) is no credential for the toolbox's REST routes, in any spelling.
     const files = `${f.t.url}/api/toolbox/${priv.id}/toolbox/files?path=/tmp`;

@@ -46,17 +46,18 @@ export function previewService(manager: SandboxManager, credentials: Credentials
       // A key acts in its own organization only; a signed-in person in the organization their
       // header chooses, or without one in any they are a member of.
       const chosen = ORG_HEADERS.map((h) => ctx.requestHeader.get(h)).find(Boolean);
-      let scopes: ReadonlySet<string> | undefined;
-      if (caller.apiKey) {
-        if (caller.apiKey.organizationId === row.organizationId) scopes = caller.apiKey.permissions;
-      } else if (!chosen || chosen === row.organizationId) {
-        const access = await credentials.memberAccess(row.organizationId, caller.userId);
-        if (access) scopes = access.role === "owner" ? new Set([PREVIEW_SCOPE]) : access.permissions;
-      }
-      if (!scopes) throw errors.notFound(`Sandbox with ID ${req.sandboxId} not found`);
+      const inScope = caller.apiKey ? caller.apiKey.organizationId === row.organizationId : !chosen || chosen === row.organizationId;
+      // What the member holds now: a key never outlives a permission its creator lost, as on every route.
+      const access = inScope ? await credentials.memberAccess(row.organizationId, caller.userId) : null;
+      if (!access) throw errors.notFound(`Sandbox with ID ${req.sandboxId} not found`);
+      const held = access.role === "owner" || access.permissions.has(PREVIEW_SCOPE);
       // A port (and through the proxy's Bearer check, every port) is a way into the sandbox: the
       // scope that gates the toolbox and the preview token, not mere membership.
-      if (!scopes.has(PREVIEW_SCOPE)) throw errors.permissionDenied(`Access denied: reaching a sandbox's ports needs the ${PREVIEW_SCOPE} scope`);
+      if (!held || (caller.apiKey && !caller.apiKey.permissions.has(PREVIEW_SCOPE))) {
+        throw errors.permissionDenied(`Access denied: reaching a sandbox's ports needs the ${PREVIEW_SCOPE} scope`);
+      }
+      // As the toolbox, which write:sandboxes gates too: closed while the organization is suspended.
+      if (access.suspension !== undefined) throw errors.permissionDenied(access.suspension ? `Organization is suspended: ${access.suspension}` : "Organization is suspended");
       return { ok: true };
     },
   };
