@@ -18,8 +18,6 @@ export type CompleteCall = (outcome: CallOutcome) => Promise<void>;
 
 /** What the call chain (call/chain.ts) calls around a state-changing call. */
 export interface CallRecorder {
-  /** Whether calls of this method (whose route declares an audit entry) are recorded. */
-  records(method: DescMethod): boolean;
   /** Writes the entry before the handler runs; a failure here fails the call (as the reference). */
   begin(method: DescMethod, route: Route, input: unknown, ctx: HandlerContext): Promise<CompleteCall>;
 }
@@ -28,8 +26,6 @@ export interface CallRecorder {
 const MAX_ERROR = 10_000;
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 const SOURCE_HEADERS = ["x-sandbar-source", "x-daytona-source"];
-/** The toolbox's services: the agent's contract. */
-const AGENT_PACKAGE = "sandbar.agent.";
 
 const cut = (s: string | null | undefined, max: number): string | null => (s ? storable(s.slice(0, max)) : null);
 const uuidOrNull = (v: unknown): string | null => (typeof v === "string" && UUID.test(v) ? v : null);
@@ -47,17 +43,10 @@ function stringField(obj: unknown, name: string): string | undefined {
 export class AuditRecorder implements CallRecorder {
   readonly #orm: MikroORM;
   readonly #log: (line: string) => void;
-  readonly #toolbox: boolean;
 
-  /** `toolbox`: the agent's calls are recorded too (SANDBAR_AUDIT_TOOLBOX; off by default, as the reference). */
-  constructor(orm: MikroORM, log: (line: string) => void, toolbox = false) {
+  constructor(orm: MikroORM, log: (line: string) => void) {
     this.#orm = orm;
     this.#log = log;
-    this.#toolbox = toolbox;
-  }
-
-  records(method: DescMethod): boolean {
-    return this.#toolbox || !method.parent.typeName.startsWith(AGENT_PACKAGE);
   }
 
   async begin(method: DescMethod, route: Route, input: unknown, ctx: HandlerContext): Promise<CompleteCall> {

@@ -50,8 +50,7 @@ export class CallChain {
       const own: unknown = Reflect.get(impl, method.localName);
       const fn = typeof own === "function" ? (input: unknown, ctx: HandlerContext): unknown => Reflect.apply(own, impl, [input, ctx]) : notYet(method);
       const route = policy(method);
-      const recorder = route.audit?.action && this.#recorder?.records(method) ? this.#recorder : undefined;
-      this.#methods.set(method, { route, run: this.#wrap(method, fn, route, recorder) });
+      this.#methods.set(method, { route, run: this.#wrap(method, fn, route, route.audit?.action ? this.#recorder : undefined) });
     }
   }
 

@@ -118,7 +118,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const limits = startRateLimits(settings.rateLimits, databaseUrl, log);
   const guard = new Guard(credentials, limits);
   // Every state-changing call is recorded on its way through the chain (toolbox calls on request).
-  const recorder = new AuditRecorder(orm, log, settings.auditToolbox);
+  const recorder = new AuditRecorder(orm, log);
   const chain = new CallChain(guard, recorder);
   const foreign = chain.foreignAdmission();
   const box = await SecretBox.open(orm, settings.encryptionKey);
@@ -161,7 +161,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
 
   // The toolbox: the agent's services, forwarded to the sandbox each call names.
   const agentLocator: AgentLocator = options.agentLocator ?? sandboxes.manager;
-  const toolbox = await mountToolbox(chain, agentLocator, sandboxes.agentClients);
+  const toolbox = await mountToolbox(chain, agentLocator, sandboxes.agentClients, settings.auditToolbox);
 
   const serviceNames = [...services, ...toolbox.services].map((s) => s.typeName).concat(Health.typeName, ServerReflection.typeName);
   const rpc = connectNodeAdapter({

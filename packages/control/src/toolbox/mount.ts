@@ -27,14 +27,15 @@ export interface Toolbox {
 
 /**
  * The agent's services, forwarded to sandboxes, mounted on the call chain under the toolbox's
- * rule (whether their audit entries are written is the chain's recorder's choice: SANDBAR_AUDIT_TOOLBOX).
+ * rule; with `audited` (SANDBAR_AUDIT_TOOLBOX; off by default, as the reference), the calls whose
+ * contract declares an audit entry are recorded.
  */
-export async function mountToolbox(chain: CallChain, locator: AgentLocator, clients = new AgentClients()): Promise<Toolbox> {
+export async function mountToolbox(chain: CallChain, locator: AgentLocator, clients = new AgentClients(), audited = false): Promise<Toolbox> {
   const files = await filesIn("sandbar/agent/v1");
   const services = files.flatMap((f) => f.services);
   const policy = (method: DescMethod): Route =>
     // Not rate limited, as the reference's toolbox (its traffic is work inside a sandbox, not management).
-    create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED, audit: routeOf(method).audit, rateLimit: RateLimit.NONE });
+    create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED, audit: audited ? routeOf(method).audit : undefined, rateLimit: RateLimit.NONE });
   for (const service of services) chain.mount(service, forwardingImpl(service, locator, clients), policy);
   return { files, services, clients };
 }
