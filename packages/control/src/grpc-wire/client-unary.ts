@@ -2,8 +2,7 @@ import { constants, type ClientHttp2Stream, type IncomingHttpHeaders } from "nod
 import { create, fromBinary, toBinary, type DescMessage, type DescMethodUnary, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
-import { envelope } from "./envelope.ts";
-import { validateResponse, validateTrailer } from "./status.ts";
+import { envelope, validateResponse, validateTrailer } from "@sandbar/protocol/grpc-wire";
 
 export interface UnaryOptions {
   /** Request metadata (the agent's bearer secret). */

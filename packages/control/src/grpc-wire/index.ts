@@ -24,5 +24,5 @@
  */
 export { agentUnary } from "./client-unary.ts";
 export { encodeAnswer, isPlainUnary, readUnaryRequest, timeoutHeader, writeAnswer } from "./server-unary.ts";
-export { asConnectError, parseTimeout, setTrailerStatus } from "./status.ts";
+export { asConnectError, parseTimeout, setTrailerStatus } from "@sandbar/protocol/grpc-wire";
 export { createAgentTransport } from "./upload-transport.ts";

@@ -1,7 +1,7 @@
 import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
 import { fromBinary, toBinary, type DescMethodUnary, type Message } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { envelope } from "./envelope.ts";
+import { envelope } from "@sandbar/protocol/grpc-wire";
 
 /**
  * The wire of a unary gRPC call served without Connect's handler pipeline (rpc/grpc-unary.ts is

@@ -1,5 +1,5 @@
 import { create, isMessage, ScalarType, toBinary, type DescField, type DescMessage, type MessageInitShape } from "@bufbuild/protobuf";
-import { envelope } from "./envelope.ts";
+import { envelope } from "@sandbar/protocol/grpc-wire";
 
 /**
  * Size the data of an upload is gathered to before it goes to the agent as one message. The body

@@ -2,9 +2,8 @@ import { fromBinary, type DescMessage, type DescMethodStreaming, type MessageIni
 import { Code, ConnectError, type ContextValues, type StreamResponse, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, createNodeHttpClient, type Http2SessionManager } from "@connectrpc/connect-node";
 import { budgeted, lostAnswer, noting, type SendBudget, type UploadProgress } from "../toolbox/send-budget.ts";
-import { splitEnvelopes } from "./envelope.ts";
+import { splitEnvelopes, validateResponse, validateTrailer } from "@sandbar/protocol/grpc-wire";
 import { streamingCall } from "./streaming-call.ts";
-import { validateResponse, validateTrailer } from "./status.ts";
 import { framedDataField, uploadFrames } from "./upload-frames.ts";
 
 const BASE_URL = "http://agent";

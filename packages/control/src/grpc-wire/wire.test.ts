@@ -10,8 +10,7 @@ import { FileService, UploadFileRequestSchema, UploadFileResponseSchema } from "
 import { ExecuteResponseSchema, ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { SendBudget } from "../toolbox/send-budget.ts";
 import { agentUnary } from "./client-unary.ts";
-import { envelope, splitEnvelopes } from "./envelope.ts";
-import { asConnectError, findStatusError, parseTimeout, setTrailerStatus, validateResponse, validateTrailer } from "./status.ts";
+import { asConnectError, envelope, findStatusError, parseTimeout, setTrailerStatus, splitEnvelopes, validateResponse, validateTrailer } from "@sandbar/protocol/grpc-wire";
 import { createAgentTransport } from "./upload-transport.ts";
 
 // The wire of grpc-wire against Connect's: what our framing writes and reads must be what Connect
