@@ -18,7 +18,7 @@ export interface UnaryOptions {
  * One unary gRPC call on an agent's HTTP/2 session: one stream, one frame out, one in. Connect's
  * client does the same through async iterables, linked abort signals and web Headers, which cost
  * 0.5-0.6 ms of CPU per call (3x this); every toolbox exec pays it. Statuses are read as
- * Connect's gRPC client reads them (status.ts, pinned by wire.test.ts), so errors, their metadata
+ * Connect's gRPC client reads them (@sandbar/protocol/grpc-wire, pinned by wire.test.ts), so errors, their metadata
  * and details are what Connect's client would raise.
  */
 export async function agentUnary<I extends DescMessage, O extends DescMessage>(

@@ -14,7 +14,7 @@
  *   GiB uploaded 2.33 -> 1.55 s at 1 GiB (bench/toolbox/RESULTS.md, "Uploads").
  *
  * The protocol pieces these need (envelopes, grpc-status / grpc-message / grpc-status-details-bin,
- * grpc-timeout, a streaming call's abort and deadline: status.ts, envelope.ts, streaming-call.ts)
+ * grpc-timeout, a streaming call's abort and deadline: @sandbar/protocol/grpc-wire, shared with the agent, and streaming-call.ts)
  * are written here from the gRPC over HTTP/2 spec as Connect writes them, with Connect's public API
  * only: nothing imports Connect's internals (`@connectrpc/connect/protocol*`, not in its semver)
  * outside tests, so Connect is an ordinary caret dependency. wire.test.ts pins our bytes, trailers

@@ -30,7 +30,7 @@ function uploadHeaders(timeoutMs: number | undefined, header: ConstructorParamet
  * (`FileService.UploadFile`, `UploadFiles`) sends its data messages as frames written by hand
  * (uploadFrames: no serialization or envelope copies; an upload is CPU-bound, and those copies
  * were a third of control's JS time). The rest of that call is what connect's gRPC transport does
- * (streaming-call.ts: its abort and deadline handling; status.ts: its response and trailer
+ * (streaming-call.ts: its abort and deadline handling; @sandbar/protocol/grpc-wire: its response and trailer
  * validation and error mapping), on connect-node's HTTP/2 client on the same session (headers,
  * abort and reset handling); the bytes on the wire are standard gRPC frames either way. Its
  * pieces take room in the connection's `budget` (send-budget.ts), and a call that ends without
