@@ -41,6 +41,8 @@ export class AgentRelay {
   connect(sandboxId: string): Socket {
     const { connect } = process.getBuiltinModule("node:net");
     const s = connect(this.path);
+    // The relay resets this socket when the runner goes away; its HTTP/2 session may be gone by then.
+    s.on("error", () => undefined);
     s.write(sandboxId + "\n");
     return s;
   }

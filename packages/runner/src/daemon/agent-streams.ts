@@ -63,6 +63,10 @@ export function openAgentStream(session: http2.ClientHttp2Session, path: string,
     const message = typeof reason === "string" ? decodeURIComponent(reason) : `status ${status}`;
     stream.destroy(new Error(`the runner refused the agent stream: ${message}`));
   });
+  // When the runner goes away the session destroys every open stream with its error (ECONNRESET);
+  // a stream whose user already let go of it (a pooled tunnel, a relay mid-teardown) must not
+  // take the process down with an unhandled 'error'. Users that listen still get it.
+  stream.on("error", () => undefined);
   for (const m of ["setKeepAlive", "setNoDelay", "ref", "unref"]) if (typeof Reflect.get(stream, m) !== "function") Reflect.set(stream, m, () => stream);
   return stream;
 }
