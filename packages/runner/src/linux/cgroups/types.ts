@@ -65,6 +65,16 @@ export interface CgroupBackend {
    * them for every sandbox every second, where async reads cost ten times the CPU (measured).
    */
   memory(name: string): MemoryUse | undefined;
+  /**
+   * Freezes every process of the group (both leaves) and resolves once the kernel says the whole
+   * group is frozen: nothing in it runs or writes until thaw(). Throws when this host's cgroups
+   * have no freezer, or when the group does not settle within the deadline (it is thawed again).
+   */
+  freeze(name: string): Promise<void>;
+  /** Lets a frozen group run again; a group that is not frozen is left as it is. */
+  thaw(name: string): Promise<void>;
+  /** Whether the group is frozen (false when it does not exist). */
+  frozen(name: string): Promise<boolean>;
   /** SIGKILLs every process in the group and waits until it is empty. */
   kill(name: string): Promise<void>;
   /** Removes the (empty) group; a missing group is fine. */
@@ -90,4 +100,17 @@ export function signalAll(pids: number[], signal: NodeJS.Signals): void {
 }
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** How long a freeze may take to settle: tasks in uninterruptible sleep (I/O) delay it. */
+export const FREEZE_DEADLINE_MS = 10_000;
+
+/** Polls `settled` (1 ms apart, then 10 ms) until it holds or the deadline passes. */
+export async function until(settled: () => Promise<boolean>, deadlineMs: number): Promise<boolean> {
+  const end = Date.now() + deadlineMs;
+  for (let i = 0; ; i++) {
+    if (await settled()) return true;
+    if (Date.now() > end) return false;
+    await sleep(i < 50 ? 1 : 10);
+  }
+}
 

@@ -85,4 +85,35 @@ describe("cgroup v1 back end (this host)", () => {
     await cg.remove(name);
     for (const p of cg.paths(name)) await expect(access(p)).rejects.toThrow();
   });
+
+  it("freezes a group with a busy process in its user leaf, reports it frozen, and thaws it back to running", async () => {
+    await cg.create(name, { memoryBytes: 64 * 2 ** 20, pidsMax: 20, cpuQuotaUs: 50_000, cpuPeriodUs: 100_000 });
+    const child = spawn("/bin/sh", ["-c", 'for f in "$@"; do echo $$ > "$f"; done; while :; do :; done', "sh", ...cg.userProcsFiles(name)], { stdio: "ignore" });
+    for (let i = 0; i < 200 && !(await cg.pids(name)).includes(child.pid!); i++) await new Promise((r) => setTimeout(r, 10));
+    expect(await cg.frozen(name)).toBe(false);
+    await cg.freeze(name);
+    expect(await cg.frozen(name)).toBe(true);
+    const cpuacct = cg.paths(name).find((p) => p.includes("/cpuacct"))!;
+    const used = async () => Number((await readFile(`${cpuacct}/cpuacct.usage`, "utf8")).trim());
+    // Frozen: two reads of its CPU time agree (a running loop adds to it between any two reads).
+    const a = await used();
+    await new Promise((r) => setImmediate(r));
+    expect(await used()).toBe(a);
+    await cg.freeze(name); // idempotent
+    await cg.thaw(name);
+    expect(await cg.frozen(name)).toBe(false);
+    let after = a;
+    for (let i = 0; i < 500 && after === a; i++) {
+      await new Promise((r) => setTimeout(r, 2));
+      after = await used();
+    }
+    expect(after).toBeGreaterThan(a);
+    // A frozen group is still killed and removed (kill thaws it).
+    await cg.freeze(name);
+    const exited = new Promise((r) => child.once("exit", r));
+    await cg.kill(name);
+    await exited;
+    await cg.remove(name);
+    expect(await cg.frozen(name)).toBe(false);
+  });
 });

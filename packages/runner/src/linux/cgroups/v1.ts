@@ -4,7 +4,7 @@ import type { SandboxUsage } from "../../provider.ts";
 import { readUsage } from "../../host/cgroup-usage.ts";
 import { isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, subdirs } from "../../host/files.ts";
 import type { CgroupBackend, CgroupLimits, MemoryStatKey, MemoryUse, UserLimits } from "./types.ts";
-import { AGENT_LEAF, signalAll, sleep, USER_LEAF } from "./types.ts";
+import { AGENT_LEAF, FREEZE_DEADLINE_MS, signalAll, sleep, until, USER_LEAF } from "./types.ts";
 
 // cgroup v1: one hierarchy per controller (memory, pids, cpu required; cpuacct and freezer used
 // when mounted). A sandbox gets `<hierarchy>/<our own cgroup>/<group>/<name>` in each of them.
@@ -111,6 +111,26 @@ export class CgroupV1 implements CgroupBackend {
     return { limitBytes: limit >= 2 ** 62 ? Infinity : limit, usageBytes: Number(usage), stat };
   }
 
+  async freeze(name: string): Promise<void> {
+    const dir = this.#dir("freezer", name);
+    if (dir === undefined) throw new Error("this host's cgroup v1 has no freezer hierarchy mounted");
+    await writeFile(path.join(dir, "freezer.state"), "FROZEN");
+    // v1 reports FREEZING until every task of the subtree is stopped.
+    if (await until(async () => (await readText(path.join(dir, "freezer.state")))?.trim() === "FROZEN", FREEZE_DEADLINE_MS)) return;
+    await this.thaw(name);
+    throw new Error(`cgroup ${name} did not freeze within ${FREEZE_DEADLINE_MS} ms (a task stuck in uninterruptible sleep)`);
+  }
+
+  async thaw(name: string): Promise<void> {
+    const dir = this.#dir("freezer", name);
+    if (dir !== undefined && (await this.exists(name))) await writeFile(path.join(dir, "freezer.state"), "THAWED");
+  }
+
+  async frozen(name: string): Promise<boolean> {
+    const dir = this.#dir("freezer", name);
+    return dir !== undefined && (await readText(path.join(dir, "freezer.state")))?.trim() === "FROZEN";
+  }
+
   async kill(name: string): Promise<void> {
     if (!(await this.exists(name))) return;
     // Freeze first so nothing can fork while we kill (a fork bomb would otherwise race us).
@@ -119,6 +139,7 @@ export class CgroupV1 implements CgroupBackend {
     try {
       signalAll(await this.pids(name), "SIGKILL");
     } finally {
+      // Also thaws a group that was paused: SIGKILL is only delivered to running tasks.
       if (frozen) await writeFile(path.join(freezer!, "freezer.state"), "THAWED");
     }
     for (let i = 0; i < 1000; i++) {

@@ -4,7 +4,7 @@ import type { SandboxUsage } from "../../provider.ts";
 import { readUsage } from "../../host/cgroup-usage.ts";
 import { isErrno, parseKeyed, readPids, readText, readTextSync, subdirs } from "../../host/files.ts";
 import type { CgroupBackend, CgroupLimits, MemoryUse, UserLimits } from "./types.ts";
-import { AGENT_LEAF, MEMORY_STAT_KEYS, signalAll, sleep, USER_LEAF } from "./types.ts";
+import { AGENT_LEAF, FREEZE_DEADLINE_MS, MEMORY_STAT_KEYS, signalAll, sleep, until, USER_LEAF } from "./types.ts";
 import { rmdirRetry } from "./v1.ts";
 
 // cgroup v2 (unified): one tree; `<our own cgroup>/<group>/<name>` per sandbox, with memory, pids
@@ -135,6 +135,26 @@ export class CgroupV2 implements CgroupBackend {
       if (v !== undefined) stat[key] = v;
     }
     return { limitBytes: max === "max" ? Infinity : Number(max), usageBytes: Number(usage), stat };
+  }
+
+  async freeze(name: string): Promise<void> {
+    const d = this.#dir(name);
+    if ((await readText(path.join(d, "cgroup.freeze"))) === undefined) throw new Error(`cgroup ${name} has no cgroup.freeze (Linux 5.2+ is needed to pause)`);
+    await writeFile(path.join(d, "cgroup.freeze"), "1");
+    // cgroup.events says "frozen 1" once every task of the subtree is stopped.
+    if (await until(async () => this.frozen(name), FREEZE_DEADLINE_MS)) return;
+    await this.thaw(name);
+    throw new Error(`cgroup ${name} did not freeze within ${FREEZE_DEADLINE_MS} ms (a task stuck in uninterruptible sleep)`);
+  }
+
+  async thaw(name: string): Promise<void> {
+    const d = this.#dir(name);
+    if ((await readText(path.join(d, "cgroup.freeze"))) !== undefined) await writeFile(path.join(d, "cgroup.freeze"), "0");
+  }
+
+  async frozen(name: string): Promise<boolean> {
+    const events = await readText(path.join(this.#dir(name), "cgroup.events"));
+    return events !== undefined && parseKeyed(events).get("frozen") === 1;
   }
 
   async kill(name: string): Promise<void> {
