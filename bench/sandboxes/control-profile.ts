@@ -42,7 +42,7 @@ const sleep = (msec: number) => new Promise((r) => setTimeout(r, msec));
 async function main(): Promise<void> {
   const s = await startBenchServer({ warmPool: 1 });
   const { manager } = s.server.server.sandboxes;
-  const pool = manager.pool!;
+  const pool = manager.pools!.default!;
   const runtime = s.server.server.sandboxes.runtime as LocalRuntime;
   const create = runtime.create.bind(runtime);
   runtime.create = async (spec) => {

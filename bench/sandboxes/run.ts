@@ -124,7 +124,7 @@ async function main(): Promise<void> {
   const startedAt = new Date();
   log("building the agent and starting the control server");
   const s = await startBenchServer({ warmPool: PARALLEL });
-  const warmPool = s.server.server.sandboxes.manager.pool!;
+  const warmPool = s.server.server.sandboxes.manager.pools!.default!;
   /** Waits (untimed) until the pool is full again: warm runs measure a claim, not a refill. */
   const poolFull = async () => {
     while (warmPool.stats().ready < PARALLEL) await sleep(20);

@@ -63,7 +63,7 @@ const WARM_RUNS = warmAt > 0 ? Number(process.argv[warmAt + 1]) : 0;
 const agentAt = process.argv.indexOf("--agent");
 const s = await startBenchServer({ warmPool: WARM_RUNS > 0 ? 1 : 0, ...(agentAt > 0 ? { agentBundle: process.argv[agentAt + 1] } : {}) });
 if (WARM_RUNS > 0) {
-  const pool = s.server.server.sandboxes.manager.pool!;
+  const pool = s.server.server.sandboxes.manager.pools!.default!;
   const creates: number[] = [];
   const execs: number[] = [];
   const seconds: number[] = [];

@@ -61,6 +61,10 @@ export const BODY_CASES: Record<string, { theirs: (w: World) => string; build: B
     theirs: (w) => w.B.region,
     build: (_w, _org, v) => ({ verb: "POST", path: "/snapshots", body: { name: "a-snap", imageName: "debian:12", regionId: v } }),
   },
+  "WarmPoolService.CreateWarmPool target": {
+    theirs: (w) => w.B.region,
+    build: (_w, _org, v) => ({ verb: "POST", path: "/warm-pools", body: { snapshot: "sandbar-default", pool: 0, target: v } }),
+  },
   "RunnerService.CreateRunner region_id": {
     theirs: (w) => w.B.region,
     build: (_w, _org, v) => ({ verb: "POST", path: "/runners", body: { name: "a-runner", regionId: v } }),

@@ -49,6 +49,7 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
       if (service === "DockerRegistryService") return { theirs: [B.registry], nobody: nobodyUuid, resource: true };
       if (service === "SnapshotService") return { theirs: [B.snapshot, "b-snapshot"], nobody: nobodyUuid, resource: true };
       if (service === "RunnerService") return { theirs: [B.runner], nobody: nobodyUuid, resource: true };
+      if (service === "WarmPoolService") return { theirs: [B.warmPool], nobody: nobodyUuid, resource: true };
       return undefined;
     case "volume_id":
       return { theirs: [w.B.volume], nobody: nobodyUuid, resource: true };

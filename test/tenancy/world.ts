@@ -57,6 +57,8 @@ export interface World {
     webhookEndpoint: string;
     /** B's volume, named `b-volume`. */
     volume: string;
+    /** B's warm pool of the default snapshot (size 0). */
+    warmPool: string;
     /** A snapshot of B's (its image is on no registry: it ends in `error`, a real row all the same). */
     snapshot: string;
     owner: string;
@@ -131,6 +133,8 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
 
   const asBKey = caller(t, bKey);
   const bVolume = (await asBKey("POST", "/volumes", { name: "b-volume" })).body.id as string;
+  // A pool that keeps nothing started: B's row, no sandboxes.
+  const bWarmPool = (await asBKey("POST", "/warm-pools", { snapshot: "sandbar-default", pool: 0 })).body.id as string;
   const sandbox = (await asBKey("POST", "/sandbox", { name: "b-box", autoStopInterval: 0, labels: { tenant: "b" } })).body.id as string;
   // A process session and a terminal under the same id: toolbox routes name either by `session_id`.
   await asBKey("POST", `/toolbox/${sandbox}/toolbox/process/session`, { sessionId: "b-session" });
@@ -166,6 +170,7 @@ export async function buildWorld(t: TestServer, idp: TestIssuer): Promise<World>
       registry: bRegistry,
       webhookEndpoint: bEndpoint,
       volume: bVolume,
+      warmPool: bWarmPool,
       snapshot: bSnapshot,
       owner: "bob",
       members: ["dan", "erin"],

@@ -49,6 +49,8 @@ export interface Settings {
   loginThrottle?: Partial<LoginThrottleOptions>;
   /** Sandboxes kept started for creates of the default shape (0: none). */
   warmPool: number;
+  /** Most sandboxes an organization's warm pools may keep in all (SANDBAR_WARM_POOL_MAX). */
+  warmPoolMax: number;
   /**
    * Encrypts secrets the API stores for later use in clear (OpenTelemetry headers). Unset: a key
    * generated once and kept in the database (protects dumps of the rows, not of the database).
@@ -155,6 +157,7 @@ export function loadSettings(env: NodeJS.ProcessEnv = process.env): Settings {
     remoteRunner: loadRemoteRunnerSettings(env),
     runnerChecks: loadRunnerCheckSettings(env),
     warmPool: env.SANDBAR_WARM_POOL === undefined || env.SANDBAR_WARM_POOL === "" ? 2 : nonNegativeInt(env, "SANDBAR_WARM_POOL"),
+    warmPoolMax: env.SANDBAR_WARM_POOL_MAX === undefined || env.SANDBAR_WARM_POOL_MAX === "" ? 10 : nonNegativeInt(env, "SANDBAR_WARM_POOL_MAX"),
   };
 }
 

@@ -31,6 +31,7 @@ describe("control contract: every RPC is a REST route", () => {
       "ObjectStorageService",
       "RunnerService",
       "AuditService",
+      "WarmPoolService",
     ]) {
       expect(names).toContain(expected);
     }

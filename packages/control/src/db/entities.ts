@@ -261,6 +261,8 @@ export const SandboxRecord = defineEntity({
     networkAllowList: p.text().nullable(),
     /** The declarative build it was made from (migration 0016); null otherwise. */
     buildInfo: p.json<{ dockerfileContent: string; contextHashes: string[]; snapshotRef: string; createdAt: string }>().nullable(),
+    /** The organization's warm pool whose sandbox its create claimed (migration 0027); null otherwise. */
+    warmPoolId: p.uuid().nullable(),
   },
 });
 export interface SandboxVolumeMount {

@@ -1,6 +1,7 @@
 import type { ServiceImpl } from "@connectrpc/connect";
 import type { MikroORM } from "@mikro-orm/postgresql";
 import type { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import type { WarmPoolService } from "@sandbar/protocol/gen/sandbar/control/v1/warm_pool_pb.js";
 import path from "node:path";
 import { errors } from "@sandbar/protocol";
 import { checkHost, formatChecks } from "@sandbar/runner/linux";
@@ -18,7 +19,9 @@ import { sandboxServices } from "./service.ts";
 import { runShutdownSteps } from "../server/shutdown-steps.ts";
 import { AgentClients } from "../toolbox/agent-clients.ts";
 import { SandboxTimers } from "./timers.ts";
-import { type PoolShape, WarmPool } from "./warm-pool.ts";
+import type { PoolShape } from "./warm-pool.ts";
+import { WarmPools } from "./warm-pools.ts";
+import { loadWarmPools, warmPoolService } from "../warm-pools/service.ts";
 import { HostDiskVolumes, type VolumeStorage } from "../volumes/storage.ts";
 import { DEFAULT_SNAPSHOT, DEFAULT_USER, RESOURCES } from "./create-request.ts";
 import { type Snapshots, snapshotServices } from "../snapshots/service.ts";
@@ -30,7 +33,7 @@ import type { BuiltImages } from "../builds/built-images.ts";
 import { RemoteRuntime } from "../runners/remote-runtime.ts";
 import { snapshotImageSource } from "../snapshots/image-source.ts";
 
-/** The pool holds sandboxes of what a create without resources gets. */
+/** The operator's pool holds sandboxes of what a create without resources gets. */
 const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
 
 // Sandboxes in a control process: the runtime of this host, the manager, reconciliation with
@@ -39,6 +42,8 @@ const POOL_SHAPE: PoolShape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.d
 
 export interface Sandboxes {
   impl: Partial<ServiceImpl<typeof SandboxService>>;
+  /** The organizations' warm pools (WarmPoolService). */
+  warmPools: Partial<ServiceImpl<typeof WarmPoolService>>;
   manager: SandboxManager;
   runtime: SandboxRuntime;
   timers: SandboxTimers;
@@ -101,7 +106,9 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
     runtime = unavailableRuntime(reason);
   }
   const agentClients = new AgentClients();
-  const pool = runtime instanceof LocalRuntime && settings.warmPool > 0 ? new WarmPool(runtime, settings.warmPool, POOL_SHAPE, agentClients, log) : undefined;
+  // Pools live on this server's own runtime: the operator's (SANDBAR_WARM_POOL) and the organizations'.
+  const pools = runtime instanceof LocalRuntime ? new WarmPools(runtime, agentClients, log) : undefined;
+  if (pools && settings.warmPool > 0) pools.setDefault(settings.warmPool, POOL_SHAPE);
   const dropFromRunners = runners?.dropImage ? (digest: string) => runners.dropImage!(digest, log) : undefined;
   const targets = buildTargets(orm, runtime, runners);
   const runnerLogs = async function* (runnerId: string, ref: string, follow: boolean, signal: AbortSignal) {
@@ -114,7 +121,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder, runnerLogs) : undefined;
   // One operation per sandbox among every control process of the database (needs its URL).
   const sharedLocks = settings.databaseUrl ? new ClusterLocks(settings.databaseUrl, log) : undefined;
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pool, snapshots: snapshots.forSandbox, builds, runners, sharedLocks, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror, builtImages) });
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pools, snapshots: snapshots.forSandbox, builds, runners, sharedLocks, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror, builtImages) });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // The registered runners that answer: the same, over each one's sandboxes.
@@ -126,7 +133,15 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
       .catch((err: unknown) => log(`reconcile of runner ${runnerId} failed: ${err instanceof Error ? err.message : String(err)}`));
   }
   // After reconciliation, which removes from the host what has no row (a pool of an earlier run too).
-  pool?.fill();
+  if (pools) await loadWarmPools(orm, pools).catch((err: unknown) => log(`warm pools not loaded: ${err instanceof Error ? err.message : String(err)}`));
+  pools?.fill();
+  const warmPools = warmPoolService({
+    orm,
+    pools,
+    snapshots: snapshots.forSandbox,
+    placedElsewhere: async (regionId) => (await runners?.servesRegion(regionId)) ?? false,
+    maxPerOrganization: settings.warmPoolMax,
+  });
   // No snapshot stays `pulling` across a restart: each unfinished pull starts again.
   await snapshots.pulls.resume().catch((err: unknown) => log(`snapshot pulls not resumed: ${err instanceof Error ? err.message : String(err)}`));
   const timers = new SandboxTimers(manager, { minuteMs: settings.timerMinuteMs, tickMs: settings.timerTickMs, log });
@@ -136,6 +151,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   recovery.start();
   return {
     impl,
+    warmPools,
     manager,
     runtime,
     timers,
@@ -154,7 +170,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
           ["sandbox timers", () => timers.stop()],
           ["sandbox builds", () => builds?.close()],
           ["snapshot pulls", () => snapshots.pulls.close()],
-          ["warm pool", () => pool?.close()],
+          ["warm pools", () => pools?.close()],
           ["sandbox operations", () => manager.close()],
           ["operation locks", () => sharedLocks?.close()],
           ["sandbox runtime", () => runtime.close()],

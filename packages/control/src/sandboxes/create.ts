@@ -8,6 +8,7 @@ import { bad, type OperationContext, type Outcome, reasonOf } from "./operation-
 import { holdImage, place } from "./placement.ts";
 import type { RuntimeSandboxSpec } from "./runtime.ts";
 import { fitsInProcess, noAvailableRunners } from "./sandbox-class.ts";
+import type { WarmPool } from "./warm-pool.ts";
 
 // Creating a sandbox: from a snapshot (or a warm pool sandbox of its shape), or from a
 // declarative build; then making it on its runner (driveCreate, which reconcile.ts redoes when
@@ -45,15 +46,15 @@ export interface NewSandbox {
 
 export async function create(c: OperationContext, input: NewSandbox): Promise<SandboxRecord> {
   c.assertOpen();
-  // Pool sandboxes are loopback only, of the default snapshot, without volumes: any other create is made for its request.
+  // Pool sandboxes are loopback only, without volumes, on this server's runtime: any other create is made for its request.
   const placed = (await c.runners?.servesRegion(input.regionId)) ?? false;
   // This server's own runtime is a container runner without GPUs (the pool's sandboxes too).
   const inProcess = fitsInProcess(input);
-  const warm = !placed && inProcess && input.imageRef === undefined && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList && c.pool?.fits(input) ? c.pool.claim() : undefined;
+  const warm = !placed && inProcess && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList ? c.pools?.claim(input) : undefined;
   if (!warm && !placed && inProcess) await c.runtime.assertReady();
-  const id = warm ?? randomUUID();
+  const id = warm?.id ?? randomUUID();
   const row = newRow(c, input, id, { snapshot: input.snapshot, state: "unknown", imageRef: input.imageRef ?? null, buildInfo: null });
-  if (warm) return takeOver(c, row);
+  if (warm) return takeOver(c, { ...row, warmPoolId: warm.poolId ?? null }, warm.pool);
   const op = c.locks.tryRunNew(id, async (held) => {
     // A region with registered runners: one is picked in the insert's transaction (placement.ts).
     // What this server's runtime cannot take is refused where placement would be: after the quota (the reference's order).
@@ -161,12 +162,12 @@ function newRow(c: OperationContext, input: NewSandbox, id: string, origin: Pick
     networkBlockAll: input.networkBlockAll,
     networkAllowList: input.networkAllowList,
     buildInfo: origin.buildInfo,
+    warmPoolId: null,
   };
 }
 
 /** A create served by a warm pool sandbox: its row (quota admitted), then its environment. */
-async function takeOver(c: OperationContext, row: SandboxRecord): Promise<SandboxRecord> {
-  const pool = c.pool!;
+async function takeOver(c: OperationContext, row: SandboxRecord, pool: WarmPool): Promise<SandboxRecord> {
   const since = c.endpoints.generation();
   const op = c.locks.tryRunNew(row.id, async (held): Promise<Outcome> => {
     try {

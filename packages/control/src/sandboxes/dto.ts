@@ -86,6 +86,7 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     lastActivityAt: r.lastActivityAt ? timestampFromDate(r.lastActivityAt) : undefined,
     sandboxClass: classes.number(r.sandboxClass ?? SANDBOX_CLASS),
     runnerId: r.runnerId ?? undefined,
+    warmPoolId: r.warmPoolId ?? undefined,
     toolboxProxyUrl: c.toolboxProxyUrl,
     buildInfo: r.buildInfo
       ? {

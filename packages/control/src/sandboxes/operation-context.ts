@@ -9,7 +9,7 @@ import { OperationLocks } from "./operation-locks.ts";
 import type { ImageSource, RunnerDirectory } from "./runner-directory.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import { SandboxStore } from "./store.ts";
-import type { WarmPool } from "./warm-pool.ts";
+import type { WarmPools } from "./warm-pools.ts";
 
 // What every sandbox operation shares: its dependencies, and how an operation runs (reference
 // §4.3). One operation at a time per sandbox; an operation records where it is going
@@ -26,8 +26,8 @@ export interface SandboxManagerOptions {
   minuteMs?: number;
   waitMs?: number;
   log?: (line: string) => void;
-  /** Started sandboxes that creates of their shape take over. */
-  pool?: WarmPool;
+  /** Started sandboxes that creates of their snapshot and shape take over. */
+  pools?: WarmPools;
   /** The registered runners (runners/directory.ts): regions that have some place their sandboxes there. */
   runners?: RunnerDirectory;
   /** Where a runner pulls a snapshot's image from: its pinned name and the organization's credentials for it. */
@@ -60,7 +60,7 @@ export class OperationContext {
   readonly store: SandboxStore;
   readonly files: LayerFiles;
   readonly locks: OperationLocks;
-  readonly pool: WarmPool | undefined;
+  readonly pools: WarmPools | undefined;
   readonly log: (line: string) => void;
   readonly activity: ActivityStamps;
   /** The toolbox's agent lookups (agent-endpoints.ts); every write to a row evicts its sandbox's. */
@@ -78,7 +78,7 @@ export class OperationContext {
     this.log = o.log ?? (() => undefined);
     this.activity = new ActivityStamps(this.store, Math.min(10_000, Math.floor((o.minuteMs ?? 60_000) / 6)), this.log);
     this.#waitMs = o.waitMs ?? 30_000;
-    this.pool = o.pool;
+    this.pools = o.pools;
     this.runners = o.runners;
     this.imageSource = o.imageSource;
     this.locks = new OperationLocks(o.sharedLocks);

@@ -19,7 +19,7 @@ import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteri
 import { SandboxManager } from "./manager.ts";
 import type { ImageSource, RunnerDirectory } from "./runner-directory.ts";
 import type { SandboxRuntime } from "./runtime.ts";
-import type { WarmPool } from "./warm-pool.ts";
+import type { WarmPools } from "./warm-pools.ts";
 import { normalizeAutoArchive } from "./states.ts";
 import { DEFAULT_SNAPSHOT, LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
 import { targetRegion } from "../organizations/target-region.ts";
@@ -41,7 +41,7 @@ export interface SandboxServiceDeps {
   settings: Settings;
   runtime: SandboxRuntime;
   log?: (line: string) => void;
-  pool?: WarmPool;
+  pools?: WarmPools;
   /** Registered runners: regions that have some place their sandboxes there. */
   runners?: RunnerDirectory;
   /** Where runners pull snapshot images from. */
@@ -61,7 +61,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     dataDir: deps.settings.dataDir,
     minuteMs: deps.settings.timerMinuteMs,
     log: deps.log,
-    pool: deps.pool,
+    pools: deps.pools,
     runners: deps.runners,
     imageSource: deps.imageSource,
     sharedLocks: deps.sharedLocks,

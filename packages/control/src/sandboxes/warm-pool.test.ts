@@ -14,7 +14,7 @@ const POOL = 2;
 beforeAll(async () => {
   bundle = await buildAgentBundle();
   f = await sandboxFixture({ agentBundle: bundle, warmPool: POOL });
-  await eventually("the pool is full", async () => f.manager.pool!.stats().ready === POOL, 60_000);
+  await eventually("the pool is full", async () => f.manager.pools!.default!.stats().ready === POOL, 60_000);
 });
 
 afterAll(async () => {
@@ -58,7 +58,7 @@ it("hands each create its own sandbox with its env, labels and user, none of ano
   expect((await f.call("POST", `/sandbox/${a.id}/start`)).body.state).toBe("started");
   expect((await execute(a.id, 'echo "$WHO"')).result).toBe("a\n");
 
-  await eventually("the pool refills", async () => f.manager.pool!.stats().ready === POOL, 60_000);
+  await eventually("the pool refills", async () => f.manager.pools!.default!.stats().ready === POOL, 60_000);
   const org = (await f.call("GET", "/organizations")).body[0].id;
   const usage = (await f.call("GET", `/organizations/${org}/usage`)).body.regionUsage[0];
   expect(usage).toMatchObject({ currentCpuUsage: 2, currentMemoryUsage: 2, currentDiskUsage: 6 });
@@ -80,9 +80,9 @@ it("makes a sandbox of another shape the ordinary way, and gives back a claim wh
   lookups.mockRestore();
   stamps.mockRestore();
   const named = await f.create({ name: "taken" });
-  const ready = f.manager.pool!.stats().ready;
+  const ready = f.manager.pools!.default!.stats().ready;
   const again = await f.call("POST", "/sandbox", { name: "taken" });
   expect(again.status).toBe(409);
-  expect(f.manager.pool!.stats().ready).toBe(ready); // the claimed sandbox went back
+  expect(f.manager.pools!.default!.stats().ready).toBe(ready); // the claimed sandbox went back
   for (const s of [big, named]) expect((await f.call("DELETE", `/sandbox/${s.id}`)).status).toBe(200);
 });

@@ -7,6 +7,8 @@ import type { AgentDial, SandboxRuntime } from "./runtime.ts";
 /** What every pool sandbox is: a request asking for anything else is made the ordinary way. */
 export interface PoolShape {
   snapshot: string;
+  /** The snapshot's image (manifest digest in the host's store); absent for the default snapshot. */
+  imageRef?: string;
   cpu: number;
   memory: number;
   disk: number;
@@ -52,7 +54,9 @@ const RETRY_MAX_MS = 60_000;
 export class WarmPool {
   readonly shape: PoolShape;
   readonly #runtime: SandboxRuntime;
-  readonly #size: number;
+  #size: number;
+  /** Why the last start failed; cleared by the next that succeeds. */
+  #lastError: string | undefined;
   readonly #log: (line: string) => void;
   readonly #clients: AgentClients;
   readonly #ready: string[] = [];
@@ -78,7 +82,21 @@ export class WarmPool {
 
   fits(r: PoolShape): boolean {
     const s = this.shape;
-    return r.snapshot === s.snapshot && r.cpu === s.cpu && r.memory === s.memory && r.disk === s.disk && r.user === s.user;
+    return r.snapshot === s.snapshot && r.imageRef === s.imageRef && r.cpu === s.cpu && r.memory === s.memory && r.disk === s.disk && r.user === s.user;
+  }
+
+  /** A new size: a larger pool fills, a smaller one removes the ready sandboxes beyond it. */
+  async resize(size: number): Promise<void> {
+    this.#size = size;
+    const extra = this.#ready.splice(size);
+    for (const id of extra) this.#agents.delete(id);
+    await Promise.all(extra.map((id) => this.#destroy(id)));
+    this.fill();
+  }
+
+  /** Why the last start failed (undefined while starts succeed). */
+  get lastError(): string | undefined {
+    return this.#lastError;
   }
 
   /** A ready sandbox's id, now the caller's; undefined when none is ready. */
@@ -128,11 +146,14 @@ export class WarmPool {
       .then(
         (id) => {
           this.#retryMs = RETRY_MS;
-          if (this.#closed) return this.#destroy(id);
+          this.#lastError = undefined;
+          // Closed or shrunk while it started: not wanted any more.
+          if (this.#closed || this.#ready.length >= this.#size) return this.#destroy(id);
           this.#ready.push(id);
         },
         (err: unknown) => {
-          this.#log(`warm pool: starting a sandbox failed (retry in ${this.#retryMs / 1000} s): ${err instanceof Error ? err.message : String(err)}`);
+          this.#lastError = err instanceof Error ? err.message : String(err);
+          this.#log(`warm pool ${this.shape.snapshot}: starting a sandbox failed (retry in ${this.#retryMs / 1000} s): ${this.#lastError}`);
           this.#retryTimer = setTimeout(() => {
             this.#retryTimer = undefined;
             this.fill();
@@ -151,9 +172,9 @@ export class WarmPool {
 
   async #startOne(): Promise<string> {
     const id = randomUUID();
-    const { cpu, memory, disk, user } = this.shape; // the snapshot: the default one, the only one yet
+    const { cpu, memory, disk, user, imageRef } = this.shape;
     try {
-      await this.#runtime.create({ id, cpu, memoryGiB: memory, diskGiB: disk, env: {}, user });
+      await this.#runtime.create({ id, cpu, memoryGiB: memory, diskGiB: disk, env: {}, user, ...(imageRef ? { image: imageRef } : {}) });
       const agent = await this.#runtime.connectAgent(id);
       const process = this.#clients.client(ProcessService, agent);
       for (let i = 0; i < WARM_UP_CALLS; i++) await process.execute({ command: "true" }, this.#auth(agent.secret));

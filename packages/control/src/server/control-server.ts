@@ -32,6 +32,7 @@ import { RunnerHealth } from "../runners/health.ts";
 import { RegisteredRunners } from "../runners/directory.ts";
 import { runnerService } from "../runners/service.ts";
 import { RunnerService } from "@sandbar/protocol/gen/sandbar/control/v1/runner_pb.js";
+import { WarmPoolService } from "@sandbar/protocol/gen/sandbar/control/v1/warm_pool_pb.js";
 import { bootstrap } from "../bootstrap.ts";
 import { startEmbeddedPostgres, type RunningPostgres } from "../db/embedded-postgres.ts";
 import { openDatabase } from "../db/orm.ts";
@@ -155,6 +156,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   chain.mount(VolumeService, volumeService(orm, sandboxes.volumes, log));
   chain.mount(ObjectStorageService, objectStorage.impl);
   chain.mount(RunnerService, runnerService(orm, box));
+  chain.mount(WarmPoolService, sandboxes.warmPools);
   const services = controlFiles.flatMap((f) => f.services);
   // Every service of the contract is served; those without an implementation yet answer UNIMPLEMENTED (REST 501).
   for (const service of services) if (!chain.serves(service)) chain.mount(service, {});

@@ -207,6 +207,8 @@ export const toolboxRows: SpecRow[] = [
 const scopeTable: Record<string, { write: string; delete: string; read?: string }> = {
   sandbox: { write: "write:sandboxes", delete: "delete:sandboxes" },
   workspace: { write: "write:sandboxes", delete: "delete:sandboxes" },
+  // Sandbar: pools start sandboxes, so they take the sandboxes' scopes.
+  "warm-pools": { write: "write:sandboxes", delete: "delete:sandboxes" },
   snapshots: { write: "write:snapshots", delete: "delete:snapshots" },
   images: { write: "write:snapshots", delete: "delete:snapshots" },
   "docker-registry": { write: "write:registries", delete: "delete:registries" },

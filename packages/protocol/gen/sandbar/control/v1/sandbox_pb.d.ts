@@ -250,6 +250,13 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
    * @generated from field: sandbar.control.v1.SandboxHealth health = 38;
    */
   health?: SandboxHealth | undefined;
+
+  /**
+   * The warm pool (warm_pool.proto) whose sandbox this create claimed; absent otherwise.
+   *
+   * @generated from field: optional string warm_pool_id = 42;
+   */
+  warmPoolId?: string | undefined;
 };
 
 /**
