@@ -53,7 +53,7 @@ export function shellCommand(program: Command): void {
         stdin.resume();
         stdin.on("data", onInput);
         process.on("SIGWINCH", onResize);
-        let exitCode = 0;
+        let exitCode: number | undefined;
         try {
           for await (const event of pty.connectPty({ sessionId }, { signal: abort.signal })) {
             if (event.event.case === "data") {
@@ -65,6 +65,8 @@ export function shellCommand(program: Command): void {
               onResize();
             }
           }
+          // A stream that ends without the shell's exit is a lost connection, never a clean exit 0.
+          if (exitCode === undefined) throw new CliError("the connection to the sandbox's terminal closed before its shell exited", 1);
         } catch (err) {
           if (!abort.signal.aborted) throw err;
           if (failure) throw failure;
@@ -75,7 +77,7 @@ export function shellCommand(program: Command): void {
           stdin.pause();
           await pty.deletePty({ sessionId }).catch(() => undefined);
         }
-        return new ExitCode(exitCode);
+        return new ExitCode(exitCode ?? 1);
       }),
     );
 }
