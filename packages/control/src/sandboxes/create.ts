@@ -161,6 +161,9 @@ function newRow(c: OperationContext, input: NewSandbox, id: string, origin: Pick
     networkBlockAll: input.networkBlockAll,
     networkAllowList: input.networkAllowList,
     buildInfo: origin.buildInfo,
+    autoDestroyAt: null,
+    recoverable: false,
+    signingKeySealed: null,
   };
 }
 

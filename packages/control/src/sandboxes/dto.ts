@@ -75,6 +75,8 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     state: sandboxStates.number(reportedState(r.state, r.desiredState)),
     desiredState: desiredStates.number(r.desiredState),
     errorReason: r.errorReason ?? undefined,
+    ...(r.state === "error" ? { recoverable: r.recoverable } : {}),
+    autoDestroyAt: r.autoDestroyAt ? timestampFromDate(r.autoDestroyAt) : undefined,
     backupState: backupStates.number(r.backupState),
     backupCreatedAt: r.backupCreatedAt ? timestampFromDate(r.backupCreatedAt) : undefined,
     autoStopInterval: r.autoStopInterval,

@@ -1,3 +1,4 @@
+import { basename } from "node:path";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
 import { FileService, type UploadFileRequestSchema, type UploadFilesRequestSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
@@ -27,6 +28,28 @@ export const singleUpload: RestHandler = async ({ req, res, caller, query }) => 
   const out = await caller.clientStream(FileService.method.uploadFile, input).catch(input.rethrow);
   sendJson(res, 200, { path: out.file?.path ?? path, bytes: Number(out.file?.bytes ?? 0n) });
 };
+
+/**
+ * `POST …/files/upload-v2?path=` (0.218's uploadFile, and its signed uploadUrl): the file in the
+ * multipart field `file`, or the raw body (any other content type); answers {name, path, type}.
+ */
+export const uploadV2: RestHandler = async ({ req, res, caller, query }) => {
+  const path = query.get("path") ?? "";
+  const multipart = /^multipart\/form-data/i.test(req.headers["content-type"] ?? "");
+  const input = remembering(multipart ? singleUploadMessages(formParts(req), path) : rawUploadMessages(req, path));
+  const out = await caller.clientStream(FileService.method.uploadFile, input).catch(input.rethrow);
+  const saved = out.file?.path ?? path;
+  sendJson(res, 200, { name: basename(saved), path: saved, type: "file" });
+};
+
+async function* rawUploadMessages(body: AsyncIterable<Buffer>, path: string): AsyncGenerator<UploadMessage> {
+  if (path.trim() === "") throw errors.invalidArgument("path is required");
+  yield { part: { case: "header", value: { path } } };
+  for await (const chunk of body) {
+    noteMoved(chunk.length);
+    yield { part: { case: "data", value: chunk } };
+  }
+}
 
 async function* bulkUploadMessages(parts: AsyncIterable<FormPart>): AsyncGenerator<UploadMessage> {
   const destinations = new Map<string, string>();

@@ -18,6 +18,13 @@ export declare type SetEnvironmentRequest = Message<"sandbar.agent.v1.SetEnviron
    * @generated from field: map<string, string> env = 1;
    */
   env: { [key: string]: string };
+
+  /**
+   * Names removed before `env` is applied (control's updateEnv).
+   *
+   * @generated from field: repeated string unset = 2;
+   */
+  unset: string[];
 };
 
 /**
@@ -48,7 +55,7 @@ export declare const SetEnvironmentResponseSchema: GenMessage<SetEnvironmentResp
  */
 export declare const EnvironmentService: GenService<{
   /**
-   * Adds or replaces these variables for every process started from now on.
+   * Removes `unset`, then adds or replaces `env`, for every process started from now on.
    *
    * @generated from rpc sandbar.agent.v1.EnvironmentService.SetEnvironment
    */

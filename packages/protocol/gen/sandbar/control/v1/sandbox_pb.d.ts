@@ -250,6 +250,13 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
    * @generated from field: sandbar.control.v1.SandboxHealth health = 38;
    */
   health?: SandboxHealth | undefined;
+
+  /**
+   * When the TTL deletes it, whatever its state (setTtl); absent without a TTL.
+   *
+   * @generated from field: google.protobuf.Timestamp auto_destroy_at = 40;
+   */
+  autoDestroyAt?: Timestamp | undefined;
 };
 
 /**
@@ -1417,6 +1424,176 @@ export declare type ToolboxProxyUrl = Message<"sandbar.control.v1.ToolboxProxyUr
 export declare const ToolboxProxyUrlSchema: GenMessage<ToolboxProxyUrl>;
 
 /**
+ * @generated from message sandbar.control.v1.SetTtlRequest
+ */
+export declare type SetTtlRequest = Message<"sandbar.control.v1.SetTtlRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * Minutes from now; 0 clears the TTL.
+   *
+   * @generated from field: int32 ttl_minutes = 2;
+   */
+  ttlMinutes: number;
+};
+
+/**
+ * Describes the message sandbar.control.v1.SetTtlRequest.
+ * Use `create(SetTtlRequestSchema)` to create a new message.
+ */
+export declare const SetTtlRequestSchema: GenMessage<SetTtlRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.RecoverSandboxRequest
+ */
+export declare type RecoverSandboxRequest = Message<"sandbar.control.v1.RecoverSandboxRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * Leave it stopped instead of starting it.
+   *
+   * @generated from field: optional bool skip_start = 2;
+   */
+  skipStart?: boolean | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.RecoverSandboxRequest.
+ * Use `create(RecoverSandboxRequestSchema)` to create a new message.
+ */
+export declare const RecoverSandboxRequestSchema: GenMessage<RecoverSandboxRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.UpdateLastActivityRequest
+ */
+export declare type UpdateLastActivityRequest = Message<"sandbar.control.v1.UpdateLastActivityRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * What the caller did (accepted, informational).
+   *
+   * @generated from field: optional string activity_type = 2;
+   */
+  activityType?: string | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.UpdateLastActivityRequest.
+ * Use `create(UpdateLastActivityRequestSchema)` to create a new message.
+ */
+export declare const UpdateLastActivityRequestSchema: GenMessage<UpdateLastActivityRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.UpdateEnvRequest
+ */
+export declare type UpdateEnvRequest = Message<"sandbar.control.v1.UpdateEnvRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * POSIX names (letters, digits, _; not starting with a digit) to values.
+   *
+   * @generated from field: map<string, string> set = 2;
+   */
+  set: { [key: string]: string };
+
+  /**
+   * Names removed before `set` is applied.
+   *
+   * @generated from field: repeated string unset = 3;
+   */
+  unset: string[];
+
+  /**
+   * Removes every variable of the sandbox's env whose value starts with it and that `set` does not name.
+   *
+   * @generated from field: optional string unset_value_prefix = 4;
+   */
+  unsetValuePrefix?: string | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.UpdateEnvRequest.
+ * Use `create(UpdateEnvRequestSchema)` to create a new message.
+ */
+export declare const UpdateEnvRequestSchema: GenMessage<UpdateEnvRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.UpdateEnvResponse
+ */
+export declare type UpdateEnvResponse = Message<"sandbar.control.v1.UpdateEnvResponse"> & {
+  /**
+   * @generated from field: map<string, string> env = 1;
+   */
+  env: { [key: string]: string };
+};
+
+/**
+ * Describes the message sandbar.control.v1.UpdateEnvResponse.
+ * Use `create(UpdateEnvResponseSchema)` to create a new message.
+ */
+export declare const UpdateEnvResponseSchema: GenMessage<UpdateEnvResponse>;
+
+/**
+ * @generated from message sandbar.control.v1.GetSandboxSigningKeyRequest
+ */
+export declare type GetSandboxSigningKeyRequest = Message<"sandbar.control.v1.GetSandboxSigningKeyRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.GetSandboxSigningKeyRequest.
+ * Use `create(GetSandboxSigningKeyRequestSchema)` to create a new message.
+ */
+export declare const GetSandboxSigningKeyRequestSchema: GenMessage<GetSandboxSigningKeyRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.RotateSigningKeyRequest
+ */
+export declare type RotateSigningKeyRequest = Message<"sandbar.control.v1.RotateSigningKeyRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.RotateSigningKeyRequest.
+ * Use `create(RotateSigningKeyRequestSchema)` to create a new message.
+ */
+export declare const RotateSigningKeyRequestSchema: GenMessage<RotateSigningKeyRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.SandboxSigningKey
+ */
+export declare type SandboxSigningKey = Message<"sandbar.control.v1.SandboxSigningKey"> & {
+  /**
+   * @generated from field: string key = 1;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.SandboxSigningKey.
+ * Use `create(SandboxSigningKeySchema)` to create a new message.
+ */
+export declare const SandboxSigningKeySchema: GenMessage<SandboxSigningKey>;
+
+/**
  * Reported state. The REST value is derived from (stored state, desired state):
  * e.g. stored `started` + desired `stopped` reads `stopping`.
  *
@@ -2108,6 +2285,71 @@ export declare const SandboxService: GenService<{
     methodKind: "unary";
     input: typeof GetToolboxProxyUrlRequestSchema;
     output: typeof ToolboxProxyUrlSchema;
+  },
+  /**
+   * Lifecycle additions of the 0.218 client (setTtl, recover, refreshActivity, updateEnv, signed file URLs).
+   * Deleted at now + ttl_minutes whatever its state or activity (autoDestroyAt); 0 clears it, negative is refused.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.SetTtl
+   */
+  setTtl: {
+    methodKind: "unary";
+    input: typeof SetTtlRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * Leaves an `error` whose reason is recoverable (`recoverable` in the DTO): started again, or
+   * stopped with skipStart. Any other sandbox: 400.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.RecoverSandbox
+   */
+  recoverSandbox: {
+    methodKind: "unary";
+    input: typeof RecoverSandboxRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * Stamps activity now (what auto-stop counts from), as a toolbox call does, unthrottled.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.UpdateLastActivity
+   */
+  updateLastActivity: {
+    methodKind: "unary";
+    input: typeof UpdateLastActivityRequestSchema;
+    output: typeof EmptySchema;
+  },
+  /**
+   * The toolbox's `POST /env` (0.218 `updateEnv`): the running agent's environment for processes,
+   * sessions and PTYs started from now on, and the sandbox's env for its later starts. Answers the
+   * sandbox's env as it is now.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.UpdateEnv
+   */
+  updateEnv: {
+    methodKind: "unary";
+    input: typeof UpdateEnvRequestSchema;
+    output: typeof UpdateEnvResponseSchema;
+  },
+  /**
+   * The key the client signs file URLs with (`downloadUrl`/`uploadUrl`), made on first read;
+   * answered as a bare JSON string. Whoever holds it reads and writes the sandbox's files.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.GetSandboxSigningKey
+   */
+  getSandboxSigningKey: {
+    methodKind: "unary";
+    input: typeof GetSandboxSigningKeyRequestSchema;
+    output: typeof SandboxSigningKeySchema;
+  },
+  /**
+   * A new key: every URL signed with the old one is refused from now on.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.RotateSigningKey
+   */
+  rotateSigningKey: {
+    methodKind: "unary";
+    input: typeof RotateSigningKeyRequestSchema;
+    output: typeof SandboxSigningKeySchema;
   },
 }>;
 
