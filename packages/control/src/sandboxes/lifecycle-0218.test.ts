@@ -101,7 +101,9 @@ async function killInit(id: string): Promise<void> {
     if (ns.length > 1 && ns[ns.length - 1] === "1") process.kill(pid, "SIGKILL");
   }
   await eventually("the sandbox's first process is gone", async () => (await p.inspect(id)).state === "error");
+  // What the timers do (they may be at it already: then theirs marks it).
   await f.manager.markLost(id, "the sandbox is gone from its host");
+  await eventually("the sandbox to be marked errored", async () => (await stateOf(id)) === "error");
 }
 
 describe("recover", () => {
