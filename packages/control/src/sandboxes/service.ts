@@ -30,8 +30,6 @@ import { resizeRequest } from "./resize-request.ts";
 import { checkBuildInfo } from "../builds/build-info.ts";
 import type { SandboxBuilds } from "../builds/sandbox-builds.ts";
 import type { SharedLocks } from "./cluster-locks.ts";
-import { EnvironmentService } from "@sandbar/protocol/gen/sandbar/agent/v1/environment_pb.js";
-import type { AgentClients } from "../toolbox/agent-clients.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -50,8 +48,6 @@ export interface SandboxServiceDeps {
   imageSource?: ImageSource;
   /** Locks shared by the control processes of the database. */
   sharedLocks?: SharedLocks;
-  /** Connections to the agents (updateEnv tells the running agent). */
-  agentClients?: AgentClients;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
   /** Builds of sandboxes created with buildInfo. */
   builds?: SandboxBuilds;
@@ -231,16 +227,6 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       await manager.store.touch(row.id, new Date());
       manager.activity.stamped(row.id);
       return {};
-    },
-
-    async updateEnv(req, ctx) {
-      const clients = deps.agentClients;
-      if (!clients) throw errors.unavailable("updateEnv is not available on this server");
-      const change = { set: req.set, unset: req.unset, unsetValuePrefix: req.unsetValuePrefix };
-      const row = await manager.updateEnv(organizationOf(ctx), req.sandboxId, change, async (agent, set, unset) => {
-        await clients.client(EnvironmentService, agent).setEnvironment({ env: set, unset }, { headers: { authorization: `Bearer ${agent.secret}` }, timeoutMs: 30_000 });
-      });
-      return { env: row.env };
     },
 
     // getPortPreviewUrl and the signed preview URLs: preview/service.ts; the signing keys: signing-keys.ts.

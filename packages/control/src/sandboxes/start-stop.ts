@@ -132,7 +132,8 @@ export async function driveStop(c: OperationContext, row: SandboxRecord, force =
 export async function recover(c: OperationContext, organizationId: string, idOrName: string, skipStart = false): Promise<SandboxRecord> {
   const row = await c.store.find(organizationId, idOrName);
   if (!isErrored(row.state)) throw bad(`Sandbox is not in an errored state (it is ${row.state}): there is nothing to recover`);
-  if (!(await recoverable(c, row))) throw bad(`Sandbox error is not recoverable: ${row.errorReason ?? "unknown reason"}`);
+  // As the DTO says (the timers marked it so), and still so on its host.
+  if (!row.recoverable || !(await recoverable(c, row))) throw bad(`Sandbox error is not recoverable: ${row.errorReason ?? "unknown reason"}`);
   return skipStart ? stop(c, organizationId, row.id) : start(c, organizationId, row.id);
 }
 

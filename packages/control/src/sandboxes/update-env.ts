@@ -1,14 +1,13 @@
 import { ENV_LIMITS } from "@sandbar/protocol";
 import type { SandboxRecord } from "../db/entities.ts";
 import { Checks } from "../services/validate.ts";
-import type { AgentEndpoint } from "../toolbox/agent-locator.ts";
-import { agentFor } from "./agent-endpoints.ts";
 import { ENV_KEY, mapLimits } from "./create-request.ts";
 import type { OperationContext } from "./operation-context.ts";
 
-// The 0.218 client's updateEnv (the toolbox's `POST /env`): the running agent's environment for
-// what it starts from now on, then the sandbox's env for its later starts (the host's record and
-// the row), as a warm-pool claim gives a sandbox its env. A sandbox that is not running is a 400.
+// The 0.218 client's updateEnv (the toolbox's `POST /env`, EnvironmentService.UpdateEnv): checked
+// here, told to the running agent (the toolbox's forwarder: a sandbox that is not running is a
+// 400 there), then kept in the sandbox's env for its later starts (the host's record and the row),
+// as a warm-pool claim gives a sandbox its env.
 
 export interface EnvChange {
   set: Record<string, string>;
@@ -17,8 +16,8 @@ export interface EnvChange {
   unsetValuePrefix?: string;
 }
 
-/** Tells the running agent (EnvironmentService.SetEnvironment). */
-export type TellAgent = (agent: AgentEndpoint, set: Record<string, string>, unset: string[]) => Promise<void>;
+/** Tells the running agent (the forwarded EnvironmentService.UpdateEnv). */
+export type TellAgent = () => Promise<void>;
 
 /** POSIX names, the create's bounds on the result; problems together as one 400. */
 function checkEnvChange(change: EnvChange): void {
@@ -32,7 +31,6 @@ function checkEnvChange(change: EnvChange): void {
 
 export async function updateEnv(c: OperationContext, organizationId: string, idOrName: string, change: EnvChange, tell: TellAgent): Promise<SandboxRecord> {
   checkEnvChange(change);
-  const agent = await agentFor(c, organizationId, idOrName); // started and not in a transition, else 400/409
   const row = await c.store.find(organizationId, idOrName);
   const prefix = change.unsetValuePrefix;
   const unset = [...new Set([...change.unset, ...(prefix ? Object.keys(row.env).filter((k) => row.env[k]!.startsWith(prefix) && !(k in change.set)) : [])])];
@@ -40,7 +38,7 @@ export async function updateEnv(c: OperationContext, organizationId: string, idO
   for (const k of unset) delete env[k];
   Object.assign(env, change.set);
   mapLimits(new Checks(), "env", env, ENV_LIMITS).done();
-  await tell(agent, change.set, unset);
+  await tell();
   await (await c.runtimeOf(row)).setEnv(row.id, env);
   await c.store.update(row.id, { env });
   c.activity.touch(row.id);

@@ -1493,59 +1493,6 @@ export declare type UpdateLastActivityRequest = Message<"sandbar.control.v1.Upda
 export declare const UpdateLastActivityRequestSchema: GenMessage<UpdateLastActivityRequest>;
 
 /**
- * @generated from message sandbar.control.v1.UpdateEnvRequest
- */
-export declare type UpdateEnvRequest = Message<"sandbar.control.v1.UpdateEnvRequest"> & {
-  /**
-   * @generated from field: string sandbox_id = 1;
-   */
-  sandboxId: string;
-
-  /**
-   * POSIX names (letters, digits, _; not starting with a digit) to values.
-   *
-   * @generated from field: map<string, string> set = 2;
-   */
-  set: { [key: string]: string };
-
-  /**
-   * Names removed before `set` is applied.
-   *
-   * @generated from field: repeated string unset = 3;
-   */
-  unset: string[];
-
-  /**
-   * Removes every variable of the sandbox's env whose value starts with it and that `set` does not name.
-   *
-   * @generated from field: optional string unset_value_prefix = 4;
-   */
-  unsetValuePrefix?: string | undefined;
-};
-
-/**
- * Describes the message sandbar.control.v1.UpdateEnvRequest.
- * Use `create(UpdateEnvRequestSchema)` to create a new message.
- */
-export declare const UpdateEnvRequestSchema: GenMessage<UpdateEnvRequest>;
-
-/**
- * @generated from message sandbar.control.v1.UpdateEnvResponse
- */
-export declare type UpdateEnvResponse = Message<"sandbar.control.v1.UpdateEnvResponse"> & {
-  /**
-   * @generated from field: map<string, string> env = 1;
-   */
-  env: { [key: string]: string };
-};
-
-/**
- * Describes the message sandbar.control.v1.UpdateEnvResponse.
- * Use `create(UpdateEnvResponseSchema)` to create a new message.
- */
-export declare const UpdateEnvResponseSchema: GenMessage<UpdateEnvResponse>;
-
-/**
  * @generated from message sandbar.control.v1.GetSandboxSigningKeyRequest
  */
 export declare type GetSandboxSigningKeyRequest = Message<"sandbar.control.v1.GetSandboxSigningKeyRequest"> & {
@@ -2287,7 +2234,8 @@ export declare const SandboxService: GenService<{
     output: typeof ToolboxProxyUrlSchema;
   },
   /**
-   * Lifecycle additions of the 0.218 client (setTtl, recover, refreshActivity, updateEnv, signed file URLs).
+   * Lifecycle additions of the 0.218 client (setTtl, recover, refreshActivity, signed file URLs;
+   * its updateEnv is the toolbox's EnvironmentService.UpdateEnv).
    * Deleted at now + ttl_minutes whatever its state or activity (autoDestroyAt); 0 clears it, negative is refused.
    *
    * @generated from rpc sandbar.control.v1.SandboxService.SetTtl
@@ -2317,18 +2265,6 @@ export declare const SandboxService: GenService<{
     methodKind: "unary";
     input: typeof UpdateLastActivityRequestSchema;
     output: typeof EmptySchema;
-  },
-  /**
-   * The toolbox's `POST /env` (0.218 `updateEnv`): the running agent's environment for processes,
-   * sessions and PTYs started from now on, and the sandbox's env for its later starts. Answers the
-   * sandbox's env as it is now.
-   *
-   * @generated from rpc sandbar.control.v1.SandboxService.UpdateEnv
-   */
-  updateEnv: {
-    methodKind: "unary";
-    input: typeof UpdateEnvRequestSchema;
-    output: typeof UpdateEnvResponseSchema;
   },
   /**
    * The key the client signs file URLs with (`downloadUrl`/`uploadUrl`), made on first read;
