@@ -29,11 +29,27 @@ function checkEnvChange(change: EnvChange): void {
   mapLimits(checks, "set", change.set, ENV_LIMITS).done();
 }
 
+/** Updates of one sandbox's env, one after the other (each reads the env the one before wrote), per context. */
+const queues = new WeakMap<OperationContext, Map<string, Promise<unknown>>>();
+
 export async function updateEnv(c: OperationContext, organizationId: string, idOrName: string, change: EnvChange, tell: TellAgent): Promise<SandboxRecord> {
   checkEnvChange(change);
-  const row = await c.store.find(organizationId, idOrName);
+  const { id } = await c.store.find(organizationId, idOrName);
+  const queue = queues.get(c) ?? new Map<string, Promise<unknown>>();
+  queues.set(c, queue);
+  const turn = (queue.get(id) ?? Promise.resolve()).catch(() => undefined).then(() => apply(c, organizationId, id, change, tell));
+  queue.set(id, turn);
+  try {
+    return await turn;
+  } finally {
+    if (queue.get(id) === turn) queue.delete(id);
+  }
+}
+
+async function apply(c: OperationContext, organizationId: string, id: string, change: EnvChange, tell: TellAgent): Promise<SandboxRecord> {
+  const row = await c.store.find(organizationId, id);
   const prefix = change.unsetValuePrefix;
-  const unset = [...new Set([...change.unset, ...(prefix ? Object.keys(row.env).filter((k) => row.env[k]!.startsWith(prefix) && !(k in change.set)) : [])])];
+  const unset = [...new Set([...change.unset, ...(prefix ? Object.keys(row.env).filter((k) => row.env[k]?.startsWith(prefix) && !(k in change.set)) : [])])];
   const env = { ...row.env };
   for (const k of unset) delete env[k];
   Object.assign(env, change.set);

@@ -5,6 +5,7 @@ import { FileService, type UploadFileRequestSchema, type UploadFilesRequestSchem
 import { formParts, type FormPart } from "./multipart-parts.ts";
 import { noteMoved } from "./gc-pacer.ts";
 import { sendJson } from "./http.ts";
+import { textProblems } from "../../services/validate.ts";
 import type { RestHandler } from "./routes.ts";
 
 type UploadMessage = MessageInitShape<typeof UploadFilesRequestSchema> & MessageInitShape<typeof UploadFileRequestSchema>;
@@ -35,6 +36,9 @@ export const singleUpload: RestHandler = async ({ req, res, caller, query }) => 
  */
 export const uploadV2: RestHandler = async ({ req, res, caller, query }) => {
   const path = query.get("path") ?? "";
+  // Before any of the body is read: a raw body would otherwise be cut off mid-stream by the check.
+  const problems = textProblems("path", "path", path);
+  if (problems.length) throw errors.invalidArgument(problems.join(", "));
   const multipart = /^multipart\/form-data/i.test(req.headers["content-type"] ?? "");
   const input = remembering(multipart ? singleUploadMessages(formParts(req), path) : rawUploadMessages(req, path));
   const out = await caller.clientStream(FileService.method.uploadFile, input).catch(input.rethrow);
