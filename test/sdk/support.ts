@@ -13,6 +13,7 @@ import { buildAgentBundle, startTestServer, type TestServer } from "@sandbar/con
 import { expect } from "vitest";
 import type { TestRegistry } from "../../packages/runner/src/images/testing/registry.ts";
 import type { ControlOptions } from "../../packages/control/src/server/control-server.ts";
+import type { Settings } from "../../packages/control/src/settings.ts";
 
 const PROTO_ROOT = fileURLToPath(new URL("../../proto", import.meta.url));
 
@@ -24,10 +25,11 @@ export interface RealServer {
   stop(): Promise<void>;
 }
 
-export async function startRealServer(control?: ControlOptions): Promise<RealServer> {
+/** `settings`: the server's own (e.g. a scaled timer clock). */
+export async function startRealServer(control?: ControlOptions, settings: Partial<Settings> = {}): Promise<RealServer> {
   if (process.getuid?.() !== 0) throw new Error("the SDK suites run real sandboxes: run them as root");
   const bundle = await buildAgentBundle("sandbar-sdk-agent-");
-  const server = await startTestServer({ settings: { agentBundle: bundle }, control });
+  const server = await startTestServer({ settings: { ...settings, agentBundle: bundle }, control });
   return {
     server,
     apiUrl: `${server.url}/api`,

@@ -22,6 +22,7 @@ const IDLE_MS = 10 * 60_000;
  * An execution setting one gets a shell of its own; an environment change setting one retires the
  * hosts (the next ones start with it).
  */
+const SHELL_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
 const AT_START = new Set(["BASHOPTS", "BASH_VERSINFO", "EUID", "PPID", "SHELLOPTS", "UID", "BASH_ENV"]);
 /** `$$`, `${$}` and `$PPID` name the host in a subshell: such scripts get a shell of their own. */
 const NEEDS_OWN_SHELL = /\$\{?\$|PPID|\0/;
@@ -156,11 +157,16 @@ export class ShellLauncher {
     const cached = this.envPreludes.get(host);
     if (cached?.generation === this.ctx.envGeneration) return cached.text;
     let text = "";
-    // EnvironmentService only adds and replaces variables.
     for (const [k, v] of Object.entries(this.ctx.env)) {
       if (v === undefined || host.env[k] === v) continue;
       if (AT_START.has(k)) return undefined;
       text += `export ${k}=${shellQuote(v)}\n`;
+    }
+    // Variables EnvironmentService unset since the host started.
+    for (const k of Object.keys(host.env)) {
+      if (this.ctx.env[k] !== undefined) continue;
+      if (AT_START.has(k) || !SHELL_NAME.test(k)) return undefined;
+      text += `unset ${k}\n`;
     }
     this.envPreludes.set(host, { generation: this.ctx.envGeneration, text });
     return text;

@@ -97,6 +97,14 @@ export class CallChain {
   }
 
   /**
+   * `admitForeign` for a credential a route of the contract checks itself (a signed file URL):
+   * counted and recorded under the rule `method` is mounted with, so its invocation finds it admitted.
+   */
+  admitForeignAs(call: Call, method: DescMethod, verify: () => Promise<AuthContext>): Promise<AuthContext> {
+    return this.admitForeign(call, this.#mounted(method).route, verify);
+  }
+
+  /**
    * The admission of data-plane protocols with their own credentials: not rate-limited (their
    * traffic is work, as the toolbox's), failed authentications throttled by address.
    */

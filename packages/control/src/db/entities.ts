@@ -261,6 +261,12 @@ export const SandboxRecord = defineEntity({
     networkAllowList: p.text().nullable(),
     /** The declarative build it was made from (migration 0016); null otherwise. */
     buildInfo: p.json<{ dockerfileContent: string; contextHashes: string[]; snapshotRef: string; createdAt: string }>().nullable(),
+    /** When the TTL deletes it whatever its state (migration 0026); null without a TTL. */
+    autoDestroyAt: p.datetime().nullable(),
+    /** Its `error` left its files intact: recover (or start) brings it back (migration 0026). */
+    recoverable: p.boolean().default(false),
+    /** The key its signed file URLs are checked with, sealed (migration 0026); null until first asked for. */
+    signingKeySealed: p.text().nullable(),
     /** The organization's warm pool whose sandbox its create claimed (migration 0027); null otherwise. */
     warmPoolId: p.uuid().nullable(),
   },

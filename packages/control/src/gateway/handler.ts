@@ -52,7 +52,7 @@ export function createGateway(table: RouteTable, chain: CallChain, basePath: str
         call = newCall(req, match.params.sandbox_id);
         // The caller is checked before the route reads a body (401/403 before 413 or 400).
         if (!match.route.selfAuthorized) {
-          await chain.admit(call, match.route.method);
+          if (!(await match.route.admitsOwn?.({ req, query, call }))) await chain.admit(call, match.route.method);
           headersOnto(res, call);
         }
         return await match.route.serve({ req, res, params: match.params, query, signal, call });

@@ -30,6 +30,11 @@ export interface HandwrittenRoute {
    * form): the gateway neither checks nor rate-limits the caller first, as for the host form.
    */
   selfAuthorized?: boolean;
+  /**
+   * A credential of the route's own in the request (a signed file URL's signature): the route
+   * admits the call through the chain itself and says true; false leaves the chain's usual check.
+   */
+  admitsOwn?(call: Pick<RestCall, "req" | "query" | "call">): Promise<boolean>;
   serve(call: RestCall): Promise<void>;
 }
 

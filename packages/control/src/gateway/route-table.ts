@@ -128,14 +128,16 @@ function decode(segment: string): string {
 }
 
 function bySpecificity(a: Entry, b: Entry): number {
+  // A total order (segment by segment, literal before parameter before catch-all tail; then the
+  // shorter; then the hand-written), so the sort puts same-shape routes in the same order however
+  // many routes the table holds (a comparator that left templates of different lengths equal did not).
   for (let i = 0; i < Math.min(a.segments.length, b.segments.length); i++) {
-    const al = "literal" in a.segments[i]!;
-    const bl = "literal" in b.segments[i]!;
-    if (al !== bl) return al ? -1 : 1;
+    const d = rank(a.segments[i]!) - rank(b.segments[i]!);
+    if (d !== 0) return d;
   }
-  // A catch-all tail matches what a fixed template of the same stem would: the fixed one first.
-  const ar = a.segments.some((s) => "rest" in s);
-  const br = b.segments.some((s) => "rest" in s);
-  if (ar !== br) return ar ? 1 : -1;
+  if (a.segments.length !== b.segments.length) return a.segments.length - b.segments.length;
   return Number(b.handwritten) - Number(a.handwritten);
 }
+
+/** Literal segments first, a catch-all tail last. */
+const rank = (s: Segment) => ("literal" in s ? 0 : "rest" in s ? 2 : 1);

@@ -42,7 +42,7 @@ export function mapLimits(checks: Checks, field: string, map: Record<string, str
 }
 
 const USER = /^[a-z_][a-z0-9_-]{0,31}$/;
-const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
+export const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
 /** Checks a create request as the reference does (field problems together, then one by one). */
 export function newSandbox(organizationId: string, req: CreateSandboxRequest, imageSnapshots = false, defaultNetwork: DefaultNetwork = "none"): Omit<NewSandbox, "regionId" | "volumes"> {

@@ -163,6 +163,9 @@ function newRow(c: OperationContext, input: NewSandbox, id: string, origin: Pick
     networkAllowList: input.networkAllowList,
     buildInfo: origin.buildInfo,
     warmPoolId: null,
+    autoDestroyAt: null,
+    recoverable: false,
+    signingKeySealed: null,
   };
 }
 

@@ -75,6 +75,9 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     state: sandboxStates.number(reportedState(r.state, r.desiredState)),
     desiredState: desiredStates.number(r.desiredState),
     errorReason: r.errorReason ?? undefined,
+    // Only an `error` can be recovered from (a stale flag of an earlier error means nothing).
+    recoverable: r.state === "error" && r.recoverable,
+    autoDestroyAt: r.autoDestroyAt ? timestampFromDate(r.autoDestroyAt) : undefined,
     backupState: backupStates.number(r.backupState),
     backupCreatedAt: r.backupCreatedAt ? timestampFromDate(r.backupCreatedAt) : undefined,
     autoStopInterval: r.autoStopInterval,

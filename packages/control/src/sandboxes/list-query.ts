@@ -88,7 +88,8 @@ export function whereOf(c: ListCriteria, checks: Checks, allStates: string[]): {
   range("minDiskGiB", "disk", c.minDiskGiB, ">=");
   range("maxDiskGiB", "disk", c.maxDiskGiB, "<=");
   if (c.isPublic !== undefined) add(`"public" = ?`, c.isPublic);
-  if (c.isRecoverable === true) where.push("false"); // nothing here is "recoverable" in the reference's sense
+  // Recoverable: in `error` with its files intact on its host (recover or start brings it back).
+  if (c.isRecoverable !== undefined) where.push(`${c.isRecoverable ? "" : "not "}("state" = 'error' and "recoverable")`);
   if (c.createdAtAfter) add(`"created_at" >= ?`, c.createdAtAfter);
   if (c.createdAtBefore) add(`"created_at" <= ?`, c.createdAtBefore);
   if (c.lastEventAfter) add(`"last_activity_at" >= ?`, c.lastEventAfter);

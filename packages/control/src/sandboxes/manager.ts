@@ -7,9 +7,10 @@ import { create, createFromBuild, type NewSandbox } from "./create.ts";
 import type { NetworkFields } from "./network-policy.ts";
 import { OperationContext, type Outcome } from "./operation-context.ts";
 import { type Resources, resize, setNetwork, update } from "./reconfigure.ts";
-import { start, stop } from "./start-stop.ts";
+import { recover, start, stop } from "./start-stop.ts";
 import type { SandboxPatch } from "./store.ts";
 import { markLost } from "./timers.ts";
+import { type EnvChange, type TellAgent, updateEnv } from "./update-env.ts";
 
 // The sandbox lifecycle (reference §4.3) as the service, the toolbox and the preview proxy call
 // it: each method is one operation of the modules named in its import. What the operations
@@ -77,6 +78,16 @@ export class SandboxManager extends OperationContext implements AgentLocator {
 
   update(organizationId: string, idOrName: string, patch: SandboxPatch): Promise<SandboxRecord> {
     return update(this, organizationId, idOrName, patch);
+  }
+
+  /** Leaves a recoverable `error`: started again, or stopped with skipStart. */
+  recover(organizationId: string, idOrName: string, skipStart = false): Promise<SandboxRecord> {
+    return recover(this, organizationId, idOrName, skipStart);
+  }
+
+  /** The running agent's environment and the sandbox's env for later starts. */
+  updateEnv(organizationId: string, idOrName: string, change: EnvChange, tell: TellAgent): Promise<SandboxRecord> {
+    return updateEnv(this, organizationId, idOrName, change, tell);
   }
 
   /** What the timers do for a started sandbox whose first process is gone: it is marked `error`. */

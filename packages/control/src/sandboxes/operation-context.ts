@@ -136,11 +136,14 @@ export class OperationContext {
     return outcome?.row ?? this.current(id);
   }
 
-  /** Records the failure on the sandbox (state `error`) and reports it to the waiting caller. */
-  async fail(id: string, err: unknown): Promise<Outcome> {
+  /**
+   * Records the failure on the sandbox (state `error`) and reports it to the waiting caller.
+   * `recoverable`: its files are intact on its host and recover (or start) brings it back.
+   */
+  async fail(id: string, err: unknown, recoverable = false): Promise<Outcome> {
     const reason = reasonOf(err);
     this.log(`sandbox ${id}: ${reason}`);
-    await this.store.update(id, { state: "error", errorReason: reason });
+    await this.store.update(id, { state: "error", errorReason: reason, recoverable });
     return { failed: reason };
   }
 }

@@ -211,7 +211,25 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       return dto(await manager.archive(organizationOf(ctx), req.sandboxId));
     },
 
-    // getPortPreviewUrl and the signed preview URLs: preview/service.ts.
+    async setTtl(req, ctx) {
+      if (req.ttlMinutes < 0) throw errors.invalidArgument("ttlMinutes must be a non-negative integer");
+      // In the timers' minutes (tests shrink them); 0 clears the TTL.
+      const autoDestroyAt = req.ttlMinutes === 0 ? null : new Date(Date.now() + req.ttlMinutes * deps.settings.timerMinuteMs);
+      return dto(await manager.update(organizationOf(ctx), req.sandboxId, { autoDestroyAt }));
+    },
+
+    async recoverSandbox(req, ctx) {
+      return dto(await manager.recover(organizationOf(ctx), req.sandboxId, req.skipStart ?? false));
+    },
+
+    async updateLastActivity(req, ctx) {
+      const row = await manager.get(organizationOf(ctx), req.sandboxId);
+      await manager.store.touch(row.id, new Date());
+      manager.activity.stamped(row.id);
+      return {};
+    },
+
+    // getPortPreviewUrl and the signed preview URLs: preview/service.ts; the signing keys: signing-keys.ts.
 
     async *getBuildLogs(req, ctx) {
       const row = await manager.get(organizationOf(ctx), req.sandboxId);

@@ -21,7 +21,7 @@ export async function start(c: OperationContext, organizationId: string, idOrNam
     if (isErrored(cur.state) || gone) {
       if (!gone && !(await recoverable(c, cur))) throw bad("Sandbox is in an errored state");
       // Reported `starting` meanwhile; its leftovers are torn down by the runtime's start.
-      await c.store.updateAdmitted(cur, cur, { state: "stopped", desiredState: "started", authToken: newAuthToken(), errorReason: null, lastActivityAt: new Date() });
+      await c.store.updateAdmitted(cur, cur, { state: "stopped", desiredState: "started", authToken: newAuthToken(), errorReason: null, recoverable: false, lastActivityAt: new Date() });
       return driveStart(c, cur);
     }
     if (cur.state === "started" && cur.desiredState === "started") return {};
@@ -123,6 +123,18 @@ export async function driveStop(c: OperationContext, row: SandboxRecord, force =
   } catch (err) {
     return c.fail(row.id, err);
   }
+}
+
+/**
+ * The 0.218 client's recover: a sandbox in `error` whose reason is recoverable (see `recoverable`)
+ * is started again (or, with skipStart, stopped); any other sandbox is a 400 saying why.
+ */
+export async function recover(c: OperationContext, organizationId: string, idOrName: string, skipStart = false): Promise<SandboxRecord> {
+  const row = await c.store.find(organizationId, idOrName);
+  if (!isErrored(row.state)) throw bad(`Sandbox is not in an errored state (it is ${row.state}): there is nothing to recover`);
+  // As the DTO says (the timers marked it so), and still so on its host.
+  if (!row.recoverable || !(await recoverable(c, row))) throw bad(`Sandbox error is not recoverable: ${row.errorReason ?? "unknown reason"}`);
+  return skipStart ? stop(c, organizationId, row.id) : start(c, organizationId, row.id);
 }
 
 /**

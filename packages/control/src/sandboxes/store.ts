@@ -187,6 +187,11 @@ export class SandboxStore {
     return this.#em().find(SandboxRecord, { state: "archived", desiredState: "archived", runnerId: null, autoDeleteInterval: { $gte: 0 } });
   }
 
+  /** Sandboxes whose TTL has run out (autoDestroyAt at or before `now`) and that are not being deleted already. */
+  async pastAutoDestroy(now: Date): Promise<SandboxRecord[]> {
+    return this.#em().find(SandboxRecord, { autoDestroyAt: { $lte: now }, state: { $ne: "destroyed" }, desiredState: { $ne: "destroyed" } });
+  }
+
   /** Rows by id, destroyed ones included (for reconciliation against a host's list). */
   async byIds(ids: string[]): Promise<SandboxRecord[]> {
     if (ids.length === 0) return [];

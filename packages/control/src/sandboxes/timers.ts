@@ -5,7 +5,7 @@ import type { OperationContext, Outcome } from "./operation-context.ts";
 import { stopChecked } from "./start-stop.ts";
 import { isEphemeral, normalizeAutoArchive } from "./states.ts";
 
-// Auto-stop, auto-archive and auto-delete (reference §4.4), stopping the sandboxes of an
+// Auto-stop, auto-archive and auto-delete (reference §4.4), the TTL's delete (autoDestroyAt), stopping the sandboxes of an
 // organization suspended for longer than its grace period, plus two chores: finishing deletes
 // that failed on the host, and reporting started sandboxes whose first process died. Everything
 // the timers need is in the database (intervals, last activity), so they carry on across
@@ -70,9 +70,14 @@ export class SandboxTimers {
     const shouldArchive = (r: SandboxRecord) =>
       r.state === "stopped" && r.desiredState === "stopped" && !isEphemeral(r.autoDeleteInterval) && idleMinutes(r, normalizeAutoArchive(r.autoArchiveInterval)) && !shouldDelete(r);
 
+    // A TTL (setTtl) deletes at its time whatever the sandbox's state or activity.
+    const ttlDue = (r: SandboxRecord) => !!r.autoDestroyAt && r.autoDestroyAt.getTime() <= now && r.desiredState !== "destroyed" && r.state !== "destroyed";
     const ops: Array<Promise<unknown> | undefined> = [];
+    const expired = await m.store.pastAutoDestroy(new Date(now));
+    for (const r of expired) if (!m.locks.busy(r.id)) ops.push(timerOp(m, r.id, () => deleteChecked(m, r.id, ttlDue)));
+    const due = new Set(expired.map((r) => r.id));
     for (const r of [...rows, ...archived]) {
-      if (m.locks.busy(r.id)) continue;
+      if (m.locks.busy(r.id) || due.has(r.id)) continue;
       if (r.desiredState === "destroyed" && r.state === "error") ops.push(retryDestroy(m, r.id));
       else if (r.state === "started" && r.desiredState === "started" && host.get(r.id)?.state !== "started") {
         ops.push(markLost(m, r.id, "the sandbox is gone from its host"));
@@ -92,7 +97,8 @@ export function markLost(c: OperationContext, id: string, reason: string): Promi
     if (cur.state !== "started" || cur.desiredState !== "started") return {};
     const rt = await (await c.runtimeOf(cur)).inspect(id);
     if (rt?.state === "started") return {};
-    return c.fail(id, new Error(rt?.error ?? reason));
+    // Still on its host with its files (its first process died, its agent gave up): recoverable.
+    return c.fail(id, new Error(rt?.error ?? reason), rt?.state === "error");
   });
 }
 

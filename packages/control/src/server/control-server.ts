@@ -1,3 +1,4 @@
+import { SigningKeys, signedUrlKeys, signingKeyMethods } from "../sandboxes/signing-keys.ts";
 import { createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { MikroORM } from "@mikro-orm/postgresql";
@@ -141,7 +142,8 @@ export async function startControlServer(settings: Settings, log: (line: string)
   const controlFiles = await filesIn("sandbar/control/v1");
   chain.mount(ConfigService, configService(settings, identity.oidc, limits.advertised()));
   chain.mount(ApiKeyService, apiKeyService(orm, credentials));
-  chain.mount(SandboxService, { ...sandboxes.impl, ...preview.sandboxMethods });
+  const signingKeys = new SigningKeys(orm, box);
+  chain.mount(SandboxService, { ...sandboxes.impl, ...preview.sandboxMethods, ...signingKeyMethods(sandboxes.manager, signingKeys) });
   chain.mount(PreviewService, preview.service);
   chain.mount(SnapshotService, sandboxes.snapshots.impl);
   chain.mount(UserService, userService(orm, credentials));
@@ -178,7 +180,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   });
   // One route table: the contract's routes, the toolbox's agent routes under each prefix, the
   // toolbox routes written by hand (multipart, raw streams, WebSockets) and the preview proxy's path form.
-  const rest = toolboxRest({ chain, locator: agentLocator, prefixes: TOOLBOX_PREFIXES });
+  const rest = toolboxRest({ chain, locator: agentLocator, prefixes: TOOLBOX_PREFIXES, signedUrls: signedUrlKeys(sandboxes.manager, signingKeys) });
   const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], {
     handwritten: [...rest.handwritten, ...preview.routes.handwritten],
     upgrades: [...rest.upgrades, ...preview.routes.upgrades],

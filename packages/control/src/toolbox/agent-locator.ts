@@ -25,4 +25,9 @@ export interface AgentLocator {
    * organization; throws UNAUTHENTICATED for a wrong token, NOT_FOUND for an unknown sandbox.
    */
   previewToken?(sandboxId: string, token: string): Promise<TokenHolder>;
+  /**
+   * Optional: the toolbox's `POST /env` (EnvironmentService.UpdateEnv) beyond the agent: checks the
+   * change, lets `tell` forward it to the running agent, then keeps it for the sandbox's later starts.
+   */
+  updateEnv?(organizationId: string, idOrName: string, change: { set: Record<string, string>; unset: string[]; unsetValuePrefix?: string }, tell: () => Promise<void>): Promise<unknown>;
 }

@@ -6,6 +6,8 @@ import type { CallChain } from "../call/chain.ts";
 import { AgentClients } from "./agent-clients.ts";
 import type { AgentLocator } from "./agent-locator.ts";
 import { forwardingImpl } from "./forward.ts";
+import { keepingEnv } from "./keeping-env.ts";
+import { EnvironmentService } from "@sandbar/protocol/gen/sandbar/agent/v1/environment_pb.js";
 
 /**
  * The toolbox's access rule, in one place: any member with `write:sandboxes` (as the reference's
@@ -36,6 +38,9 @@ export async function mountToolbox(chain: CallChain, locator: AgentLocator, clie
   const policy = (method: DescMethod): Route =>
     // Not rate limited, as the reference's toolbox (its traffic is work inside a sandbox, not management).
     create(RouteSchema, { status: routeOf(method).status, scope: TOOLBOX_SCOPE, auth: Auth.UNSPECIFIED, audit: audited ? routeOf(method).audit : undefined, rateLimit: RateLimit.NONE });
-  for (const service of services) chain.mount(service, forwardingImpl(service, locator, clients), policy);
+  for (const service of services) {
+    const impl = forwardingImpl(service, locator, clients);
+    chain.mount(service, service.typeName === EnvironmentService.typeName ? keepingEnv(impl, locator) : impl, policy);
+  }
   return { files, services, clients };
 }

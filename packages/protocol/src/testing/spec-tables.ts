@@ -232,6 +232,8 @@ const scopeStricterThanSpec = new Map([
   ["GET /sandbox/{}/ports/{}/preview-url", "write:sandboxes"],
   ["GET /workspace/{}/ports/{}/preview-url", "write:sandboxes"],
   ["GET /sandbox/{}/ports/{}/signed-preview-url", "write:sandboxes"],
+  // The key signs URLs that read and write the sandbox's files: the toolbox's scope.
+  ["GET /sandbox/{}/signing-key", "write:sandboxes"],
 ]);
 
 /** Scope a route must carry per the scope table; undefined: not decided by the table. */

@@ -12,7 +12,8 @@ import { deleteFile } from "./files.ts";
 import { createPty } from "./pty.ts";
 import type { RestHandler, ToolboxRoute } from "./routes.ts";
 import { commandLogs, createSession, sessionExec } from "./sessions.ts";
-import { bulkUpload, singleUpload } from "./upload.ts";
+import { admitSignedFileRequest, isSignedFileRequest, type SignedUrlKeys } from "./signed-file-url.ts";
+import { bulkUpload, singleUpload, uploadV2 } from "./upload.ts";
 import { ToolboxWebSockets } from "./websocket.ts";
 
 /**
@@ -23,8 +24,9 @@ import { ToolboxWebSockets } from "./websocket.ts";
 export const TOOLBOX_REST_ROUTES: Array<ToolboxRoute<Handled>> = [
   { verb: "POST", path: "/files/bulk-upload", handle: { method: FileService.method.uploadFiles, serve: bulkUpload } },
   { verb: "POST", path: "/files/upload", handle: { method: FileService.method.uploadFiles, serve: singleUpload } },
+  { verb: "POST", path: "/files/upload-v2", handle: { method: FileService.method.uploadFile, serve: uploadV2, signed: true } },
   { verb: "POST", path: "/files/bulk-download", handle: { method: FileService.method.downloadFiles, serve: bulkDownload } },
-  { verb: "GET", path: "/files/download", handle: { method: FileService.method.downloadFiles, serve: singleDownload } },
+  { verb: "GET", path: "/files/download", handle: { method: FileService.method.downloadFiles, serve: singleDownload, signed: true } },
   { verb: "DELETE", path: "/files", handle: { method: FileService.method.deleteFile, serve: deleteFile } },
   { verb: "POST", path: "/process/execute", handle: { method: ProcessService.method.execute, serve: execute } },
   { verb: "POST", path: "/process/session", handle: { method: ProcessService.method.createSession, serve: createSession } },
@@ -37,6 +39,8 @@ export const TOOLBOX_REST_ROUTES: Array<ToolboxRoute<Handled>> = [
 interface Handled {
   method: DescMethod;
   serve: RestHandler;
+  /** Also opened by a signed URL (the 0.218 client's downloadUrl/uploadUrl) instead of an API key. */
+  signed?: boolean;
 }
 
 export interface ToolboxRest {
@@ -47,13 +51,22 @@ export interface ToolboxRest {
   close(): void;
 }
 
-export function toolboxRest(opts: { chain: CallChain; locator: AgentLocator; prefixes: string[] }): ToolboxRest {
+export function toolboxRest(opts: { chain: CallChain; locator: AgentLocator; prefixes: string[]; signedUrls?: SignedUrlKeys }): ToolboxRest {
   const sockets = new ToolboxWebSockets(opts);
+  const { signedUrls } = opts;
   const handwritten = opts.prefixes.flatMap((prefix) =>
     TOOLBOX_REST_ROUTES.map(({ verb, path, handle }): HandwrittenRoute => ({
       verb,
       template: prefix + path,
       method: handle.method,
+      admitsOwn:
+        handle.signed && signedUrls
+          ? async ({ req, query, call }) => {
+              if (!isSignedFileRequest(req.headers, query)) return false;
+              await admitSignedFileRequest(opts.chain, call, handle.method, verb, query, signedUrls);
+              return true;
+            }
+          : undefined,
       serve: ({ req, res, params, query, signal, call }) => handle.serve({ req, res, sandboxId: params.sandbox_id!, params, query, caller: chainCaller(opts.chain, call, signal) }),
     })),
   );

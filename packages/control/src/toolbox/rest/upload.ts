@@ -1,9 +1,11 @@
+import { basename } from "node:path";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { errors } from "@sandbar/protocol";
 import { FileService, type UploadFileRequestSchema, type UploadFilesRequestSchema } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 import { formParts, type FormPart } from "./multipart-parts.ts";
 import { noteMoved } from "./gc-pacer.ts";
 import { sendJson } from "./http.ts";
+import { textProblems } from "../../services/validate.ts";
 import type { RestHandler } from "./routes.ts";
 
 type UploadMessage = MessageInitShape<typeof UploadFilesRequestSchema> & MessageInitShape<typeof UploadFileRequestSchema>;
@@ -27,6 +29,31 @@ export const singleUpload: RestHandler = async ({ req, res, caller, query }) => 
   const out = await caller.clientStream(FileService.method.uploadFile, input).catch(input.rethrow);
   sendJson(res, 200, { path: out.file?.path ?? path, bytes: Number(out.file?.bytes ?? 0n) });
 };
+
+/**
+ * `POST …/files/upload-v2?path=` (0.218's uploadFile, and its signed uploadUrl): the file in the
+ * multipart field `file`, or the raw body (any other content type); answers {name, path, type}.
+ */
+export const uploadV2: RestHandler = async ({ req, res, caller, query }) => {
+  const path = query.get("path") ?? "";
+  // Before any of the body is read: a raw body would otherwise be cut off mid-stream by the check.
+  const problems = textProblems("path", "path", path);
+  if (problems.length) throw errors.invalidArgument(problems.join(", "));
+  const multipart = /^multipart\/form-data/i.test(req.headers["content-type"] ?? "");
+  const input = remembering(multipart ? singleUploadMessages(formParts(req), path) : rawUploadMessages(req, path));
+  const out = await caller.clientStream(FileService.method.uploadFile, input).catch(input.rethrow);
+  const saved = out.file?.path ?? path;
+  sendJson(res, 200, { name: basename(saved), path: saved, type: "file" });
+};
+
+async function* rawUploadMessages(body: AsyncIterable<Buffer>, path: string): AsyncGenerator<UploadMessage> {
+  if (path.trim() === "") throw errors.invalidArgument("path is required");
+  yield { part: { case: "header", value: { path } } };
+  for await (const chunk of body) {
+    noteMoved(chunk.length);
+    yield { part: { case: "data", value: chunk } };
+  }
+}
 
 async function* bulkUploadMessages(parts: AsyncIterable<FormPart>): AsyncGenerator<UploadMessage> {
   const destinations = new Map<string, string>();

@@ -39,10 +39,56 @@ export declare type SetEnvironmentResponse = Message<"sandbar.agent.v1.SetEnviro
 export declare const SetEnvironmentResponseSchema: GenMessage<SetEnvironmentResponse>;
 
 /**
+ * @generated from message sandbar.agent.v1.UpdateEnvRequest
+ */
+export declare type UpdateEnvRequest = Message<"sandbar.agent.v1.UpdateEnvRequest"> & {
+  /**
+   * POSIX names (letters, digits, _; not starting with a digit) to values.
+   *
+   * @generated from field: map<string, string> set = 1;
+   */
+  set: { [key: string]: string };
+
+  /**
+   * Names removed before `set` is applied.
+   *
+   * @generated from field: repeated string unset = 2;
+   */
+  unset: string[];
+
+  /**
+   * @generated from field: optional string unset_value_prefix = 3;
+   */
+  unsetValuePrefix?: string | undefined;
+};
+
+/**
+ * Describes the message sandbar.agent.v1.UpdateEnvRequest.
+ * Use `create(UpdateEnvRequestSchema)` to create a new message.
+ */
+export declare const UpdateEnvRequestSchema: GenMessage<UpdateEnvRequest>;
+
+/**
+ * @generated from message sandbar.agent.v1.UpdateEnvResponse
+ */
+export declare type UpdateEnvResponse = Message<"sandbar.agent.v1.UpdateEnvResponse"> & {
+  /**
+   * @generated from field: map<string, string> env = 1;
+   */
+  env: { [key: string]: string };
+};
+
+/**
+ * Describes the message sandbar.agent.v1.UpdateEnvResponse.
+ * Use `create(UpdateEnvResponseSchema)` to create a new message.
+ */
+export declare const UpdateEnvResponseSchema: GenMessage<UpdateEnvResponse>;
+
+/**
  * The environment every process the agent starts gets. The control plane sets
  * it when it hands a pre-started (warm pool) sandbox to the request that
  * claims it; a sandbox's own user may set it too (it changes nothing they
- * could not do in a shell). RPC only: no REST route.
+ * could not do in a shell). SetEnvironment is RPC only; UpdateEnv is the 0.218 client's `POST /env`.
  *
  * @generated from service sandbar.agent.v1.EnvironmentService
  */
@@ -56,6 +102,19 @@ export declare const EnvironmentService: GenService<{
     methodKind: "unary";
     input: typeof SetEnvironmentRequestSchema;
     output: typeof SetEnvironmentResponseSchema;
+  },
+  /**
+   * The 0.218 client's updateEnv: removes `unset` (and, with unset_value_prefix, every variable
+   * whose value starts with it that `set` does not name), then applies `set`, for every process,
+   * session and PTY started from now on; answers the environment they get. Control also keeps the
+   * change in the sandbox's env for its later starts.
+   *
+   * @generated from rpc sandbar.agent.v1.EnvironmentService.UpdateEnv
+   */
+  updateEnv: {
+    methodKind: "unary";
+    input: typeof UpdateEnvRequestSchema;
+    output: typeof UpdateEnvResponseSchema;
   },
 }>;
 

@@ -3,13 +3,14 @@
 /* eslint-disable */
 
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import { file_google_api_annotations } from "../../../google/api/annotations_pb.js";
 import { file_sandbar_options_v1_options } from "../../options/v1/options_pb.js";
 
 /**
  * Describes the file sandbar/agent/v1/environment.proto.
  */
 export const file_sandbar_agent_v1_environment = /*@__PURE__*/
-  fileDesc("CiJzYW5kYmFyL2FnZW50L3YxL2Vudmlyb25tZW50LnByb3RvEhBzYW5kYmFyLmFnZW50LnYxIocBChVTZXRFbnZpcm9ubWVudFJlcXVlc3QSQgoDZW52GAEgAygLMjAuc2FuZGJhci5hZ2VudC52MS5TZXRFbnZpcm9ubWVudFJlcXVlc3QuRW52RW50cnlCA4ABARoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIhgKFlNldEVudmlyb25tZW50UmVzcG9uc2UytQEKEkVudmlyb25tZW50U2VydmljZRKeAQoOU2V0RW52aXJvbm1lbnQSJy5zYW5kYmFyLmFnZW50LnYxLlNldEVudmlyb25tZW50UmVxdWVzdBooLnNhbmRiYXIuYWdlbnQudjEuU2V0RW52aXJvbm1lbnRSZXNwb25zZSI5yvMYNRIPd3JpdGU6c2FuZGJveGVzUiIKF3Rvb2xib3hfc2V0X2Vudmlyb25tZW50EgdzYW5kYm94YgZwcm90bzM", [file_sandbar_options_v1_options]);
+  fileDesc("CiJzYW5kYmFyL2FnZW50L3YxL2Vudmlyb25tZW50LnByb3RvEhBzYW5kYmFyLmFnZW50LnYxIocBChVTZXRFbnZpcm9ubWVudFJlcXVlc3QSQgoDZW52GAEgAygLMjAuc2FuZGJhci5hZ2VudC52MS5TZXRFbnZpcm9ubWVudFJlcXVlc3QuRW52RW50cnlCA4ABARoqCghFbnZFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIhgKFlNldEVudmlyb25tZW50UmVzcG9uc2UiyQEKEFVwZGF0ZUVudlJlcXVlc3QSPQoDc2V0GAEgAygLMisuc2FuZGJhci5hZ2VudC52MS5VcGRhdGVFbnZSZXF1ZXN0LlNldEVudHJ5QgOAAQESDQoFdW5zZXQYAiADKAkSJAoSdW5zZXRfdmFsdWVfcHJlZml4GAMgASgJQgOAAQFIAIgBARoqCghTZXRFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBQhUKE191bnNldF92YWx1ZV9wcmVmaXgifwoRVXBkYXRlRW52UmVzcG9uc2USPgoDZW52GAEgAygLMiwuc2FuZGJhci5hZ2VudC52MS5VcGRhdGVFbnZSZXNwb25zZS5FbnZFbnRyeUIDgAEBGioKCEVudkVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEy1gIKEkVudmlyb25tZW50U2VydmljZRKeAQoOU2V0RW52aXJvbm1lbnQSJy5zYW5kYmFyLmFnZW50LnYxLlNldEVudmlyb25tZW50UmVxdWVzdBooLnNhbmRiYXIuYWdlbnQudjEuU2V0RW52aXJvbm1lbnRSZXNwb25zZSI5yvMYNRIPd3JpdGU6c2FuZGJveGVzUiIKF3Rvb2xib3hfc2V0X2Vudmlyb25tZW50EgdzYW5kYm94Ep4BCglVcGRhdGVFbnYSIi5zYW5kYmFyLmFnZW50LnYxLlVwZGF0ZUVudlJlcXVlc3QaIy5zYW5kYmFyLmFnZW50LnYxLlVwZGF0ZUVudlJlc3BvbnNlIkjK8xgwEg93cml0ZTpzYW5kYm94ZXNSHQoSdG9vbGJveF91cGRhdGVfZW52EgdzYW5kYm94gtPkkwIOOgEqYgNlbnYiBC9lbnZiBnByb3RvMw", [file_google_api_annotations, file_sandbar_options_v1_options]);
 
 /**
  * Describes the message sandbar.agent.v1.SetEnvironmentRequest.
@@ -26,10 +27,24 @@ export const SetEnvironmentResponseSchema = /*@__PURE__*/
   messageDesc(file_sandbar_agent_v1_environment, 1);
 
 /**
+ * Describes the message sandbar.agent.v1.UpdateEnvRequest.
+ * Use `create(UpdateEnvRequestSchema)` to create a new message.
+ */
+export const UpdateEnvRequestSchema = /*@__PURE__*/
+  messageDesc(file_sandbar_agent_v1_environment, 2);
+
+/**
+ * Describes the message sandbar.agent.v1.UpdateEnvResponse.
+ * Use `create(UpdateEnvResponseSchema)` to create a new message.
+ */
+export const UpdateEnvResponseSchema = /*@__PURE__*/
+  messageDesc(file_sandbar_agent_v1_environment, 3);
+
+/**
  * The environment every process the agent starts gets. The control plane sets
  * it when it hands a pre-started (warm pool) sandbox to the request that
  * claims it; a sandbox's own user may set it too (it changes nothing they
- * could not do in a shell). RPC only: no REST route.
+ * could not do in a shell). SetEnvironment is RPC only; UpdateEnv is the 0.218 client's `POST /env`.
  *
  * @generated from service sandbar.agent.v1.EnvironmentService
  */

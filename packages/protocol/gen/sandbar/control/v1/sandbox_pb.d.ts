@@ -252,6 +252,13 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
   health?: SandboxHealth | undefined;
 
   /**
+   * When the TTL deletes it, whatever its state (setTtl); absent without a TTL.
+   *
+   * @generated from field: google.protobuf.Timestamp auto_destroy_at = 40;
+   */
+  autoDestroyAt?: Timestamp | undefined;
+
+  /**
    * The warm pool (warm_pool.proto) whose sandbox this create claimed; absent otherwise.
    *
    * @generated from field: optional string warm_pool_id = 42;
@@ -1424,6 +1431,123 @@ export declare type ToolboxProxyUrl = Message<"sandbar.control.v1.ToolboxProxyUr
 export declare const ToolboxProxyUrlSchema: GenMessage<ToolboxProxyUrl>;
 
 /**
+ * @generated from message sandbar.control.v1.SetTtlRequest
+ */
+export declare type SetTtlRequest = Message<"sandbar.control.v1.SetTtlRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * Minutes from now; 0 clears the TTL.
+   *
+   * @generated from field: int32 ttl_minutes = 2;
+   */
+  ttlMinutes: number;
+};
+
+/**
+ * Describes the message sandbar.control.v1.SetTtlRequest.
+ * Use `create(SetTtlRequestSchema)` to create a new message.
+ */
+export declare const SetTtlRequestSchema: GenMessage<SetTtlRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.RecoverSandboxRequest
+ */
+export declare type RecoverSandboxRequest = Message<"sandbar.control.v1.RecoverSandboxRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * Leave it stopped instead of starting it.
+   *
+   * @generated from field: optional bool skip_start = 2;
+   */
+  skipStart?: boolean | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.RecoverSandboxRequest.
+ * Use `create(RecoverSandboxRequestSchema)` to create a new message.
+ */
+export declare const RecoverSandboxRequestSchema: GenMessage<RecoverSandboxRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.UpdateLastActivityRequest
+ */
+export declare type UpdateLastActivityRequest = Message<"sandbar.control.v1.UpdateLastActivityRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * What the caller did (accepted, informational).
+   *
+   * @generated from field: optional string activity_type = 2;
+   */
+  activityType?: string | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.UpdateLastActivityRequest.
+ * Use `create(UpdateLastActivityRequestSchema)` to create a new message.
+ */
+export declare const UpdateLastActivityRequestSchema: GenMessage<UpdateLastActivityRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.GetSandboxSigningKeyRequest
+ */
+export declare type GetSandboxSigningKeyRequest = Message<"sandbar.control.v1.GetSandboxSigningKeyRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.GetSandboxSigningKeyRequest.
+ * Use `create(GetSandboxSigningKeyRequestSchema)` to create a new message.
+ */
+export declare const GetSandboxSigningKeyRequestSchema: GenMessage<GetSandboxSigningKeyRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.RotateSigningKeyRequest
+ */
+export declare type RotateSigningKeyRequest = Message<"sandbar.control.v1.RotateSigningKeyRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.RotateSigningKeyRequest.
+ * Use `create(RotateSigningKeyRequestSchema)` to create a new message.
+ */
+export declare const RotateSigningKeyRequestSchema: GenMessage<RotateSigningKeyRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.SandboxSigningKey
+ */
+export declare type SandboxSigningKey = Message<"sandbar.control.v1.SandboxSigningKey"> & {
+  /**
+   * @generated from field: string key = 1;
+   */
+  key: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.SandboxSigningKey.
+ * Use `create(SandboxSigningKeySchema)` to create a new message.
+ */
+export declare const SandboxSigningKeySchema: GenMessage<SandboxSigningKey>;
+
+/**
  * Reported state. The REST value is derived from (stored state, desired state):
  * e.g. stored `started` + desired `stopped` reads `stopping`.
  *
@@ -2115,6 +2239,60 @@ export declare const SandboxService: GenService<{
     methodKind: "unary";
     input: typeof GetToolboxProxyUrlRequestSchema;
     output: typeof ToolboxProxyUrlSchema;
+  },
+  /**
+   * Lifecycle additions of the 0.218 client (setTtl, recover, refreshActivity, signed file URLs;
+   * its updateEnv is the toolbox's EnvironmentService.UpdateEnv).
+   * Deleted at now + ttl_minutes whatever its state or activity (autoDestroyAt); 0 clears it, negative is refused.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.SetTtl
+   */
+  setTtl: {
+    methodKind: "unary";
+    input: typeof SetTtlRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * Leaves an `error` whose reason is recoverable (`recoverable` in the DTO): started again, or
+   * stopped with skipStart. Any other sandbox: 400.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.RecoverSandbox
+   */
+  recoverSandbox: {
+    methodKind: "unary";
+    input: typeof RecoverSandboxRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * Stamps activity now (what auto-stop counts from), as a toolbox call does, unthrottled.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.UpdateLastActivity
+   */
+  updateLastActivity: {
+    methodKind: "unary";
+    input: typeof UpdateLastActivityRequestSchema;
+    output: typeof EmptySchema;
+  },
+  /**
+   * The key the client signs file URLs with (`downloadUrl`/`uploadUrl`), made on first read;
+   * answered as a bare JSON string. Whoever holds it reads and writes the sandbox's files.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.GetSandboxSigningKey
+   */
+  getSandboxSigningKey: {
+    methodKind: "unary";
+    input: typeof GetSandboxSigningKeyRequestSchema;
+    output: typeof SandboxSigningKeySchema;
+  },
+  /**
+   * A new key: every URL signed with the old one is refused from now on.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.RotateSigningKey
+   */
+  rotateSigningKey: {
+    methodKind: "unary";
+    input: typeof RotateSigningKeyRequestSchema;
+    output: typeof SandboxSigningKeySchema;
   },
 }>;
 
