@@ -68,6 +68,7 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
     case "is_public":
       return plain("true");
     case "interval":
+    case "ttl_minutes":
       return plain("5");
     case "provider":
       return plain("github");

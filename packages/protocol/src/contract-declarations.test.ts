@@ -60,10 +60,10 @@ describe("audit: every state-changing call is declared, and no secret reaches an
     return !rule || rule.pattern.case !== "get";
   };
   const auditOf = (m: DescMethod) => getOption(m, route).audit;
-  // The reference's target types (account digest section 8), and ours for what it has not (webhook endpoints).
+  // The reference's target types (account digest section 8), and ours for what it has not (webhook endpoints, warm pools).
   const targetTypes = new Set([
     "api_key", "organization", "organization_invitation", "organization_role", "organization_user", "docker_registry",
-    "runner", "sandbox", "snapshot", "user", "volume", "region", "webhook_endpoint",
+    "runner", "sandbox", "snapshot", "user", "volume", "region", "webhook_endpoint", "warm_pool",
   ]);
 
   it("declares an action on every method whose REST binding is not a GET, and none on reads", () => {
