@@ -3,20 +3,26 @@ import type { SandboxRecord } from "../db/entities.ts";
 import type { AgentEndpoint, TokenHolder } from "../toolbox/agent-locator.ts";
 import { isAuthToken } from "./auth-token.ts";
 import { bad, type OperationContext, stateChangeInProgress } from "./operation-context.ts";
+import { resumedForCall } from "./pause-resume.ts";
 import { isErrored } from "./states.ts";
 
 // The toolbox's way to a sandbox's agent (toolbox/agent-locator.ts): by organization and id or
 // name, or by preview token; found endpoints are kept in the context's EndpointCache.
 
-/** A started sandbox of the caller's organization. */
+/** A started sandbox of the caller's organization (a paused one is resumed first). */
 export async function agentFor(c: OperationContext, organizationId: string, idOrName: string): Promise<AgentEndpoint> {
   const hit = c.endpoints.get(organizationId, idOrName);
   if (hit) {
     if (c.locks.busy(hit.sandboxId)) throw stateChangeInProgress();
     return hit;
   }
-  const since = c.endpoints.generation();
-  const row = await c.store.find(organizationId, idOrName);
+  let since = c.endpoints.generation();
+  let row = await c.store.find(organizationId, idOrName);
+  if (row.state === "paused") {
+    // Auto-resume: the call waits for it (shared with other callers), then goes on as usual.
+    row = await resumedForCall(c, row);
+    since = c.endpoints.generation();
+  }
   const endpoint = await endpointOf(c, row);
   if ((await c.runtimeOf(row)).agentsOnThisHost) c.endpoints.set(organizationId, idOrName, endpoint, since);
   return endpoint;

@@ -18,6 +18,8 @@ const LABEL_ID = "sandbar.sandbox";
 
 export interface ContainerState {
   running: boolean;
+  /** Frozen by `docker pause` (the engine keeps `running` true meanwhile). */
+  paused: boolean;
   pid: number;
   startedAt?: string;
   exitCode?: number;
@@ -139,6 +141,24 @@ export class Containers {
     await this.#container(id).update({ NanoCpus: nanoCpus(cpu), Memory: memoryBytes, MemorySwap: memoryBytes });
   }
 
+  /** Freezes every process of the container (the engine's cgroup freezer); a paused one is fine. */
+  async pause(id: string): Promise<void> {
+    await this.#container(id)
+      .pause()
+      .catch((err: { statusCode?: number }) => {
+        if (err.statusCode !== 409) throw err; // 409: already paused
+      });
+  }
+
+  /** Thaws a paused container; one not paused is fine. */
+  async unpause(id: string): Promise<void> {
+    await this.#container(id)
+      .unpause()
+      .catch((err: { statusCode?: number }) => {
+        if (err.statusCode !== 409 && err.statusCode !== 404) throw err; // 409: not paused
+      });
+  }
+
   /** SIGTERM, then SIGKILL after the grace time; a stopped or missing container is fine. */
   async stop(id: string, graceMs: number): Promise<void> {
     await this.#container(id)
@@ -172,6 +192,7 @@ export class Containers {
       const data = (c.GraphDriver?.Data ?? {}) as Record<string, string>;
       return {
         running: c.State.Running,
+        paused: c.State.Paused,
         pid: c.State.Pid,
         startedAt: c.State.StartedAt,
         exitCode: c.State.ExitCode,
