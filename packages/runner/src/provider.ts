@@ -135,7 +135,7 @@ export interface SandboxInfo {
 }
 
 /** A paused sandbox's memory: what the pause gave back to the host, and what stays. */
-export interface PausedMemory {
+interface PausedMemory {
   /** Host memory the frozen sandbox holds now (anonymous memory stays without swap). */
   residentBytes: number;
   /** What the pause's reclaim gave back (page cache); absent when not measured by this process. */

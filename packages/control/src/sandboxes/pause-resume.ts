@@ -88,7 +88,7 @@ export function resume(c: OperationContext, id: string): Promise<Outcome> {
 }
 
 /** The resume in flight for the sandbox, if any (a caller that finds it `resuming` waits for it). */
-export function resumeInFlight(c: OperationContext, id: string): Promise<Outcome> | undefined {
+function resumeInFlight(c: OperationContext, id: string): Promise<Outcome> | undefined {
   return resuming.get(c)?.get(id);
 }
 
