@@ -141,22 +141,14 @@ export class Containers {
     await this.#container(id).update({ NanoCpus: nanoCpus(cpu), Memory: memoryBytes, MemorySwap: memoryBytes });
   }
 
-  /** Freezes every process of the container (the engine's cgroup freezer); a paused one is fine. */
+  /** Freezes every process of the container (the engine's cgroup freezer); callers look first whether it is paused. */
   async pause(id: string): Promise<void> {
-    await this.#container(id)
-      .pause()
-      .catch((err: { statusCode?: number }) => {
-        if (err.statusCode !== 409) throw err; // 409: already paused
-      });
+    await this.#container(id).pause();
   }
 
-  /** Thaws a paused container; one not paused is fine. */
+  /** Thaws a paused container (the engine answers 500 for one that is not: callers look first). */
   async unpause(id: string): Promise<void> {
-    await this.#container(id)
-      .unpause()
-      .catch((err: { statusCode?: number }) => {
-        if (err.statusCode !== 409 && err.statusCode !== 404) throw err; // 409: not paused
-      });
+    await this.#container(id).unpause();
   }
 
   /** SIGTERM, then SIGKILL after the grace time; a stopped or missing container is fine. */

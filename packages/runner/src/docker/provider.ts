@@ -228,7 +228,7 @@ export class DockerProvider implements SandboxProvider {
     validateId(id);
     return this.host.lock.with(id, async () => {
       const rec = await this.host.record(id);
-      await this.containers.unpause(id);
+      if ((await this.containers.state(id))?.paused) await this.containers.unpause(id);
       return this.#info(rec);
     });
   }
