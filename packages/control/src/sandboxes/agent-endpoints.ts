@@ -17,12 +17,10 @@ export async function agentFor(c: OperationContext, organizationId: string, idOr
     return hit;
   }
   let since = c.endpoints.generation();
-  let row = await c.store.find(organizationId, idOrName);
-  if (row.state === "paused") {
-    // Auto-resume: the call waits for it (shared with other callers), then goes on as usual.
-    row = await resumedForCall(c, row);
-    since = c.endpoints.generation();
-  }
+  const found = await c.store.find(organizationId, idOrName);
+  // Auto-resume: a paused (or resuming) sandbox's call waits for the one resume of its callers.
+  const row = await resumedForCall(c, found);
+  if (row !== found) since = c.endpoints.generation();
   const endpoint = await endpointOf(c, row);
   if ((await c.runtimeOf(row)).agentsOnThisHost) c.endpoints.set(organizationId, idOrName, endpoint, since);
   return endpoint;

@@ -81,25 +81,32 @@ export function resume(c: OperationContext, id: string): Promise<Outcome> {
     await c.store.updateAdmitted(cur, { ...cur, disk: 0 }, { desiredState: "started" });
     return driveResume(c, cur);
   });
-  inFlight.set(id, op);
+  // Settled with the lock let go: a caller that goes on to the agent must not find it held.
+  const done = op.then(async (outcome) => {
+    await c.locks.released(id);
+    return outcome;
+  });
+  inFlight.set(id, done);
   const forget = () => inFlight.delete(id);
-  op.then(forget, forget);
-  return op;
-}
-
-/** The resume in flight for the sandbox, if any (a caller that finds it `resuming` waits for it). */
-function resumeInFlight(c: OperationContext, id: string): Promise<Outcome> | undefined {
-  return resuming.get(c)?.get(id);
+  done.then(forget, forget);
+  return done;
 }
 
 /**
  * Auto-resume for a caller of the sandbox's agent (toolbox, preview, terminal): a paused
  * sandbox is resumed and the caller waits; one already resuming is waited for. Answers the row
- * as it is afterwards (unchanged when it was not paused).
+ * as it is afterwards (unchanged when it was neither paused nor resuming).
  */
 export async function resumedForCall(c: OperationContext, row: SandboxRecord): Promise<SandboxRecord> {
-  if (row.state !== "paused") return row;
-  const op = resumeInFlight(c, row.id) ?? (row.desiredState === "paused" && !c.locks.busy(row.id) ? resume(c, row.id) : undefined);
+  if (row.state === "started" && row.desiredState === "paused" && c.locks.busy(row.id)) {
+    // Being paused (the auto-pause timer, another caller): that pause ends first, then this resumes.
+    await c.locks.released(row.id);
+    return resumedForCall(c, await c.current(row.id));
+  }
+  const inFlight = resuming.get(c)?.get(row.id);
+  // Read `started` while its resume still finishes (its lock held): waited for as well.
+  if (row.state !== "paused" && !inFlight) return row;
+  const op = inFlight ?? (row.desiredState === "paused" && !c.locks.busy(row.id) ? resume(c, row.id) : undefined);
   if (!op) throw stateChangeInProgress();
   const outcome = await op;
   if (outcome.failed !== undefined) throw bad(`Sandbox failed to resume: ${outcome.failed}`);

@@ -107,6 +107,31 @@ describe("pause and resume", () => {
     await f.call("DELETE", `/sandbox/${s.id}`);
   });
 
+  it("a toolbox call that arrives while the sandbox is being paused waits for the pause, then resumes it", async () => {
+    const s = await f.create({ autoStopInterval: 0 });
+    // The host's pause held until the call has arrived: the row reads `pausing` meanwhile.
+    const hostPause = f.runtime.pause;
+    let open!: () => void;
+    const gate = new Promise<void>((r) => (open = r));
+    f.runtime.pause = async (id) => {
+      await gate;
+      return hostPause.call(f.runtime, id);
+    };
+    try {
+      const pausing = pause(s.id);
+      await eventually("the pause to be under way", async () => (await stateOf(s.id)) === "pausing", 10_000);
+      const call = f.exec(s.id, "echo through");
+      open();
+      expect((await call).result).toBe("through\n");
+      expect((await pausing).body.state).toBe("paused"); // the pause's own answer
+    } finally {
+      f.runtime.pause = hostPause;
+      open();
+    }
+    expect(await stateOf(s.id)).toBe("started");
+    await f.call("DELETE", `/sandbox/${s.id}`);
+  });
+
   it("auto-pause: set by route or at create, exclusive with auto-stop, pauses an idle sandbox that the next call resumes", async () => {
     const withStop = await f.create({});
     const refused = await f.call("POST", `/sandbox/${withStop.id}/autopause/1`);
@@ -117,8 +142,8 @@ describe("pause and resume", () => {
     await f.call("DELETE", `/sandbox/${withStop.id}`);
     expect((await f.call("POST", "/sandbox", { autoStopInterval: 5, autoPauseInterval: 5 })).status).toBe(400);
 
-    const s = await f.create({ autoPauseInterval: 2 });
-    expect(s).toMatchObject({ autoStopInterval: 0, autoPauseInterval: 2 });
+    const s = await f.create({ autoPauseInterval: 3 });
+    expect(s).toMatchObject({ autoStopInterval: 0, autoPauseInterval: 3 });
     await eventually("the idle sandbox to be paused", async () => (await stateOf(s.id)) === "paused", 15_000);
     expect((await f.exec(s.id, "echo woke")).result).toBe("woke\n");
     expect(await stateOf(s.id)).toBe("started");
