@@ -4,8 +4,8 @@ import { eventually } from "../../packages/protocol/src/testing/eventually.ts";
 
 // SDK 0.218.0's pause on a real sandbox running the real agent: `sandbox.pause()` (pausing, then
 // paused), `sandbox.start()` resuming it with a session's log follower and a PTY still attached,
-// `setAutoPauseInterval`, `create({ autoPauseInterval })`, and a toolbox call on a paused sandbox
-// resuming it transparently.
+// `setAutoPauseInterval`, `create({ autoPauseInterval })`, and a toolbox call or a PTY's WebSocket
+// on a paused sandbox resuming it transparently.
 
 type Sdk = typeof import("sdk-0218");
 const sdk = load<Sdk>("sdk-0218");
@@ -61,7 +61,7 @@ describe("SDK 0.218.0 pause", () => {
     await daytona.delete(sandbox);
   });
 
-  it("a toolbox call on a paused sandbox resumes it; setAutoPauseInterval and create with autoPauseInterval", async () => {
+  it("a toolbox call and a terminal's WebSocket to a paused sandbox resume it; setAutoPauseInterval and create with autoPauseInterval", async () => {
     const sandbox = await daytona.create({ labels: { suite: label }, autoPauseInterval: 30 }, { timeout: 120 });
     expect(sandbox.autoPauseInterval).toBe(30);
     expect(sandbox.autoStopInterval).toBe(0);
@@ -73,6 +73,24 @@ describe("SDK 0.218.0 pause", () => {
     expect((await sandbox.process.executeCommand("cat note.txt")).result).toBe("in the file\n");
     await sandbox.refreshData();
     expect(sandbox.state).toBe("started");
+
+    // A terminal's WebSocket to a paused sandbox resumes it too: a PTY made before, reconnected while paused.
+    let output = "";
+    const decoder = new TextDecoder();
+    const first = await sandbox.process.createPty({ id: "pty-wake", cols: 80, rows: 20, onData: (d: Uint8Array) => void (output += decoder.decode(d, { stream: true })) });
+    await first.sendInput("WAKE=kept; echo ready-$WAKE\n");
+    await eventually("the PTY to answer", () => output.includes("ready-kept"));
+    await first.disconnect();
+    await sandbox.pause();
+    expect(sandbox.state).toBe("paused");
+    output = "";
+    const again = await sandbox.process.connectPty("pty-wake", { onData: (d: Uint8Array) => void (output += decoder.decode(d, { stream: true })) });
+    await again.waitForConnection();
+    await again.sendInput("echo woke-$WAKE\n");
+    await eventually("the reconnected PTY to answer", () => output.includes("woke-kept"));
+    await sandbox.refreshData();
+    expect(sandbox.state).toBe("started");
+    await again.kill();
 
     await sandbox.setAutoPauseInterval(0);
     expect(sandbox.autoPauseInterval).toBe(0);
