@@ -2,6 +2,7 @@ import { rm } from "node:fs/promises";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { execIn } from "../db/exec.ts";
 import { regionUsage } from "../organizations/usage.ts";
+import { reconcile } from "./reconcile.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
 import { leftovers } from "./testing/leaks.ts";
 
@@ -154,6 +155,33 @@ describe("pause and resume", () => {
     expect(res.body.autoPauseInterval).toBe(1);
     await eventually("the sandbox to be auto-paused", async () => (await stateOf(set.id)) === "paused", 15_000);
     for (const id of [s.id, set.id]) await f.call("DELETE", `/sandbox/${id}`);
+  });
+});
+
+describe("reconcile", () => {
+  it("finishes an interrupted pause and an interrupted resume, and stops a paused sandbox whose processes ended", async () => {
+    const pausing = await f.create({ autoStopInterval: 0 });
+    await f.manager.store.update(pausing.id, { desiredState: "paused" });
+    const resuming = await f.create({ autoStopInterval: 0 });
+    await pause(resuming.id);
+    await f.manager.store.update(resuming.id, { desiredState: "started" });
+    const ended = await f.create({ autoStopInterval: 0 });
+    await f.exec(ended.id, "echo files > ~/f");
+    await pause(ended.id);
+    await f.runtime.provider.cgroups.kill(ended.id); // what a reboot does to its processes
+
+    // The interrupted pause and resume are finished by reconcile at a start, or before it by
+    // recovery.ts (what every control process does for operations a dead process left).
+    const report = await reconcile(f.manager);
+    expect(report.resumed).toContain(ended.id);
+    await eventually("the interrupted pause finished", async () => (await stateOf(pausing.id)) === "paused");
+    expect(await f.runtime.provider.cgroups.frozen(pausing.id)).toBe(true);
+    await eventually("the interrupted resume finished", async () => (await stateOf(resuming.id)) === "started");
+    expect(await f.runtime.provider.cgroups.frozen(resuming.id)).toBe(false);
+    expect(await stateOf(ended.id)).toBe("stopped");
+    expect((await f.call("POST", `/sandbox/${ended.id}/start`)).body.state).toBe("started");
+    expect((await f.exec(ended.id, "cat ~/f")).result).toBe("files\n");
+    for (const x of [pausing, resuming, ended]) await f.call("DELETE", `/sandbox/${x.id}`);
   });
 });
 

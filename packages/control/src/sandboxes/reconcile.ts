@@ -120,7 +120,10 @@ export async function resume(m: OperationContext, row: SandboxRecord, onHost: st
     // Paused sandboxes stay frozen across a restart: adopted as they are, an interrupted pause finished.
     if (row.state === "paused" && onHost === "paused") return "adopted";
     if (onHost === "started" || onHost === "paused") return done(await drivePause(m, row));
-    return done(await m.fail(row.id, new Error("the paused sandbox is gone from its host")));
+    if (onHost === undefined) return done(await m.fail(row.id, new Error("the paused sandbox is gone from its host")));
+    // Its processes ended without it (the host rebooted): its files are there, so it is stopped.
+    await m.store.update(row.id, { desiredState: "stopped" });
+    return done(await driveStop(m, row));
   }
   if (row.desiredState === "started") {
     if (row.state === "started" && onHost === "started") return "adopted";
