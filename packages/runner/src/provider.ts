@@ -90,6 +90,7 @@ export type SandboxState =
   | "created" // prepared, never started (or restored and not yet started)
   | "started" // processes are running
   | "stopped" // stopped on request; the writable layer is kept
+  | "paused" // every process frozen (cgroup freezer / docker pause); resume thaws them as they were
   | "error"; // meant to run, but its first process is gone (see `error`)
 
 /** Live counters from the sandbox's cgroup, since its last start. */
@@ -129,6 +130,18 @@ export interface SandboxInfo {
   usage?: SandboxUsage;
   /** The agent, while started: user code can kill it (same uid); the sandbox's init restarts it. */
   agent?: AgentHealth;
+  /** While paused: the memory it still holds on the host. */
+  paused?: PausedMemory;
+}
+
+/** A paused sandbox's memory: what the pause gave back to the host, and what stays. */
+interface PausedMemory {
+  /** Host memory the frozen sandbox holds now (anonymous memory stays without swap). */
+  residentBytes: number;
+  /** What the pause's reclaim gave back (page cache); absent when not measured by this process. */
+  reclaimedBytes?: number;
+  /** How memory was reclaimed: "memory.reclaim" (cgroup v2), "limit" (v1), "none". */
+  method?: string;
 }
 
 interface AgentHealth {
@@ -168,6 +181,14 @@ export interface SandboxProvider {
   stop(id: string, options?: StopOptions): Promise<SandboxInfo>;
   /** Removes everything the sandbox had on the host; unknown ids are fine. */
   destroy(id: string): Promise<void>;
+  /**
+   * Freezes every process of a started sandbox and gives what memory it can back to the host.
+   * A paused sandbox is left as it is; stop and destroy work on it. It stays paused across a
+   * restart of the provider.
+   */
+  pause(id: string): Promise<SandboxInfo>;
+  /** Lets a paused sandbox's processes run on as they were; a started one is left alone. */
+  resume(id: string): Promise<SandboxInfo>;
   /**
    * Destroys the sandboxes `unclaimed` names (a failure logged rather than thrown) and removes
    * what else earlier runs left on the host for this provider. Returns the ids destroyed.

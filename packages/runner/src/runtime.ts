@@ -42,7 +42,7 @@ export interface RuntimeResources {
   diskGiB?: number;
 }
 
-export type RuntimeState = "created" | "started" | "stopped" | "error";
+export type RuntimeState = "created" | "started" | "stopped" | "paused" | "error";
 
 export interface RuntimeSandbox {
   id: string;
@@ -53,6 +53,8 @@ export interface RuntimeSandbox {
   rootfs?: string;
   /** While started: what its workload did to it (see SandboxHealth in the contract). */
   health?: RuntimeHealth;
+  /** While paused: host memory it still holds, and what its pause gave back (when known). */
+  pausedMemory?: { residentBytes: number; reclaimedBytes?: number };
 }
 
 export interface RuntimeHealth {
@@ -88,6 +90,10 @@ export interface SandboxRuntime {
   stop(id: string, options?: { force?: boolean }): Promise<void>;
   /** Removes everything the sandbox has on the host; unknown ids are fine. */
   destroy(id: string): Promise<void>;
+  /** Freezes a started sandbox's processes and reclaims its memory; a paused one is left as it is. */
+  pause(id: string): Promise<void>;
+  /** Thaws a paused sandbox; its processes, sessions and memory are as they were. */
+  resume(id: string): Promise<void>;
   /**
    * Where the host can tell: destroys the sandboxes nothing claims (as `destroy`, a failure
    * logged rather than thrown), removes what else earlier runs left for this runtime (remains of

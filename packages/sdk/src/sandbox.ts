@@ -110,6 +110,12 @@ export class Sandbox {
     return this;
   }
 
+  /** Freezes the sandbox's processes; `start`, or any call to the sandbox, resumes it. */
+  async pause(opts?: CallOptions): Promise<this> {
+    this.info = await this.api.pauseSandbox({ sandboxId: this.id }, opts);
+    return this;
+  }
+
   async archive(opts?: CallOptions): Promise<this> {
     this.info = await this.api.archiveSandbox({ sandboxId: this.id }, opts);
     return this;

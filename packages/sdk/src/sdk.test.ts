@@ -84,6 +84,16 @@ describe("sandboxes", () => {
     expect([SandboxState.DESTROYING, SandboxState.DESTROYED]).toContain(s.state);
   }, 120_000);
 
+  it("pauses a sandbox; a call to it resumes it", async () => {
+    const s = await sandbar.sandboxes.create({ name: "sdk-pause", autoStopInterval: 0 });
+    await s.pause();
+    expect(s.state).toBe(SandboxState.PAUSED);
+    expect((await s.process.exec("echo awake")).result).toBe("awake\n");
+    await s.refresh();
+    expect(s.state).toBe(SandboxState.STARTED);
+    await s.delete();
+  }, 120_000);
+
   it("fails with NotFoundError for a sandbox that is not there, on the control API and the toolbox", async () => {
     const err = await sandbar.sandboxes.get("no-such-sandbox").catch((e: unknown) => e);
     expect(err).toBeInstanceOf(NotFoundError);

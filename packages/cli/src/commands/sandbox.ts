@@ -103,8 +103,9 @@ export function sandboxCommands(program: Command): void {
     );
 
   const lifecycle: Array<[string, string, (ctx: Context, id: string) => Promise<Sandbox>, SandboxState | undefined]> = [
-    ["start", "start a stopped or archived sandbox and wait until it runs", (ctx, id) => ctx.client(SandboxService).startSandbox({ sandboxId: id }), SandboxState.STARTED],
+    ["start", "start a stopped, archived or paused sandbox and wait until it runs", (ctx, id) => ctx.client(SandboxService).startSandbox({ sandboxId: id }), SandboxState.STARTED],
     ["stop", "stop a sandbox (its files stay) and wait until it has stopped", (ctx, id) => ctx.client(SandboxService).stopSandbox({ sandboxId: id }), SandboxState.STOPPED],
+    ["pause", "freeze a started sandbox's processes (start, or any call to it, resumes it)", (ctx, id) => ctx.client(SandboxService).pauseSandbox({ sandboxId: id }), SandboxState.PAUSED],
     ["archive", "archive a stopped sandbox", (ctx, id) => ctx.client(SandboxService).archiveSandbox({ sandboxId: id }), SandboxState.ARCHIVED],
     ["delete", "delete a sandbox and its files", (ctx, id) => ctx.client(SandboxService).deleteSandbox({ sandboxId: id }), undefined],
   ];

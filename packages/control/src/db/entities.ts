@@ -243,6 +243,8 @@ export const SandboxRecord = defineEntity({
     autoArchiveInterval: p.integer().default(10080),
     /** Minutes; -1 disabled, 0 deleted on stop. */
     autoDeleteInterval: p.integer().default(-1),
+    /** Minutes of inactivity before a started sandbox is paused; 0 disables (migration 0024). */
+    autoPauseInterval: p.integer().default(0),
     createdAt: p.datetime().onCreate(() => new Date()),
     updatedAt: p.datetime().onCreate(() => new Date()),
     lastActivityAt: p.datetime().nullable(),

@@ -38,6 +38,13 @@ export class PreviewLookup {
     this.#manager = manager;
     this.#signed = signed;
     this.#ttlMs = ttlMs;
+    // A write to a sandbox's row (a pause above all: its agent stops answering) drops what was
+    // read of it at once, as the toolbox's endpoint cache does.
+    const earlier = manager.store.onWrite;
+    manager.store.onWrite = (id) => {
+      earlier(id);
+      this.forget(id);
+    };
   }
 
   /** The sandbox, or 404 for an unknown or destroyed one. */
@@ -63,7 +70,10 @@ export class PreviewLookup {
 
   /** Where the port is reached; 503 with the sandbox's state when it is not running. */
   async endpoint(sandbox: PreviewSandbox, port: number): Promise<PortEndpoint> {
-    if (sandbox.state !== "started" || sandbox.desiredState !== "started") {
+    // A paused sandbox is resumed by the agent lookup below (auto-resume): the request waits.
+    const paused = sandbox.state === "paused" && (sandbox.desiredState === "paused" || sandbox.desiredState === "started");
+    if (paused) this.forget(sandbox.id);
+    else if (sandbox.state !== "started" || sandbox.desiredState !== "started") {
       throw errors.unavailable(`Sandbox ${sandbox.id} is not running (state: ${reportedState(sandbox.state, sandbox.desiredState)}); start it to reach its ports`);
     }
     const at = await this.#cached(this.#endpoints, sandbox.id, async () => {

@@ -39,7 +39,7 @@ function row(server: TestServer, over: Partial<SandboxRecord> = {}): SandboxReco
   return {
     id, organizationId: orgId, name: id, snapshot: "sandbar-default", osUser: "sandbar", env: {}, labels: {}, public: false,
     cpu: 1, gpu: 0, gpuType: null, sandboxClass: "container", memory: 1, disk: 3, state: "unknown", desiredState: "started", errorReason: null,
-    backupState: "None", backupCreatedAt: null, autoStopInterval: 0, autoArchiveInterval: 10080, autoDeleteInterval: 0,
+    backupState: "None", backupCreatedAt: null, autoStopInterval: 0, autoPauseInterval: 0, autoArchiveInterval: 10080, autoDeleteInterval: 0,
     createdAt: now, updatedAt: now, lastActivityAt: now, authToken: randomUUID().replace(/-/g, ""), regionId: region, runnerId: server.server.sandboxes.runtime.runnerId,
     volumes: [], imageRef: null, networkBlockAll: true, networkAllowList: null, buildInfo: null, warmPoolId: null,
     autoDestroyAt: null, recoverable: false, signingKeySealed: null,

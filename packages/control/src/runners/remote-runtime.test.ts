@@ -92,6 +92,25 @@ describe.skipIf(!root)("control with a runner process", () => {
     expect((await exec(id, "cat ~/marker")).result).toBe("kept\n");
   }, 300_000);
 
+  it("pauses and resumes through the runner (PauseSandbox, ResumeSandbox); a toolbox call resumes a paused sandbox", async () => {
+    const paused = await call("POST", `/sandbox/${id}/pause`);
+    expect(paused.status, JSON.stringify(paused.body)).toBe(200);
+    expect(paused.body.state).toBe("paused");
+    const remote = await RemoteRuntime.open({ url: runner.url, credential: runner.credential });
+    try {
+      const seen = await remote.inspect(id);
+      expect(seen?.state).toBe("paused");
+      expect(seen?.pausedMemory?.residentBytes).toBeGreaterThan(0);
+      expect((await call("POST", `/sandbox/${id}/start`)).body.state).toBe("started");
+      expect((await remote.inspect(id))?.state).toBe("started");
+      await call("POST", `/sandbox/${id}/pause`);
+      expect((await exec(id, "cat ~/marker")).result).toBe("kept\n");
+      expect((await remote.inspect(id))?.state).toBe("started");
+    } finally {
+      await remote.close();
+    }
+  }, 120_000);
+
   it("refuses a wrong runner credential, on RPCs and on agent streams", async () => {
     await expect(RemoteRuntime.open({ url: runner.url, credential: "x".repeat(32) })).rejects.toMatchObject({ code: Code.Unauthenticated });
     const session = http2.connect(runner.url);

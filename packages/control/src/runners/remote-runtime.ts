@@ -157,6 +157,14 @@ export class RemoteRuntime implements SandboxRuntime {
     await this.#client.stopSandbox({ id, force: options.force ?? false }, this.#opts());
   }
 
+  async pause(id: string): Promise<void> {
+    await this.#client.pauseSandbox({ id }, this.#opts());
+  }
+
+  async resume(id: string): Promise<void> {
+    await this.#client.resumeSandbox({ id }, this.#opts());
+  }
+
   async destroy(id: string): Promise<void> {
     this.#access.delete(id);
     await this.#client.destroySandbox({ id }, this.#opts());

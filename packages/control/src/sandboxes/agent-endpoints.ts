@@ -3,20 +3,24 @@ import type { SandboxRecord } from "../db/entities.ts";
 import type { AgentEndpoint, TokenHolder } from "../toolbox/agent-locator.ts";
 import { isAuthToken } from "./auth-token.ts";
 import { bad, type OperationContext, stateChangeInProgress } from "./operation-context.ts";
+import { resumedForCall } from "./pause-resume.ts";
 import { isErrored } from "./states.ts";
 
 // The toolbox's way to a sandbox's agent (toolbox/agent-locator.ts): by organization and id or
 // name, or by preview token; found endpoints are kept in the context's EndpointCache.
 
-/** A started sandbox of the caller's organization. */
+/** A started sandbox of the caller's organization (a paused one is resumed first). */
 export async function agentFor(c: OperationContext, organizationId: string, idOrName: string): Promise<AgentEndpoint> {
   const hit = c.endpoints.get(organizationId, idOrName);
   if (hit) {
     if (c.locks.busy(hit.sandboxId)) throw stateChangeInProgress();
     return hit;
   }
-  const since = c.endpoints.generation();
-  const row = await c.store.find(organizationId, idOrName);
+  let since = c.endpoints.generation();
+  const found = await c.store.find(organizationId, idOrName);
+  // Auto-resume: a paused (or resuming) sandbox's call waits for the one resume of its callers.
+  const row = await resumedForCall(c, found);
+  if (row !== found) since = c.endpoints.generation();
   const endpoint = await endpointOf(c, row);
   if ((await c.runtimeOf(row)).agentsOnThisHost) c.endpoints.set(organizationId, idOrName, endpoint, since);
   return endpoint;

@@ -12,7 +12,8 @@ export async function backup(c: OperationContext, organizationId: string, idOrNa
   if (isEphemeral(row.autoDeleteInterval)) throw bad("Ephemeral sandboxes cannot be backed up");
   if (row.backupState === "Pending" || row.backupState === "InProgress") throw bad("Sandbox backup is already in progress");
   if (c.locks.busy(row.id) || row.state !== row.desiredState) throw stateChangeInProgress();
-  if (row.state !== "started" && row.state !== "stopped") throw bad("Sandbox is not in valid state");
+  // A paused sandbox packs as it is: nothing in it writes meanwhile.
+  if (row.state !== "started" && row.state !== "stopped" && row.state !== "paused") throw bad("Sandbox is not in valid state");
   const rt = await c.runtimeOf(row);
   const claimed = await c.store.updateIf(row.id, { backupState: { $in: ["None", "Completed", "Error"] } }, { backupState: "InProgress" });
   if (!claimed) throw bad("Sandbox backup is already in progress");

@@ -85,8 +85,13 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
   const memory = req.memory || RESOURCES.memory.default;
   const disk = req.disk || RESOURCES.disk.default;
 
-  const autoStop = req.autoStopInterval ?? 15;
+  const autoPause = req.autoPauseInterval ?? 0;
+  if (autoPause < 0) throw errors.invalidArgument("Auto-pause interval must be non-negative");
+  // Auto-pause replaces the default auto-stop; both set is the reference's 400.
+  const autoStop = req.autoStopInterval ?? (autoPause > 0 ? 0 : 15);
   if (autoStop < 0) throw errors.invalidArgument("Auto-stop interval must be non-negative");
+  if (autoStop > 0 && autoPause > 0) throw errors.invalidArgument(EXCLUSIVE_INTERVALS);
+  if (autoPause > 0 && req.autoDeleteInterval === 0) throw errors.invalidArgument("Ephemeral sandboxes cannot have auto-pause enabled. Set autoPauseInterval to 0");
   const autoArchive = req.autoArchiveInterval ?? 10080;
   if (autoArchive < 0) throw errors.invalidArgument("Auto-archive interval must be non-negative");
 
@@ -107,9 +112,13 @@ export function newSandbox(organizationId: string, req: CreateSandboxRequest, im
     gpuTypes: [...new Set(req.gpuType.map((t) => gpuTypes.name(t)).filter((t): t is string => t !== undefined))],
     sandboxClass: sandboxClass!,
     autoStopInterval: autoStop,
+    autoPauseInterval: autoPause,
     autoArchiveInterval: normalizeAutoArchive(autoArchive),
     autoDeleteInterval: req.autoDeleteInterval ?? -1,
     networkBlockAll: network.networkBlockAll,
     networkAllowList: network.networkAllowList ?? null,
   };
 }
+
+/** The reference's 400 when a sandbox would have both an auto-stop and an auto-pause interval. */
+export const EXCLUSIVE_INTERVALS = "autoStopInterval and autoPauseInterval are mutually exclusive. Set at most one of them to a non-zero value";

@@ -36,6 +36,8 @@ export interface NewSandbox {
   /** container, linux-vm, android or windows: only a runner of that class takes it. */
   sandboxClass: string;
   autoStopInterval: number;
+  /** Minutes; 0 disables. */
+  autoPauseInterval?: number;
   autoArchiveInterval: number;
   autoDeleteInterval: number;
   /** Volumes to mount, resolved (volumes/sandbox-mounts.ts). */
@@ -149,6 +151,7 @@ function newRow(c: OperationContext, input: NewSandbox, id: string, origin: Pick
     backupState: "None",
     backupCreatedAt: null,
     autoStopInterval: input.autoStopInterval,
+    autoPauseInterval: input.autoPauseInterval ?? 0,
     autoArchiveInterval: input.autoArchiveInterval,
     autoDeleteInterval: input.autoDeleteInterval,
     createdAt: now,

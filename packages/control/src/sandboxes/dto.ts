@@ -83,6 +83,7 @@ export function toSandbox(r: SandboxRecord, c: DtoContext): Sandbox {
     autoStopInterval: r.autoStopInterval,
     autoArchiveInterval: r.autoArchiveInterval,
     autoDeleteInterval: r.autoDeleteInterval,
+    autoPauseInterval: r.autoPauseInterval,
     volumes: (r.volumes ?? []).map((v) => ({ volumeId: v.volumeId, mountPath: v.mountPath, subpath: v.subpath })),
     createdAt: timestampFromDate(r.createdAt),
     updatedAt: timestampFromDate(r.updatedAt),

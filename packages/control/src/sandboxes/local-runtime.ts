@@ -222,6 +222,14 @@ export class LocalRuntime<P extends SandboxProvider = LinuxProvider> implements 
     return this.provider.destroy(id);
   }
 
+  async pause(id: string): Promise<void> {
+    await this.provider.pause(id);
+  }
+
+  async resume(id: string): Promise<void> {
+    await this.provider.resume(id);
+  }
+
   removeLeftovers(unclaimed: string[]): Promise<string[]> {
     return this.provider.removeLeftovers(unclaimed);
   }
@@ -255,7 +263,7 @@ export class LocalRuntime<P extends SandboxProvider = LinuxProvider> implements 
   async inspect(id: string): Promise<RuntimeSandbox | undefined> {
     try {
       const i = await this.provider.inspect(id);
-      return { id: i.id, state: i.state, error: i.error, health: healthOf(i) };
+      return { id: i.id, state: i.state, error: i.error, health: healthOf(i), ...(i.paused ? { pausedMemory: i.paused } : {}) };
     } catch (err) {
       if (err instanceof ConnectError && err.code === Code.NotFound) return undefined;
       throw err;

@@ -6,6 +6,7 @@ import { backup } from "./backup.ts";
 import { create, createFromBuild, type NewSandbox } from "./create.ts";
 import type { NetworkFields } from "./network-policy.ts";
 import { OperationContext, type Outcome } from "./operation-context.ts";
+import { pause } from "./pause-resume.ts";
 import { type Resources, resize, setNetwork, update } from "./reconfigure.ts";
 import { recover, start, stop } from "./start-stop.ts";
 import type { SandboxPatch } from "./store.ts";
@@ -54,6 +55,11 @@ export class SandboxManager extends OperationContext implements AgentLocator {
 
   stop(organizationId: string, idOrName: string, force = false): Promise<SandboxRecord> {
     return stop(this, organizationId, idOrName, force);
+  }
+
+  /** Freezes a started sandbox (pause-resume.ts); start, or any call to its agent, resumes it. */
+  pause(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    return pause(this, organizationId, idOrName);
   }
 
   archive(organizationId: string, idOrName: string): Promise<SandboxRecord> {

@@ -24,6 +24,11 @@ export class OperationLocks {
     return this.#running.has(id);
   }
 
+  /** Settles once the sandbox's operation running now (if any) has let go of its lock. */
+  released(id: string): Promise<unknown> {
+    return this.#running.get(id) ?? Promise.resolve();
+  }
+
   /** Runs `fn` holding the sandbox's lock; undefined (and `fn` not run) when it is held here; rejects with HeldElsewhere when another process holds it. */
   tryRun<T>(id: string, fn: () => Promise<T>): Promise<T> | undefined {
     return this.#run(id, fn, this.#shared);

@@ -5,6 +5,7 @@ import type { OperationContext } from "./operation-context.ts";
 import { HeldElsewhere } from "./operation-locks.ts";
 import { driveResize } from "./reconfigure.ts";
 import type { SandboxRuntime } from "./runtime.ts";
+import { drivePause, driveResume } from "./pause-resume.ts";
 import { driveRestore, driveStart, driveStop } from "./start-stop.ts";
 
 // At start, after a clean stop or a crash (kill -9): the database says what each sandbox should
@@ -115,8 +116,18 @@ export async function resume(m: OperationContext, row: SandboxRecord, onHost: st
     if (row.state === "archived") return "adopted"; // a leftover host copy is removed below
     return done(await driveArchive(m, row));
   }
+  if (row.desiredState === "paused") {
+    // Paused sandboxes stay frozen across a restart: adopted as they are, an interrupted pause finished.
+    if (row.state === "paused" && onHost === "paused") return "adopted";
+    if (onHost === "started" || onHost === "paused") return done(await drivePause(m, row));
+    if (onHost === undefined) return done(await m.fail(row.id, new Error("the paused sandbox is gone from its host")));
+    // Its processes ended without it (the host rebooted): its files are there, so it is stopped.
+    await m.store.update(row.id, { desiredState: "stopped" });
+    return done(await driveStop(m, row));
+  }
   if (row.desiredState === "started") {
     if (row.state === "started" && onHost === "started") return "adopted";
+    if (row.state === "paused" || onHost === "paused") return done(await driveResume(m, row)); // an interrupted resume
     if (row.state === "unknown" || row.state === "pulling_snapshot") {
       // The create (or its runner's pull of the image) never answered: whatever it left on the host (perhaps half made) goes first.
       await (await m.runtimeOf(row)).destroy(row.id);
@@ -130,7 +141,7 @@ export async function resume(m: OperationContext, row: SandboxRecord, onHost: st
     return done(await driveStart(m, row));
   }
   if (row.desiredState === "stopped") {
-    if (row.state === "started" || onHost === "started") return done(await driveStop(m, row));
+    if (row.state === "started" || row.state === "paused" || onHost === "started" || onHost === "paused") return done(await driveStop(m, row));
     return "adopted";
   }
   return "adopted";

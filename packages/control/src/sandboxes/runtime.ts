@@ -28,6 +28,8 @@ export function unavailableRuntime(reason: string): SandboxRuntime {
     start: fail,
     stop: fail,
     destroy: fail,
+    pause: fail,
+    resume: fail,
     setEnv: fail,
     setNetwork: fail,
     resize: fail,

@@ -20,8 +20,8 @@ import { SandboxManager } from "./manager.ts";
 import type { ImageSource, RunnerDirectory } from "./runner-directory.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import type { WarmPools } from "./warm-pools.ts";
-import { normalizeAutoArchive } from "./states.ts";
-import { DEFAULT_SNAPSHOT, LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
+import { isEphemeral, normalizeAutoArchive } from "./states.ts";
+import { DEFAULT_SNAPSHOT, EXCLUSIVE_INTERVALS, LABEL_LIMITS, mapLimits, newSandbox } from "./create-request.ts";
 import { targetRegion } from "../organizations/target-region.ts";
 import { resolveMounts } from "../volumes/sandbox-mounts.ts";
 import { Organization } from "../db/entities.ts";
@@ -155,6 +155,10 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       return dto(await manager.start(organizationOf(ctx), req.sandboxId));
     },
 
+    async pauseSandbox(req, ctx) {
+      return dto(await manager.pause(organizationOf(ctx), req.sandboxId));
+    },
+
     async stopSandbox(req, ctx) {
       return dto(await manager.stop(organizationOf(ctx), req.sandboxId, req.force ?? false));
     },
@@ -195,7 +199,18 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
 
     async setAutostopInterval(req, ctx) {
       if (req.interval < 0) throw errors.invalidArgument("Auto-stop interval must be non-negative");
+      if (req.interval > 0 && (await manager.get(organizationOf(ctx), req.sandboxId)).autoPauseInterval > 0) throw errors.invalidArgument(EXCLUSIVE_INTERVALS);
       return dto(await manager.update(organizationOf(ctx), req.sandboxId, { autoStopInterval: req.interval }));
+    },
+
+    async setAutoPauseInterval(req, ctx) {
+      if (req.interval < 0) throw errors.invalidArgument("Auto-pause interval must be non-negative");
+      if (req.interval > 0) {
+        const row = await manager.get(organizationOf(ctx), req.sandboxId);
+        if (row.autoStopInterval > 0) throw errors.invalidArgument(EXCLUSIVE_INTERVALS);
+        if (isEphemeral(row.autoDeleteInterval)) throw errors.invalidArgument("Ephemeral sandboxes cannot have auto-pause enabled. Set autoPauseInterval to 0");
+      }
+      return dto(await manager.update(organizationOf(ctx), req.sandboxId, { autoPauseInterval: req.interval }));
     },
 
     async setAutoArchiveInterval(req, ctx) {

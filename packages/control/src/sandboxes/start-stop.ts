@@ -3,6 +3,7 @@ import { driveDestroy, softDelete } from "./archive-delete.ts";
 import { newAuthToken } from "./auth-token.ts";
 import { specOf } from "./create.ts";
 import { bad, type OperationContext, type Outcome, reasonOf, stateChangeInProgress } from "./operation-context.ts";
+import { resume } from "./pause-resume.ts";
 import { holdImage, place } from "./placement.ts";
 import { isEphemeral, isErrored } from "./states.ts";
 import type { SandboxPatch } from "./store.ts";
@@ -15,6 +16,7 @@ export async function start(c: OperationContext, organizationId: string, idOrNam
   const row = await c.store.find(organizationId, idOrName);
   if (isErrored(row.state) && !(await recoverable(c, row))) throw bad("Sandbox is in an errored state");
   if (row.state === "started" && row.desiredState === "started" && !c.locks.busy(row.id) && !(await lost(c, row))) return row;
+  if (row.state === "paused") return c.answer(row.id, resume(c, row.id), "Sandbox failed to start"); // a resume (or the one in flight)
   const op = c.operate(row.id, async () => {
     const cur = await c.current(row.id);
     const gone = await lost(c, cur); // died since the timers last looked
@@ -106,7 +108,7 @@ export async function stopChecked(c: OperationContext, id: string, force: boolea
   const recovering = isErrored(cur.state) && (await recoverable(c, cur));
   if (isErrored(cur.state) && !recovering) throw bad("Sandbox is in an errored state");
   if (!recovering && cur.state !== cur.desiredState) throw stateChangeInProgress();
-  if (!recovering && cur.state !== "started") throw bad("Sandbox is not in a stoppable state");
+  if (!recovering && cur.state !== "started" && cur.state !== "paused") throw bad("Sandbox is not in a stoppable state");
   await c.runtimeOf(cur);
   if (isEphemeral(cur.autoDeleteInterval)) {
     await softDelete(c, cur);

@@ -13,6 +13,10 @@ export function reportedState(state: string, desired: string): string {
   if (state === "stopped" && desired === "archived") return "archiving";
   if (state === "unknown" && desired === "started") return "creating";
   if (state === "archived" && desired === "destroyed") return "destroying";
+  if (state === "started" && desired === "paused") return "pausing";
+  if (state === "paused" && desired === "started") return "resuming";
+  if (state === "paused" && desired === "stopped") return "stopping";
+  if (state === "paused" && desired === "destroyed") return "destroying";
   return state;
 }
 
@@ -25,6 +29,10 @@ export const REPORTED_STATE_SQL = `(case
   when "state" = 'stopped' and "desired_state" = 'archived' then 'archiving'
   when "state" = 'unknown' and "desired_state" = 'started' then 'creating'
   when "state" = 'archived' and "desired_state" = 'destroyed' then 'destroying'
+  when "state" = 'started' and "desired_state" = 'paused' then 'pausing'
+  when "state" = 'paused' and "desired_state" = 'started' then 'resuming'
+  when "state" = 'paused' and "desired_state" = 'stopped' then 'stopping'
+  when "state" = 'paused' and "desired_state" = 'destroyed' then 'destroying'
   else "state" end)`;
 
 export const isErrored = (state: string) => state === "error" || state === "build_failed";

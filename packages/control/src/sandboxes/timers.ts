@@ -2,10 +2,11 @@ import type { SandboxRecord } from "../db/entities.ts";
 import { Periodic } from "../server/periodic.ts";
 import { archiveChecked, deleteChecked, driveDestroy } from "./archive-delete.ts";
 import type { OperationContext, Outcome } from "./operation-context.ts";
+import { pauseChecked } from "./pause-resume.ts";
 import { stopChecked } from "./start-stop.ts";
 import { isEphemeral, normalizeAutoArchive } from "./states.ts";
 
-// Auto-stop, auto-archive and auto-delete (reference §4.4), the TTL's delete (autoDestroyAt), stopping the sandboxes of an
+// Auto-stop, auto-pause, auto-archive and auto-delete (reference §4.4), the TTL's delete (autoDestroyAt), stopping the sandboxes of an
 // organization suspended for longer than its grace period, plus two chores: finishing deletes
 // that failed on the host, and reporting started sandboxes whose first process died. Everything
 // the timers need is in the database (intervals, last activity), so they carry on across
@@ -64,7 +65,10 @@ export class SandboxTimers {
     const idleMinutes = (r: SandboxRecord, minutes: number) => idleFor(r) >= minutes * minute;
 
     const shouldStop = (r: SandboxRecord) =>
-      r.state === "started" && r.desiredState === "started" && ((r.autoStopInterval > 0 && idleMinutes(r, r.autoStopInterval)) || suspended.has(r.organizationId));
+      (r.state === "started" && r.desiredState === "started" && ((r.autoStopInterval > 0 && idleMinutes(r, r.autoStopInterval)) || suspended.has(r.organizationId))) ||
+      (r.state === "paused" && r.desiredState === "paused" && suspended.has(r.organizationId)); // a paused sandbox keeps its state until stopped by hand
+    // Auto-pause measures the same inactivity as auto-stop (the two are exclusive per sandbox).
+    const shouldPause = (r: SandboxRecord) => r.state === "started" && r.desiredState === "started" && r.autoPauseInterval > 0 && idleMinutes(r, r.autoPauseInterval) && !suspended.has(r.organizationId);
     const shouldDelete = (r: SandboxRecord) =>
       (r.state === "stopped" || r.state === "archived") && r.desiredState === r.state && r.autoDeleteInterval >= 0 && idleMinutes(r, r.autoDeleteInterval);
     const shouldArchive = (r: SandboxRecord) =>
@@ -82,6 +86,7 @@ export class SandboxTimers {
       else if (r.state === "started" && r.desiredState === "started" && host.get(r.id)?.state !== "started") {
         ops.push(markLost(m, r.id, "the sandbox is gone from its host"));
       } else if (shouldStop(r)) ops.push(timerOp(m, r.id, () => stopChecked(m, r.id, false, shouldStop)));
+      else if (shouldPause(r)) ops.push(timerOp(m, r.id, () => pauseChecked(m, r.id, shouldPause)));
       else if (shouldDelete(r)) ops.push(timerOp(m, r.id, () => deleteChecked(m, r.id, shouldDelete)));
       else if (shouldArchive(r)) ops.push(timerOp(m, r.id, () => archiveChecked(m, r.id, shouldArchive)));
     }

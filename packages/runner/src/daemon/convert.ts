@@ -84,6 +84,7 @@ const STATES: Record<RuntimeState, SandboxState> = {
   created: SandboxState.CREATING,
   started: SandboxState.STARTED,
   stopped: SandboxState.STOPPED,
+  paused: SandboxState.PAUSED,
   error: SandboxState.ERROR,
 };
 
@@ -93,6 +94,7 @@ export function statusToProto(s: RuntimeSandbox): SandboxStatus {
     id: s.id,
     state: STATES[s.state],
     reason: s.error ?? "",
+    ...(s.pausedMemory ? { pausedResidentBytes: BigInt(s.pausedMemory.residentBytes), pausedReclaimedBytes: BigInt(s.pausedMemory.reclaimedBytes ?? 0) } : {}),
     ...(h
       ? {
           health: {
@@ -116,6 +118,9 @@ export function statusFromProto(s: SandboxStatus): RuntimeSandbox {
   const state = (Object.keys(STATES) as RuntimeState[]).find((k) => STATES[k] === s.state);
   // A state this side does not know (a newer runner's) is an error with the runner's reason.
   const out: RuntimeSandbox = { id: s.id, state: state ?? "error", ...(s.reason || !state ? { error: s.reason || `the runner reports state ${SandboxState[s.state] ?? s.state}` } : {}) };
+  if (out.state === "paused") {
+    out.pausedMemory = { residentBytes: Number(s.pausedResidentBytes), ...(s.pausedReclaimedBytes > 0n ? { reclaimedBytes: Number(s.pausedReclaimedBytes) } : {}) };
+  }
   const h = s.health;
   if (h) {
     out.health = {

@@ -66,6 +66,14 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
       await queue.run(id(req.id), () => runtime.stop(req.id, { force: req.force }));
       return status(req.id);
     },
+    async pauseSandbox(req) {
+      await queue.run(id(req.id), () => runtime.pause(req.id));
+      return status(req.id);
+    },
+    async resumeSandbox(req) {
+      await queue.run(id(req.id), () => runtime.resume(req.id));
+      return status(req.id);
+    },
     async destroySandbox(req) {
       await queue.run(id(req.id), () => runtime.destroy(req.id));
       return create(SandboxStatusSchema, { id: req.id, state: SandboxState.DESTROYED });

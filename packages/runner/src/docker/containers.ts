@@ -18,6 +18,8 @@ const LABEL_ID = "sandbar.sandbox";
 
 export interface ContainerState {
   running: boolean;
+  /** Frozen by `docker pause` (the engine keeps `running` true meanwhile). */
+  paused: boolean;
   pid: number;
   startedAt?: string;
   exitCode?: number;
@@ -139,6 +141,16 @@ export class Containers {
     await this.#container(id).update({ NanoCpus: nanoCpus(cpu), Memory: memoryBytes, MemorySwap: memoryBytes });
   }
 
+  /** Freezes every process of the container (the engine's cgroup freezer); callers look first whether it is paused. */
+  async pause(id: string): Promise<void> {
+    await this.#container(id).pause();
+  }
+
+  /** Thaws a paused container (the engine answers 500 for one that is not: callers look first). */
+  async unpause(id: string): Promise<void> {
+    await this.#container(id).unpause();
+  }
+
   /** SIGTERM, then SIGKILL after the grace time; a stopped or missing container is fine. */
   async stop(id: string, graceMs: number): Promise<void> {
     await this.#container(id)
@@ -172,6 +184,7 @@ export class Containers {
       const data = (c.GraphDriver?.Data ?? {}) as Record<string, string>;
       return {
         running: c.State.Running,
+        paused: c.State.Paused,
         pid: c.State.Pid,
         startedAt: c.State.StartedAt,
         exitCode: c.State.ExitCode,

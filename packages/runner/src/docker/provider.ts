@@ -210,12 +210,36 @@ export class DockerProvider implements SandboxProvider {
     });
   }
 
+  // ---- pause / resume -----------------------------------------------------------------------
+
+  /** `docker pause`: the engine's freezer; memory is not reclaimed (the engine offers no way to). */
+  async pause(id: string): Promise<SandboxInfo> {
+    validateId(id);
+    return this.host.lock.with(id, async () => {
+      const rec = await this.host.record(id);
+      const state = await this.containers.state(id);
+      if (!state?.running) throw errors.failedPrecondition(`sandbox ${id} is not started`);
+      if (!state.paused) await this.containers.pause(id);
+      return this.#info(rec);
+    });
+  }
+
+  async resume(id: string): Promise<SandboxInfo> {
+    validateId(id);
+    return this.host.lock.with(id, async () => {
+      const rec = await this.host.record(id);
+      if ((await this.containers.state(id))?.paused) await this.containers.unpause(id);
+      return this.#info(rec);
+    });
+  }
+
   // ---- stop / destroy -----------------------------------------------------------------------
 
   async stop(id: string, options: StopOptions = {}): Promise<SandboxInfo> {
     validateId(id);
     return this.host.lock.with(id, async () => {
       const rec = await this.host.record(id);
+      if ((await this.containers.state(id))?.paused) await this.containers.unpause(id); // its processes must see the SIGTERM
       if (options.force) await this.containers.kill(id);
       else await this.containers.stop(id, options.graceMs ?? 5000);
       await this.#teardown(id);
@@ -292,6 +316,10 @@ export class DockerProvider implements SandboxProvider {
       if (usage) info.usage = usage;
       info.agent = { running: await this.containers.agentRunning(id, this.host.layout.socket(id)), restarts: restarts.count };
       if (restarts.at) info.agent.lastRestartAt = restarts.at;
+      if (state.paused) {
+        info.state = "paused";
+        info.paused = { residentBytes: usage?.memoryBytes ?? 0, method: "none" };
+      }
     }
     if (!state) {
       info.state = "error";

@@ -13,7 +13,7 @@ import { isMountpoint, mountsUnder } from "../host/mounts.ts";
 import { listRecordIds, type SandboxRecord } from "../host/record.ts";
 import { baseInfo, errorOf, type HostOptions, SandboxHost } from "../host/sandbox-host.ts";
 import { detectCgroups } from "./cgroups/detect.ts";
-import type { CgroupBackend } from "./cgroups/types.ts";
+import type { CgroupBackend, Reclaimed } from "./cgroups/types.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
 import { waitForSocket } from "./launcher.ts";
 import { type LeftoverTally, removeLeftovers } from "./leftovers.ts";
@@ -54,6 +54,8 @@ export class LinuxProvider implements SandboxProvider {
   /** Keeps each running sandbox's /proc/meminfo view (its memory, not the host's) current. */
   readonly meminfo: MeminfoRefresher;
   readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
+  /** What each pause of this process reclaimed (a paused sandbox re-adopted after a restart has none). */
+  readonly #reclaimed = new Map<string, Reclaimed>();
   /** Told how long each phase of a start took (benchmarks profile with it). */
   trace: NonNullable<LinuxProviderOptions["trace"]>;
   #oomWarned = false;
@@ -242,6 +244,36 @@ export class LinuxProvider implements SandboxProvider {
     });
   }
 
+  // ---- pause / resume -----------------------------------------------------------------------
+
+  /**
+   * Freezes the whole sandbox group (agent and user leaves) and reclaims its memory. Nothing of
+   * it is written down: the kernel's freezer state is the record, so a restarted provider finds
+   * the sandbox paused and leaves it so.
+   */
+  async pause(id: string): Promise<SandboxInfo> {
+    validateId(id);
+    return this.host.lock.with(id, async () => {
+      const rec = await this.host.record(id);
+      if ((await this.cgroups.pids(id)).length === 0) throw errors.failedPrecondition(`sandbox ${id} is not started`);
+      if (!(await this.cgroups.frozen(id))) {
+        await this.cgroups.freeze(id);
+        this.#reclaimed.set(id, await this.cgroups.reclaim(id));
+      }
+      return this.#info(rec);
+    });
+  }
+
+  async resume(id: string): Promise<SandboxInfo> {
+    validateId(id);
+    return this.host.lock.with(id, async () => {
+      const rec = await this.host.record(id);
+      await this.cgroups.thaw(id);
+      this.#reclaimed.delete(id);
+      return this.#info(rec);
+    });
+  }
+
   // ---- stop / destroy -----------------------------------------------------------------------
 
   async stop(id: string, options: StopOptions = {}): Promise<SandboxInfo> {
@@ -249,6 +281,7 @@ export class LinuxProvider implements SandboxProvider {
     return this.host.lock.with(id, async () => {
       const rec = await this.host.record(id);
       await this.#teardown(id, options.force ? 0 : (options.graceMs ?? 5000));
+      this.#reclaimed.delete(id);
       await this.host.markStopped(rec);
       return this.#info(rec);
     });
@@ -274,6 +307,7 @@ export class LinuxProvider implements SandboxProvider {
     await rm(dir, { recursive: true, force: true });
     if (rec) this.host.uids.release(rec.hostUid);
     this.#exits.delete(id);
+    this.#reclaimed.delete(id);
   }
 
   /**
@@ -324,10 +358,15 @@ export class LinuxProvider implements SandboxProvider {
   async #info(rec: SandboxRecord): Promise<SandboxInfo> {
     const id = rec.spec.id;
     // Independent reads, at once: a start answers with this right after its agent listens.
-    const [pids, stats, restarts] = await Promise.all([this.cgroups.pids(id), this.cgroups.stats(id), this.host.agentRestarts(id)]);
+    const [pids, stats, restarts, frozen] = await Promise.all([this.cgroups.pids(id), this.cgroups.stats(id), this.host.agentRestarts(id), this.cgroups.frozen(id)]);
     const running = pids.length > 0;
     const info = baseInfo(rec, running);
     if (running && stats) info.usage = stats;
+    if (running && frozen) {
+      const r = this.#reclaimed.get(id);
+      info.state = "paused";
+      info.paused = { residentBytes: stats?.memoryBytes ?? 0, ...(r ? { reclaimedBytes: Math.max(0, r.beforeBytes - r.afterBytes), method: r.method } : {}) };
+    }
     if (running) {
       // No connection to it: a probe would load the agent's HTTP/2 stack in every idle sandbox.
       info.agent = { running: (await sandboxAgent(this.cgroups, id, SANDBOX_PATHS.node)) !== undefined, restarts: restarts.count };

@@ -32,6 +32,8 @@ export async function tearDown(p: Torn, id: string, graceMs = 0, idle = false, t
     if (!idle) tally.add("processes", (await cgroups.pids(id)).length);
     if ((await Promise.all(cgroups.paths(id).map(exists))).some(Boolean)) tally.add("cgroups");
   }
+  // A paused sandbox is thawed first: its processes must see the polite SIGTERM to act on it.
+  if (!idle && (await cgroups.frozen(id))) await cgroups.thaw(id);
   if (!idle) await endSandboxProcesses(cgroups, id, graceMs);
   meminfo.untrack(id);
   await cgroups.remove(id);

@@ -241,6 +241,31 @@ export function providerContract(get: () => ProviderFixture, created: Set<string
     expect(await processesOfUid(hostUid)).toEqual([]);
   });
 
+  it("pause freezes the sandbox and resume lets its processes go on; idempotent; kept paused by a new provider; stop ends it", async () => {
+    const { provider } = f();
+    const id = await make("pause");
+    // A loop counting in the home dir, its pid kept: after the resume the same loop counts on.
+    await sh(provider, id, "(n=0; while true; do n=$((n+1)); echo $n > ~/count; sleep 0.05; done) >/dev/null 2>&1 & echo $! > ~/loop.pid");
+    const count = async () => Number((await sh(provider, id, "cat ~/count")).stdout.trim());
+    await retry(async () => expect(await count()).toBeGreaterThan(2));
+    const paused = await provider.pause(id);
+    expect(paused.state).toBe("paused");
+    expect(paused.paused?.residentBytes).toBeGreaterThan(0);
+    expect((await provider.pause(id)).state).toBe("paused");
+    const again = await f().reopen();
+    expect((await again.list()).find((i) => i.id === id)?.state).toBe("paused");
+    expect((await again.resume(id)).state).toBe("started");
+    expect((await provider.resume(id)).state).toBe("started");
+    const before = await count();
+    await retry(async () => expect(await count()).toBeGreaterThan(before));
+    expect((await sh(provider, id, 'kill -0 "$(cat ~/loop.pid)" && echo same-loop')).stdout).toBe("same-loop\n");
+    await provider.pause(id);
+    const { hostUid } = await provider.inspect(id);
+    expect((await provider.stop(id)).state).toBe("stopped");
+    expect(await processesOfUid(hostUid)).toEqual([]);
+    await expectCode(provider.pause(id), Code.FailedPrecondition);
+  });
+
   it("destroy leaves no process behind and is idempotent", async () => {
     const { provider } = f();
     const id = await make("destroy");

@@ -42,6 +42,14 @@ export interface MemoryUse {
 export const MEMORY_STAT_KEYS = ["file", "anon", "anon_thp", "shmem", "file_mapped", "file_dirty", "file_writeback", "inactive_anon", "active_anon", "inactive_file", "active_file", "unevictable", "slab_reclaimable", "slab_unreclaimable", "kernel_stack", "pagetables"] as const;
 export type MemoryStatKey = (typeof MEMORY_STAT_KEYS)[number];
 
+/** What a reclaim did: the group's memory before and after, and how it was asked for. */
+export interface Reclaimed {
+  beforeBytes: number;
+  afterBytes: number;
+  /** "memory.reclaim" (v2), "limit" (v1: a lowered limit), "none" (no group). */
+  method: "memory.reclaim" | "limit" | "none";
+}
+
 export interface CgroupBackend {
   readonly version: "v1" | "v2";
   /**
@@ -75,6 +83,12 @@ export interface CgroupBackend {
   thaw(name: string): Promise<void>;
   /** Whether the group is frozen (false when it does not exist). */
   frozen(name: string): Promise<boolean>;
+  /**
+   * Gives the group's memory back to the host as far as the kernel lets it (pause: the group is
+   * frozen). v2 writes memory.reclaim; v1 lowers memory.limit_in_bytes towards what cannot be
+   * dropped and puts the limit back. Without swap only page cache goes; anonymous memory stays.
+   */
+  reclaim(name: string): Promise<Reclaimed>;
   /** SIGKILLs every process in the group and waits until it is empty. */
   kill(name: string): Promise<void>;
   /** Removes the (empty) group; a missing group is fine. */

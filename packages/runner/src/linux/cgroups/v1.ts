@@ -3,7 +3,7 @@ import path from "node:path";
 import type { SandboxUsage } from "../../provider.ts";
 import { readUsage } from "../../host/cgroup-usage.ts";
 import { isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, subdirs } from "../../host/files.ts";
-import type { CgroupBackend, CgroupLimits, MemoryStatKey, MemoryUse, UserLimits } from "./types.ts";
+import type { CgroupBackend, CgroupLimits, MemoryStatKey, MemoryUse, Reclaimed, UserLimits } from "./types.ts";
 import { AGENT_LEAF, FREEZE_DEADLINE_MS, signalAll, sleep, until, USER_LEAF } from "./types.ts";
 
 // cgroup v1: one hierarchy per controller (memory, pids, cpu required; cpuacct and freezer used
@@ -131,6 +131,34 @@ export class CgroupV1 implements CgroupBackend {
     return dir !== undefined && (await readText(path.join(dir, "freezer.state")))?.trim() === "FROZEN";
   }
 
+  async reclaim(name: string): Promise<Reclaimed> {
+    const mem = this.#dir("memory", name)!;
+    const usageFile = path.join(mem, "memory.usage_in_bytes");
+    const limitFile = path.join(mem, "memory.limit_in_bytes");
+    const [before, limit] = await Promise.all([readNumber(usageFile), readNumber(limitFile)]);
+    if (before === undefined || limit === undefined) return { beforeBytes: 0, afterBytes: 0, method: "none" };
+    // v1 has no memory.reclaim: a limit below the usage makes the kernel reclaim down to it, and
+    // refuses (EBUSY) when it cannot (anonymous memory without swap). Aim at what page cache
+    // leaves, then halfway back up until the kernel accepts; the limit is put back at once (the
+    // group is frozen: nothing refills the cache until it thaws).
+    const cache = this.memory(name)?.stat.file ?? 0;
+    let target = Math.max(PAGE, before - cache);
+    try {
+      for (let step = 0; step < RECLAIM_STEPS && target < before; step++) {
+        try {
+          await writeFile(limitFile, String(roundUp(target)));
+          break;
+        } catch (err) {
+          if (!isErrno(err, "EBUSY")) throw err;
+          target += Math.ceil((before - target) / 2);
+        }
+      }
+    } finally {
+      await writeFile(limitFile, String(limit));
+    }
+    return { beforeBytes: before, afterBytes: (await readNumber(usageFile)) ?? 0, method: "limit" };
+  }
+
   async kill(name: string): Promise<void> {
     if (!(await this.exists(name))) return;
     // Freeze first so nothing can fork while we kill (a fork bomb would otherwise race us).
@@ -191,6 +219,11 @@ export class CgroupV1 implements CgroupBackend {
     }
   }
 }
+
+const PAGE = 4096;
+/** Tries of a lowered limit, each halfway closer to the usage. */
+const RECLAIM_STEPS = 4;
+const roundUp = (bytes: number) => Math.ceil(bytes / PAGE) * PAGE;
 
 /** v1's memory.stat names (as total_<name>) of the v2 names MemoryUse keeps. */
 const V1_STAT: [MemoryStatKey, string][] = [

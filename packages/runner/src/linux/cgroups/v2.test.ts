@@ -165,4 +165,14 @@ describe("cgroup v2 back end", () => {
     await writeFile(path.join(dir, "memory.max"), "1073741824\n");
     expect(cg.memory("mem")?.limitBytes).toBe(2 ** 30);
   });
+
+  it("reclaims a paused group's memory through memory.reclaim, asking for all of it", async () => {
+    const cg = new CgroupV2({ base, group: "g" });
+    const dir = path.join(base, "g", "sbx1");
+    await mkdir(dir, { recursive: true });
+    await writeFile(path.join(dir, "memory.current"), "52428800\n");
+    expect(await cg.reclaim("sbx1")).toEqual({ beforeBytes: 52428800, afterBytes: 52428800, method: "memory.reclaim" });
+    expect(await read(dir, "memory.reclaim")).toBe("52428800");
+    expect(await cg.reclaim("gone")).toEqual({ beforeBytes: 0, afterBytes: 0, method: "none" });
+  });
 });

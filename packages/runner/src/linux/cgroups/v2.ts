@@ -2,8 +2,8 @@ import { access, chown, mkdir, rmdir, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { SandboxUsage } from "../../provider.ts";
 import { readUsage } from "../../host/cgroup-usage.ts";
-import { isErrno, parseKeyed, readPids, readText, readTextSync, subdirs } from "../../host/files.ts";
-import type { CgroupBackend, CgroupLimits, MemoryUse, UserLimits } from "./types.ts";
+import { isErrno, parseKeyed, readNumber, readPids, readText, readTextSync, subdirs } from "../../host/files.ts";
+import type { CgroupBackend, CgroupLimits, MemoryUse, Reclaimed, UserLimits } from "./types.ts";
 import { AGENT_LEAF, FREEZE_DEADLINE_MS, MEMORY_STAT_KEYS, signalAll, sleep, until, USER_LEAF } from "./types.ts";
 import { rmdirRetry } from "./v1.ts";
 
@@ -155,6 +155,18 @@ export class CgroupV2 implements CgroupBackend {
   async frozen(name: string): Promise<boolean> {
     const events = await readText(path.join(this.#dir(name), "cgroup.events"));
     return events !== undefined && parseKeyed(events).get("frozen") === 1;
+  }
+
+  async reclaim(name: string): Promise<Reclaimed> {
+    const file = path.join(this.#dir(name), "memory.current");
+    const before = await readNumber(file);
+    if (before === undefined) return { beforeBytes: 0, afterBytes: 0, method: "none" };
+    // Asking for everything: the kernel takes what it can and answers EAGAIN for the rest
+    // (anonymous memory without swap); what it took is reclaimed either way.
+    await writeFile(path.join(this.#dir(name), "memory.reclaim"), String(before)).catch((err: unknown) => {
+      if (!isErrno(err, "EAGAIN")) throw err;
+    });
+    return { beforeBytes: before, afterBytes: (await readNumber(file)) ?? 0, method: "memory.reclaim" };
   }
 
   async kill(name: string): Promise<void> {

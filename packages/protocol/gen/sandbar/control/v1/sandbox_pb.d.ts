@@ -252,6 +252,13 @@ export declare type Sandbox = Message<"sandbar.control.v1.Sandbox"> & {
   health?: SandboxHealth | undefined;
 
   /**
+   * Minutes of inactivity before a started sandbox is paused; 0 disables.
+   *
+   * @generated from field: int32 auto_pause_interval = 39;
+   */
+  autoPauseInterval: number;
+
+  /**
    * When the TTL deletes it, whatever its state (setTtl); absent without a TTL.
    *
    * @generated from field: google.protobuf.Timestamp auto_destroy_at = 40;
@@ -922,6 +929,14 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
    * @generated from field: repeated google.protobuf.Struct secrets = 24;
    */
   secrets: JsonObject[];
+
+  /**
+   * Minutes of inactivity before the sandbox is paused; 0 disables. At most one
+   * of auto_stop_interval and auto_pause_interval may be non-zero (reference 0.218).
+   *
+   * @generated from field: optional int32 auto_pause_interval = 39;
+   */
+  autoPauseInterval?: number | undefined;
 };
 
 /**
@@ -992,6 +1007,22 @@ export declare type StartSandboxRequest = Message<"sandbar.control.v1.StartSandb
  * Use `create(StartSandboxRequestSchema)` to create a new message.
  */
 export declare const StartSandboxRequestSchema: GenMessage<StartSandboxRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.PauseSandboxRequest
+ */
+export declare type PauseSandboxRequest = Message<"sandbar.control.v1.PauseSandboxRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+};
+
+/**
+ * Describes the message sandbar.control.v1.PauseSandboxRequest.
+ * Use `create(PauseSandboxRequestSchema)` to create a new message.
+ */
+export declare const PauseSandboxRequestSchema: GenMessage<PauseSandboxRequest>;
 
 /**
  * @generated from message sandbar.control.v1.StopSandboxRequest
@@ -2072,6 +2103,19 @@ export declare const SandboxService: GenService<{
     output: typeof SandboxSchema;
   },
   /**
+   * Freezes every process of a started sandbox and reclaims its memory
+   * (reference 0.218: `pausing`, then `paused`); a paused sandbox answers as it
+   * is. Resume is StartSandbox; a toolbox call, preview request or terminal
+   * connection to a paused sandbox resumes it too.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.PauseSandbox
+   */
+  pauseSandbox: {
+    methodKind: "unary";
+    input: typeof PauseSandboxRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
    * Replaces the whole label map. The reference documents a {labels} answer but
    * sends the whole Sandbox, which carries `labels` too.
    *
@@ -2141,6 +2185,17 @@ export declare const SandboxService: GenService<{
    * @generated from rpc sandbar.control.v1.SandboxService.SetAutoDeleteInterval
    */
   setAutoDeleteInterval: {
+    methodKind: "unary";
+    input: typeof SetIntervalRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * Minutes of inactivity before a started sandbox is paused; 0 disables.
+   * Reference 0.218 route (201 there, 200 like its siblings here).
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.SetAutoPauseInterval
+   */
+  setAutoPauseInterval: {
     methodKind: "unary";
     input: typeof SetIntervalRequestSchema;
     output: typeof SandboxSchema;

@@ -256,6 +256,20 @@ export declare type SandboxStatus = Message<"sandbar.runner.v1.SandboxStatus"> &
    * @generated from field: sandbar.runner.v1.SandboxHealth health = 12;
    */
   health?: SandboxHealth | undefined;
+
+  /**
+   * While paused: host memory it still holds (anonymous memory stays without swap).
+   *
+   * @generated from field: uint64 paused_resident_bytes = 13;
+   */
+  pausedResidentBytes: bigint;
+
+  /**
+   * What its pause reclaimed, when the runner measured it (0: not known).
+   *
+   * @generated from field: uint64 paused_reclaimed_bytes = 14;
+   */
+  pausedReclaimedBytes: bigint;
 };
 
 /**
@@ -449,6 +463,38 @@ export declare type StartSandboxRequest = Message<"sandbar.runner.v1.StartSandbo
  * Use `create(StartSandboxRequestSchema)` to create a new message.
  */
 export declare const StartSandboxRequestSchema: GenMessage<StartSandboxRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.PauseSandboxRequest
+ */
+export declare type PauseSandboxRequest = Message<"sandbar.runner.v1.PauseSandboxRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.PauseSandboxRequest.
+ * Use `create(PauseSandboxRequestSchema)` to create a new message.
+ */
+export declare const PauseSandboxRequestSchema: GenMessage<PauseSandboxRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.ResumeSandboxRequest
+ */
+export declare type ResumeSandboxRequest = Message<"sandbar.runner.v1.ResumeSandboxRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.ResumeSandboxRequest.
+ * Use `create(ResumeSandboxRequestSchema)` to create a new message.
+ */
+export declare const ResumeSandboxRequestSchema: GenMessage<ResumeSandboxRequest>;
 
 /**
  * @generated from message sandbar.runner.v1.StopSandboxRequest
@@ -1401,6 +1447,13 @@ export enum SandboxState {
    * @generated from enum value: SANDBOX_STATE_UNKNOWN = 12;
    */
   UNKNOWN = 12,
+
+  /**
+   * Every process frozen; memory reclaimed where the host can.
+   *
+   * @generated from enum value: SANDBOX_STATE_PAUSED = 13;
+   */
+  PAUSED = 13,
 }
 
 /**
@@ -1628,6 +1681,27 @@ export declare const RunnerService: GenService<{
     methodKind: "unary";
     input: typeof GetAgentAccessRequestSchema;
     output: typeof AgentAccessSchema;
+  },
+  /**
+   * Freezes every process of a started sandbox (cgroup freezer) and gives what
+   * memory it can back to the host; a paused sandbox answers PAUSED as it is.
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.PauseSandbox
+   */
+  pauseSandbox: {
+    methodKind: "unary";
+    input: typeof PauseSandboxRequestSchema;
+    output: typeof SandboxStatusSchema;
+  },
+  /**
+   * Thaws a paused sandbox; a started one is left as it is.
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.ResumeSandbox
+   */
+  resumeSandbox: {
+    methodKind: "unary";
+    input: typeof ResumeSandboxRequestSchema;
+    output: typeof SandboxStatusSchema;
   },
 }>;
 
