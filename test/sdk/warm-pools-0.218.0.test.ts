@@ -80,6 +80,22 @@ it("keeps a pool of an image snapshot filled; a create of that snapshot claims o
   expect([...kept].filter((id) => pooledIds.includes(id) && after.has(id))).toEqual([]);
 }, 300_000);
 
+it("keeps the members of a paused pool frozen until a claim thaws one (no CPU while they wait)", async () => {
+  const made = await rest("POST", "/warm-pools", { snapshot: "pool-snap", pool: 1, paused: true });
+  expect(made.body).toMatchObject({ paused: true, pool: 1 });
+  await eventually("the pool to fill", async () => (await rest("GET", `/warm-pools/${made.body.id}`)).body.currentSize === 1, 120_000);
+  const runtime = s.server.server.sandboxes.runtime;
+  const listed = new Set(((await rest("GET", "/sandbox")).body as Array<{ id: string }>).map((x) => x.id));
+  const member = (await runtime.list()).find((x) => !listed.has(x.id) && x.state === "paused");
+  expect(member, "a paused pool member on the host").toBeDefined();
+  const sandbox = await daytona.create({ snapshot: "pool-snap", envVars: { WHO: "thawed" } }, { timeout: 60 });
+  expect(sandbox.id).toBe(member!.id);
+  expect((await runtime.inspect(sandbox.id))?.state).toBe("started");
+  expect((await sandbox.process.executeCommand('echo "$WHO"')).result).toBe("thawed\n");
+  await sandbox.delete();
+  expect((await rest("DELETE", `/warm-pools/${made.body.id}`)).status).toBe(200);
+}, 300_000);
+
 it("refuses bad pools with clear 4xx answers", async () => {
   expect((await rest("POST", "/warm-pools", { snapshot: "no-such-snapshot", pool: 1 })).status).toBe(400);
   expect((await rest("POST", "/warm-pools", { snapshot: "pool-snap", pool: -1 })).body.message).toMatch(/pool must be an integer from 0 to/);

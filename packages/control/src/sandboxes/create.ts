@@ -183,7 +183,7 @@ async function takeOver(c: OperationContext, row: SandboxRecord, pool: WarmPool)
       throw err;
     }
     try {
-      await pool.applyEnv(row.id, row.env);
+      await pool.takeOver(row.id, row.env);
       return {};
     } catch (err) {
       return c.fail(row.id, err);

@@ -15,6 +15,15 @@ export interface PoolShape {
   user: string;
 }
 
+export interface PoolOptions {
+  /**
+   * Members wait paused (frozen, their reclaimable memory given back) and are thawed at claim: no
+   * CPU while they wait, a few milliseconds more per claim (bench/sandboxes/pause.ts).
+   */
+  paused?: boolean;
+  log?: (line: string) => void;
+}
+
 export interface PoolStats {
   size: number;
   ready: number;
@@ -58,6 +67,7 @@ export class WarmPool {
   /** Why the last start failed; cleared by the next that succeeds. */
   #lastError: string | undefined;
   readonly #log: (line: string) => void;
+  readonly #paused: boolean;
   readonly #clients: AgentClients;
   readonly #ready: string[] = [];
   /** The agent of each pool sandbox, dialled at its warm-up. */
@@ -72,12 +82,18 @@ export class WarmPool {
   #closed = false;
 
   /** `clients`: the toolbox's, so a claimed sandbox's first call reuses the connection its warm-up opened. */
-  constructor(runtime: SandboxRuntime, size: number, shape: PoolShape, clients: AgentClients, log: (line: string) => void = () => undefined) {
+  constructor(runtime: SandboxRuntime, size: number, shape: PoolShape, clients: AgentClients, o: PoolOptions = {}) {
     this.#runtime = runtime;
     this.#clients = clients;
     this.#size = size;
     this.shape = shape;
-    this.#log = log;
+    this.#paused = o.paused ?? false;
+    this.#log = o.log ?? (() => undefined);
+  }
+
+  /** Whether members wait paused. */
+  get paused(): boolean {
+    return this.#paused;
   }
 
   fits(r: PoolShape): boolean {
@@ -126,8 +142,14 @@ export class WarmPool {
     this.#claimed--;
   }
 
+  /** Makes the claimed sandbox its request's: thawed when members wait paused, then its environment. */
+  async takeOver(id: string, env: Record<string, string>): Promise<void> {
+    if (this.#paused) await this.#runtime.resume(id);
+    await this.#applyEnv(id, env);
+  }
+
   /** Gives the claimed sandbox its environment: the running agent now, the host record for later starts. */
-  async applyEnv(id: string, env: Record<string, string>): Promise<void> {
+  async #applyEnv(id: string, env: Record<string, string>): Promise<void> {
     if (Object.keys(env).length === 0) return;
     await this.#runtime.setEnv(id, env);
     const agent = await this.#runtime.connectAgent(id);
@@ -178,6 +200,7 @@ export class WarmPool {
       const agent = await this.#runtime.connectAgent(id);
       const process = this.#clients.client(ProcessService, agent);
       for (let i = 0; i < WARM_UP_CALLS; i++) await process.execute({ command: "true" }, this.#auth(agent.secret));
+      if (this.#paused) await this.#runtime.pause(id);
       this.#agents.set(id, agent);
       return id;
     } catch (err) {

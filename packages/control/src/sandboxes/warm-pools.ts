@@ -43,19 +43,18 @@ export class WarmPools {
 
   /** Keeps `size` sandboxes of `shape` for any organization. */
   setDefault(size: number, shape: PoolShape): void {
-    this.#entries.set(DEFAULT_POOL, { pool: new WarmPool(this.#runtime, size, shape, this.#clients, this.#log) });
+    this.#entries.set(DEFAULT_POOL, { pool: new WarmPool(this.#runtime, size, shape, this.#clients, { log: this.#log }) });
   }
 
-  /** An organization's pool, made or resized; it starts filling at once. */
-  async set(id: string, organizationId: string, regionId: string, size: number, shape: PoolShape): Promise<WarmPool> {
+  /** An organization's pool, made (not filled yet) or resized. */
+  async set(id: string, organizationId: string, regionId: string, size: number, shape: PoolShape, paused = false): Promise<WarmPool> {
     const known = this.#entries.get(id);
     if (known) {
       await known.pool.resize(size);
       return known.pool;
     }
-    const pool = new WarmPool(this.#runtime, size, shape, this.#clients, this.#log);
+    const pool = new WarmPool(this.#runtime, size, shape, this.#clients, { paused, log: this.#log });
     this.#entries.set(id, { pool, organizationId, regionId });
-    pool.fill();
     return pool;
   }
 

@@ -36,7 +36,7 @@ function shapeOf(row: WarmPoolRow): PoolShape {
 
 /** Makes every organization's pool again (at start; they fill once reconciliation is done). */
 export async function loadWarmPools(orm: MikroORM, pools: WarmPools): Promise<void> {
-  for (const row of await new WarmPoolStore(orm).all()) await pools.set(row.id, row.organizationId, row.regionId, row.pool, shapeOf(row));
+  for (const row of await new WarmPoolStore(orm).all()) await pools.set(row.id, row.organizationId, row.regionId, row.pool, shapeOf(row), row.paused);
 }
 
 export function warmPoolService(deps: WarmPoolDeps): Partial<ServiceImpl<typeof WarmPoolService>> {
@@ -59,6 +59,7 @@ export function warmPoolService(deps: WarmPoolDeps): Partial<ServiceImpl<typeof 
       disk: r.disk,
       osUser: r.osUser,
       env: r.env,
+      paused: r.paused,
       errorReason: live?.lastError,
       createdAt: timestampFromDate(r.createdAt),
       updatedAt: timestampFromDate(r.updatedAt),
@@ -112,10 +113,11 @@ export function warmPoolService(deps: WarmPoolDeps): Partial<ServiceImpl<typeof 
         disk: shape.disk,
         osUser: shape.user,
         env: {},
+        paused: req.paused ?? false,
         createdAt: now,
         updatedAt: now,
       });
-      (await live.set(row.id, organizationId, regionId, row.pool, shape)).fill();
+      (await live.set(row.id, organizationId, regionId, row.pool, shape, row.paused)).fill();
       return toDto(row);
     },
 
@@ -126,7 +128,7 @@ export function warmPoolService(deps: WarmPoolDeps): Partial<ServiceImpl<typeof 
       const before = await store.find(organizationId, req.id);
       await withinTotal(organizationId, req.pool, before.id);
       const row = await store.resize(organizationId, before.id, req.pool);
-      await live.set(row.id, organizationId, row.regionId, row.pool, shapeOf(row));
+      await live.set(row.id, organizationId, row.regionId, row.pool, shapeOf(row), row.paused);
       return toDto(row);
     },
 

@@ -16,6 +16,8 @@ export interface WarmPoolRow {
   disk: number;
   osUser: string;
   env: Record<string, string>;
+  /** Members wait paused. */
+  paused: boolean;
   createdAt: Date;
   updatedAt: Date;
 }
@@ -32,6 +34,7 @@ interface RawRow {
   disk: number;
   os_user: string;
   env: Record<string, string> | string;
+  paused: boolean;
   created_at: Date | string;
   updated_at: Date | string;
 }
@@ -51,6 +54,7 @@ function toRow(r: RawRow): WarmPoolRow {
     disk: r.disk,
     osUser: r.os_user,
     env: typeof r.env === "string" ? JSON.parse(r.env) : r.env,
+    paused: r.paused,
     createdAt: dateOf(r.created_at),
     updatedAt: dateOf(r.updated_at),
   };
@@ -92,9 +96,9 @@ export class WarmPoolStore {
   async insert(row: WarmPoolRow): Promise<WarmPoolRow> {
     try {
       const [made] = await this.#query(
-        `insert into warm_pool (id, organization_id, snapshot, image_ref, region_id, pool, cpu, mem, disk, os_user, env, created_at, updated_at)
-          values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning *`,
-        [row.id, row.organizationId, row.snapshot, row.imageRef, row.regionId, row.pool, row.cpu, row.mem, row.disk, row.osUser, JSON.stringify(row.env), row.createdAt, row.updatedAt],
+        `insert into warm_pool (id, organization_id, snapshot, image_ref, region_id, pool, cpu, mem, disk, os_user, env, paused, created_at, updated_at)
+          values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning *`,
+        [row.id, row.organizationId, row.snapshot, row.imageRef, row.regionId, row.pool, row.cpu, row.mem, row.disk, row.osUser, JSON.stringify(row.env), row.paused, row.createdAt, row.updatedAt],
       );
       return made!;
     } catch (err) {

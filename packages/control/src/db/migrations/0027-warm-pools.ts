@@ -21,6 +21,7 @@ export class Migration0027WarmPools extends Migration {
       "disk" int not null,
       "os_user" varchar(64) not null,
       "env" jsonb not null default '{}',
+      "paused" boolean not null default false,
       "created_at" timestamptz not null default now(),
       "updated_at" timestamptz not null default now(),
       unique ("organization_id", "snapshot", "region_id"))`);

@@ -100,6 +100,13 @@ export declare type WarmPool = Message<"sandbar.control.v1.WarmPool"> & {
    * @generated from field: google.protobuf.Timestamp updated_at = 14;
    */
   updatedAt?: Timestamp | undefined;
+
+  /**
+   * Sandbar: members wait paused (no CPU) and are thawed when claimed.
+   *
+   * @generated from field: bool paused = 15;
+   */
+  paused: boolean;
 };
 
 /**
@@ -158,6 +165,13 @@ export declare type CreateWarmPoolRequest = Message<"sandbar.control.v1.CreateWa
    * @generated from field: optional string target = 3;
    */
   target?: string | undefined;
+
+  /**
+   * Sandbar: keep members paused until claimed (no CPU while they wait; a claim thaws one).
+   *
+   * @generated from field: optional bool paused = 4;
+   */
+  paused?: boolean | undefined;
 };
 
 /**
