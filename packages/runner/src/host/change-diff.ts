@@ -1,4 +1,5 @@
 import { spawn } from "node:child_process";
+import type { FileHandle } from "node:fs/promises";
 import { Readable } from "node:stream";
 import { type LayerChange, openLayerFile } from "./changes.ts";
 
@@ -10,40 +11,31 @@ import { type LayerChange, openLayerFile } from "./changes.ts";
 /** Default bound of either side of one file's diff. */
 export const DIFF_MAX_FILE_BYTES = 1 << 20;
 
-type Side = { label: string; bytes: Buffer } | "vanished" | "too-large";
+/** One side of a file's diff: absent (/dev/null), or an open file and its first bytes. */
+type Side = { label: string; fh?: FileHandle; head: Buffer; size: number };
 
-async function side(file: string | undefined, label: string, max: number): Promise<Side> {
-  if (file === undefined) return { label: "/dev/null", bytes: Buffer.alloc(0) };
+async function side(file: string | undefined, label: string): Promise<Side | undefined> {
+  if (file === undefined) return { label: "/dev/null", head: Buffer.alloc(0), size: 0 };
   const fh = await openLayerFile(file);
-  if (!fh) return "vanished";
-  try {
-    const st = await fh.stat();
-    if (st.size > max) return "too-large";
-    const bytes = Buffer.alloc(st.size);
-    const { bytesRead } = await fh.read(bytes, 0, st.size, 0);
-    return { label, bytes: bytes.subarray(0, bytesRead) };
-  } finally {
-    await fh.close();
-  }
+  if (!fh) return undefined;
+  const size = (await fh.stat()).size;
+  const head = Buffer.alloc(Math.min(size, 8192));
+  const { bytesRead } = await fh.read(head, 0, head.length, 0);
+  return { label, fh, head: head.subarray(0, bytesRead), size };
 }
 
-const binary = (b: Buffer) => b.subarray(0, 8192).includes(0);
-
-/** diff -u of two buffers, fed through pipes (never through paths a sandbox could swap). */
-function unified(a: { label: string; bytes: Buffer }, b: { label: string; bytes: Buffer }): Promise<string> {
+/**
+ * diff -u of two sides, each handed to diff as an open file (its fd 3 or 4: never a path the
+ * sandbox could swap for a symlink between our check and diff's open).
+ */
+function unified(a: Side, b: Side): Promise<string> {
   return new Promise((resolve, reject) => {
-    const child = spawn("diff", ["-u", "--label", a.label, "--label", b.label, "/dev/fd/3", "/dev/fd/4"], { stdio: ["ignore", "pipe", "pipe", "pipe", "pipe"] });
+    const arg = (s: Side, fd: number) => (s.fh ? `/dev/fd/${fd}` : "/dev/null");
+    const child = spawn("diff", ["-u", "--label", a.label, "--label", b.label, arg(a, 3), arg(b, 4)], { stdio: ["ignore", "pipe", "pipe", a.fh?.fd ?? "ignore", b.fh?.fd ?? "ignore"] });
     let out = "";
     let err = "";
     child.stdout!.on("data", (c: Buffer) => (out += c.toString()));
     child.stderr!.on("data", (c: Buffer) => (err += c.toString()));
-    for (const [fd, bytes] of [[3, a.bytes], [4, b.bytes]] as const) {
-      const pipe = child.stdio[fd];
-      if (pipe && "end" in pipe) {
-        pipe.on("error", () => undefined);
-        pipe.end(bytes);
-      }
-    }
     child.on("error", reject);
     // 0: same, 1: different, 2: trouble.
     child.on("close", (code) => (code === 0 || code === 1 ? resolve(out) : reject(new Error(`diff failed: ${err.trim() || code}`))));
@@ -52,11 +44,15 @@ function unified(a: { label: string; bytes: Buffer }, b: { label: string; bytes:
 
 async function fileDiff(c: LayerChange, max: number): Promise<string> {
   const p = c.path.slice(1);
-  const [a, b] = await Promise.all([side(c.kind === "added" ? undefined : c.lowerPath, `a/${p}`, max), side(c.kind === "deleted" ? undefined : c.upperPath, `b/${p}`, max)]);
-  if (a === "vanished" || b === "vanished") return "";
-  if (a === "too-large" || b === "too-large") return `Files a/${p} and b/${p} differ (larger than ${max} bytes: not compared)\n`;
-  if (binary(a.bytes) || binary(b.bytes)) return `Binary files ${a.label} and ${b.label} differ\n`;
-  return unified(a, b);
+  const [a, b] = await Promise.all([side(c.kind === "added" ? undefined : c.lowerPath, `a/${p}`), side(c.kind === "deleted" ? undefined : c.upperPath, `b/${p}`)]);
+  try {
+    if (!a || !b) return ""; // vanished since the walk saw it
+    if (a.size > max || b.size > max) return `Files ${a.label} and ${b.label} differ (larger than ${max} bytes: not compared)\n`;
+    if (a.head.includes(0) || b.head.includes(0)) return `Binary files ${a.label} and ${b.label} differ\n`;
+    return await unified(a, b);
+  } finally {
+    await Promise.all([a?.fh?.close(), b?.fh?.close()]);
+  }
 }
 
 async function* diffs(changes: AsyncIterable<LayerChange>, max: number): AsyncGenerator<Buffer> {
