@@ -234,3 +234,8 @@ export const SANDBOX_PATHS = {
 
 /** What the platform writes into every sandbox's upper: never reported as the user's changes. */
 export const PLATFORM_PATHS: readonly string[] = ["/run/sandbar", "/opt/sandbar", SANDBOX_PATHS.agentState];
+
+/** The user entry and home the platform makes at start (host/rootprep.ts ensureUser), for changesets. */
+export function platformUser(user = "sandbar"): { name: string; home: string } {
+  return { name: user, home: user === "root" ? "/root" : `/home/${user}` };
+}

@@ -53,7 +53,7 @@ export function changesRoutes(chain: CallChain): HandwrittenRoute[] {
           const input = create(ListSandboxChangesRequestSchema, { ...common, cursor: query.get("cursor") ?? undefined, limit: problems.length > 0 ? undefined : limit });
           const out = await chain.unary(contextFor(call, LIST, signal, problems), input);
           if (!isMessage(out, SandboxChangeListSchema)) throw errors.internal("ListSandboxChanges answered another message");
-          return sendJson(res, 200, messageToJson(SandboxChangeListSchema, out));
+          return sendJson(res, 200, messageToJson(SandboxChangeListSchema, out, { omitUnset: true }));
         }
         if (!(format in CONTENT_TYPES)) throw errors.invalidArgument(`format: must be one of json, tar, diff (got ${JSON.stringify(format)})`);
         const input = create(ExportSandboxChangesRequestSchema, { ...common, format });

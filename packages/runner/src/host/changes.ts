@@ -48,6 +48,35 @@ export interface ChangeLayers {
   lowers: string[];
   /** Sandbox paths (and what lies below them) that are the platform's, never the user's changes. */
   exclude?: readonly string[];
+  /**
+   * What the platform makes for the sandbox's user at start: its home (when the layers below had
+   * none, left out itself; its contents are the user's), and one line of its user's in passwd and
+   * group (those files are unchanged while that line is all they add to the ones below).
+   */
+  platformUser?: { name: string; home: string };
+}
+
+const USER_FILES = new Set(["/etc/passwd", "/etc/group"]);
+
+/** Whether `upper` is `lower` plus one line of the user's (what rootprep's appendLineIfMissing writes). */
+async function onlyUserLineAdded(upper: string, lower: string, name: string): Promise<boolean> {
+  const [u, l] = await Promise.all([readSmall(upper), readSmall(lower)]);
+  if (u === undefined || l === undefined) return false;
+  const base = l === "" || l.endsWith("\n") ? l : l + "\n";
+  if (!u.startsWith(base)) return false;
+  const added = u.slice(base.length);
+  return added.startsWith(`${name}:`) && added.endsWith("\n") && added.indexOf("\n") === added.length - 1;
+}
+
+async function readSmall(file: string): Promise<string | undefined> {
+  const fh = await openLayerFile(file);
+  if (!fh) return undefined;
+  try {
+    if ((await fh.stat()).size > 1 << 20) return undefined;
+    return await fh.readFile("utf8");
+  } finally {
+    await fh.close();
+  }
 }
 
 export interface ChangeFilter {
@@ -219,12 +248,15 @@ export async function* walkChanges(layers: ChangeLayers, filter: ChangeFilter = 
         if (low && emits(child)) yield change(child, "deleted", low.stats, { lowerPath: low.host });
         continue;
       }
+      const platformHome = layers.platformUser && st.isDirectory() && "/" + child.join("/") === layers.platformUser.home;
       if (!low) {
-        if (emits(child)) yield change(child, "added", st, { upperPath });
+        if (emits(child) && !platformHome) yield change(child, "added", st, { upperPath });
         if (st.isDirectory()) yield* dir(child, [], false);
         continue;
       }
       if (!st.isDirectory()) {
+        const user = layers.platformUser;
+        if (user && st.isFile() && USER_FILES.has("/" + child.join("/")) && (await onlyUserLineAdded(upperPath, low.host, user.name))) continue;
         if (emits(child)) yield change(child, "modified", st, { upperPath, lowerPath: low.host });
         continue;
       }

@@ -6,7 +6,7 @@ import { packLayer, restoreLayer } from "../host/layer.ts";
 import { isMountpoint, unmount } from "../host/mounts.ts";
 import type { SandboxRecord } from "../host/record.ts";
 import type { SandboxHost } from "../host/sandbox-host.ts";
-import { type ChangeSource, PLATFORM_PATHS } from "../provider.ts";
+import { type ChangeSource, PLATFORM_PATHS, platformUser } from "../provider.ts";
 import type { CgroupBackend } from "./cgroups/types.ts";
 import { mountDiskImage } from "./mounts.ts";
 
@@ -97,5 +97,5 @@ export async function sandboxChangeLayers(host: SandboxHost, cgroups: CgroupBack
   }
   // Mount points of binds and volumes are the platform's; what is behind them is not in the upper.
   const exclude = [...PLATFORM_PATHS, ...(rec.spec.mounts ?? []).map((m) => m.target), ...(rec.spec.volumes ?? []).map((v) => v.target)];
-  return { layers: { upper: L.upper(id, hasDisk), lowers: [rec.spec.rootfs], exclude }, release };
+  return { layers: { upper: L.upper(id, hasDisk), lowers: [rec.spec.rootfs], exclude, platformUser: platformUser(rec.spec.user) }, release };
 }
