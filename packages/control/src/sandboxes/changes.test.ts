@@ -2,6 +2,9 @@ import { spawnSync } from "node:child_process";
 import { mkdtemp, readFile, readdir, readlink, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { SandboxChangesService } from "@sandbar/protocol/gen/sandbar/control/v1/changes_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type SandboxDto, type SandboxFixture, sandboxFixture } from "./testing/fixtures.ts";
 
@@ -102,6 +105,17 @@ describe("changes of a sandbox", () => {
     expect(text).toContain("--- a/root/.profile\n+++ b/root/.profile\n@@ -1,");
     expect(text).toContain("\n+# changed by the user\n");
     expect(text).toContain("--- /dev/null\n+++ b/root/new.txt\n@@ -0,0 +1 @@\n+new\n");
+  });
+
+  it("serves the same over gRPC: a page of entries and the diff's bytes", async () => {
+    const client = createClient(SandboxChangesService, createGrpcTransport({ baseUrl: f.t.url }));
+    const headers = { authorization: `Bearer ${f.t.adminKey}` };
+    const page = await client.listSandboxChanges({ sandboxId: s.id, pathPrefix: "/root/new.txt" }, { headers });
+    expect(page.items.map((c) => [c.path, c.kind, c.type, c.size])).toEqual([["/root/new.txt", "added", "file", 4n]]);
+    let diff = "";
+    for await (const chunk of client.exportSandboxChanges({ sandboxId: s.id, format: "diff", pathPrefix: "/root/new.txt" }, { headers })) diff += Buffer.from(chunk.data).toString();
+    expect(diff).toBe("--- /dev/null\n+++ b/root/new.txt\n@@ -0,0 +1 @@\n+new\n");
+    await expect(client.listSandboxChanges({ sandboxId: s.id, since: "cp1" }, { headers })).rejects.toThrow(/since: checkpoints are not available yet/);
   });
 
   it("reads a stopped sandbox (its upper stays on disk)", async () => {
