@@ -9,7 +9,7 @@ import { type LayerChange, openLayerFile } from "./changes.ts";
 // other entries are left out (the list and the archive carry them).
 
 /** Default bound of either side of one file's diff. */
-export const DIFF_MAX_FILE_BYTES = 1 << 20;
+const DIFF_MAX_FILE_BYTES = 1 << 20;
 
 /** One side of a file's diff: absent (/dev/null), or an open file and its first bytes. */
 type Side = { label: string; fh?: FileHandle; head: Buffer; size: number };

@@ -95,7 +95,7 @@ export function pathSegments(p: string): string[] {
 }
 
 /** The walk's order: segment by segment, a parent before its children. */
-export function comparePaths(a: readonly string[], b: readonly string[]): number {
+function comparePaths(a: readonly string[], b: readonly string[]): number {
   const n = Math.min(a.length, b.length);
   for (let i = 0; i < n; i++) if (a[i] !== b[i]) return a[i] < b[i] ? -1 : 1;
   return a.length - b.length;

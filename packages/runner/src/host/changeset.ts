@@ -24,7 +24,7 @@ export interface ChangesQuery {
 export type ChangesPart = { case: "change"; value: Change } | { case: "data"; value: Uint8Array };
 
 /** Throws INVALID_ARGUMENT for a query no read can answer. */
-export function checkChangesQuery(q: ChangesQuery): void {
+function checkChangesQuery(q: ChangesQuery): void {
   if (!["list", "tar", "diff"].includes(q.format)) throw errors.invalidArgument(`format: must be one of list, tar, diff (got ${JSON.stringify(q.format)})`);
   for (const [name, value] of [["pathPrefix", q.prefix], ["cursor", q.after]] as const) {
     if (value === undefined || value === "") continue;
