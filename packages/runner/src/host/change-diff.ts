@@ -42,6 +42,19 @@ function unified(a: Side, b: Side): Promise<string> {
   });
 }
 
+/** What diff -u prints for a file added ("+") or deleted ("-") whole. */
+function oneSided(label: string, sign: "+" | "-", bytes: Buffer): string {
+  const text = bytes.toString("utf8");
+  if (text === "") return "";
+  const lines = text.split("\n");
+  const complete = lines[lines.length - 1] === "";
+  if (complete) lines.pop();
+  const n = lines.length;
+  const range = n === 1 ? "1" : `1,${n}`;
+  const head = sign === "+" ? `--- /dev/null\n+++ ${label}\n@@ -0,0 +${range} @@\n` : `--- ${label}\n+++ /dev/null\n@@ -${range} +0,0 @@\n`;
+  return head + lines.map((l) => sign + l + "\n").join("") + (complete ? "" : "\\ No newline at end of file\n");
+}
+
 async function fileDiff(c: LayerChange, max: number): Promise<string> {
   const p = c.path.slice(1);
   const [a, b] = await Promise.all([side(c.kind === "added" ? undefined : c.lowerPath, `a/${p}`), side(c.kind === "deleted" ? undefined : c.upperPath, `b/${p}`)]);
@@ -49,6 +62,9 @@ async function fileDiff(c: LayerChange, max: number): Promise<string> {
     if (!a || !b) return ""; // vanished since the walk saw it
     if (a.size > max || b.size > max) return `Files ${a.label} and ${b.label} differ (larger than ${max} bytes: not compared)\n`;
     if (a.head.includes(0) || b.head.includes(0)) return `Binary files ${a.label} and ${b.label} differ\n`;
+    // A file on one side only is all one hunk: written here, without a diff process per file.
+    if (!a.fh && b.fh) return oneSided(b.label, "+", await b.fh.readFile());
+    if (a.fh && !b.fh) return oneSided(a.label, "-", await a.fh.readFile());
     return await unified(a, b);
   } finally {
     await Promise.all([a?.fh?.close(), b?.fh?.close()]);

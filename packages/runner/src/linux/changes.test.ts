@@ -70,6 +70,7 @@ describe("changesets of a sandbox's upper", () => {
       "rm -rf tree && mkdir -p tree/new && echo fresh > tree/new/c.txt",
       "printf '\\0\\1' > blob.bin",
       "mkdir -p /tmp/work && echo hi > /tmp/work/hello.txt && ln -s hello.txt /tmp/work/link",
+      "mkdir -p /tmp/text && printf 'a\\nb' > /tmp/text/noeol.txt && printf 'one\\ntwo\\nthree\\n' > /tmp/text/lines.txt && : > /tmp/text/empty.txt",
     ].join("\n"));
     expect(r.stderr).toBe("");
     expect(r.code).toBe(0);
@@ -78,6 +79,7 @@ describe("changesets of a sandbox's upper", () => {
   it("lists added, modified and deleted paths, a replaced directory's old entries as deleted", async () => {
     const all = await list(id);
     const mine = brief(all.filter((c) => c.path.startsWith("/srv/base") || c.path.startsWith("/tmp/work")));
+    expect(brief(all.filter((c) => c.path.startsWith("/tmp/text")))).toEqual(["added directory /tmp/text", "added file /tmp/text/empty.txt", "added file /tmp/text/lines.txt", "added file /tmp/text/noeol.txt"]);
     expect(mine).toEqual([
       "modified file /srv/base/blob.bin",
       "modified file /srv/base/edit.txt",
@@ -133,6 +135,22 @@ describe("changesets of a sandbox's upper", () => {
     expect(diff).toContain("--- a/srv/base/gone.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-bye\n");
     expect(diff).toContain("--- /dev/null\n+++ b/srv/base/renamed.txt\n");
     expect(diff).toContain("Binary files a/srv/base/blob.bin and b/srv/base/blob.bin differ\n");
+  });
+
+  it("writes whole added files' hunks as diff -u does", async () => {
+    const text = (await bytes(read(id, { format: "diff", prefix: "/tmp/text" }))).toString();
+    const dir = await mkdtemp(path.join(os.tmpdir(), "chg-diff-"));
+    try {
+      let expected = "";
+      for (const [name, content] of [["empty.txt", ""], ["lines.txt", "one\ntwo\nthree\n"], ["noeol.txt", "a\nb"]]) {
+        await writeFile(path.join(dir, name), content);
+        expected += spawnSync("diff", ["-u", "--label", "/dev/null", "--label", `b/tmp/text/${name}`, "/dev/null", path.join(dir, name)]).stdout.toString();
+      }
+      expect(text).toBe(expected);
+      expect(text).toContain("\\ No newline at end of file\n");
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 
   it("a consistent read freezes the sandbox and always thaws it, also when the reader stops early", async () => {
