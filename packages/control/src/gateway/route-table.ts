@@ -26,7 +26,7 @@ export type RouteMatch = { params: Record<string, string> } & (
   | { kind: "upgrade"; route: UpgradeRoute }
 );
 
-type Entry = { segments: Segment[]; handwritten: boolean; match: (params: Record<string, string>) => RouteMatch };
+type Entry = { template: string; segments: Segment[]; handwritten: boolean; match: (params: Record<string, string>) => RouteMatch };
 
 /** WebSocket routes live in the table under this verb. */
 const UPGRADE = "UPGRADE";
@@ -66,8 +66,10 @@ export class RouteTable {
   }
 
   private add(verb: string, template: string, handwritten: boolean, match: Entry["match"]) {
-    const list = this.byVerb.get(verb) ?? [];
-    list.push({ segments: parse(template), handwritten, match });
+    // A hand-written route replaces the contract's route of the same verb and template outright
+    // (the sort below is not trusted to order two entries that fit the same paths).
+    const list = (this.byVerb.get(verb) ?? []).filter((e) => !(handwritten && !e.handwritten && e.template === template));
+    list.push({ template, segments: parse(template), handwritten, match });
     this.byVerb.set(verb, list);
   }
 

@@ -97,10 +97,14 @@ describe("changes of a sandbox", () => {
       await rm(dir, { recursive: true, force: true });
     }
 
+    // The export's own path answers the same bytes.
+    const atPath = await raw(`/sandbox/${s.id}/changes/diff?pathPrefix=/root`);
+    expect(atPath.headers.get("content-type")).toBe("text/x-diff; charset=utf-8");
     const diff = await raw(`/sandbox/${s.id}/changes?format=diff&pathPrefix=/root`);
     expect(diff.status).toBe(200);
     expect(diff.headers.get("content-type")).toBe("text/x-diff; charset=utf-8");
     const text = await diff.text();
+    expect(await atPath.text()).toBe(text);
     expect(text).toMatch(/^--- a\/root\/.bashrc\n\+\+\+ \/dev\/null\n@@ /);
     expect(text).toContain("--- a/root/.profile\n+++ b/root/.profile\n@@ -1,");
     expect(text).toContain("\n+# changed by the user\n");
@@ -135,6 +139,7 @@ describe("changes of a sandbox", () => {
       return r.body.message as string;
     };
     expect(await bad("?format=zip")).toBe('format: must be one of json, tar, diff (got "zip")');
+    expect(await bad("/zip")).toBe('format: must be one of tar, diff (got "zip")');
     expect(await bad("?pathPrefix=etc")).toBe('pathPrefix: "etc" is not an absolute path');
     expect(await bad("?limit=0")).toBe("limit: must be between 1 and 10000");
     expect(await bad("?limit=x")).toBe("limit: must be a whole number");

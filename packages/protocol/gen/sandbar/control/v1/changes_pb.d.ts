@@ -196,10 +196,10 @@ export declare const SandboxChangesChunkSchema: GenMessage<SandboxChangesChunk>;
  * What a sandbox changed since its creation (Sandbar's own API; docs/changesets.md),
  * read from its overlay upper layer on its runner, never by scanning its root.
  * Started and stopped sandboxes alike. REST: GET /sandbox/{sandbox_id}/changes
- * answers a page of entries (ListSandboxChanges), `?format=tar` or `?format=diff`
- * the bytes of ExportSandboxChanges with their own content types: one path for
- * two methods, so it is a hand-written route (control/src/sandboxes/changes-route.ts)
- * and neither method has a google.api.http binding of its own.
+ * answers a page of entries (ListSandboxChanges), with `?format=tar` or
+ * `?format=diff` the bytes of ExportSandboxChanges (also at /changes/tar and
+ * /changes/diff), each with its own content type: hand-written routes
+ * (control/src/sandboxes/changes-route.ts) in front of these bindings.
  *
  * @generated from service sandbar.control.v1.SandboxChangesService
  */
