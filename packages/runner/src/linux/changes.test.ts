@@ -163,11 +163,20 @@ describe("changesets of a sandbox's upper", () => {
     expect((await sh(f.provider, id, "echo alive")).stdout).toBe("alive\n");
   });
 
-  it("reads a stopped sandbox's upper", async () => {
-    const other = await make();
-    await sh(f.provider, other, "echo x > /tmp/kept.txt");
-    await f.provider.stop(other);
-    expect(brief(await list(other, { prefix: "/tmp/kept.txt" }))).toEqual(["added file /tmp/kept.txt"]);
+  it("reads a stopped sandbox's upper, also on its disk image (mounted read-only for the read, then released)", async () => {
+    for (const over of [{}, { diskGiB: 1 }]) {
+      const other = uniqueId("chg");
+      created.add(other);
+      await f.provider.create(f.spec(other, over));
+      await f.provider.start(other);
+      await sh(f.provider, other, "echo x > /tmp/kept.txt");
+      expect(brief(await list(other, { prefix: "/tmp/kept.txt" }))).toEqual(["added file /tmp/kept.txt"]);
+      await f.provider.stop(other);
+      expect(brief(await list(other, { prefix: "/tmp/kept.txt" }))).toEqual(["added file /tmp/kept.txt"]);
+      // Nothing held: it starts again.
+      await f.provider.start(other);
+      expect((await sh(f.provider, other, "cat /tmp/kept.txt")).stdout).toBe("x\n");
+    }
   });
 
   it("refuses bad queries", async () => {
