@@ -109,6 +109,24 @@ describe("results", () => {
     await expect(stat(join(dir, "nope"))).rejects.toThrow();
   });
 
+  it("changes lists a sandbox's changes (table and --json), prints its diff and writes its tar", async () => {
+    expect((await sandbar(["exec", sandboxId, "mkdir -p /tmp/chg && echo hello > /tmp/chg/a.txt"], env)).code).toBe(0);
+    const json = await sandbar(["changes", sandboxId, "--json", "--path", "/tmp/chg"], env);
+    expect(json.code, json.stderr).toBe(0);
+    expect(JSON.parse(json.stdout).map((c: { kind: string; type: string; path: string }) => `${c.kind} ${c.type} ${c.path}`)).toEqual(["added directory /tmp/chg", "added file /tmp/chg/a.txt"]);
+    const table = await sandbar(["changes", sandboxId, "--path", "/tmp/chg"], env);
+    expect(table.stdout.split("\n")[0]).toMatch(/^KIND\s+TYPE\s+SIZE\s+PATH/);
+    expect(table.stdout).toMatch(/added\s+file\s+6\s+\/tmp\/chg\/a\.txt/);
+    const diff = await sandbar(["changes", sandboxId, "--diff", "--path", "/tmp/chg"], env);
+    expect(diff).toEqual({ code: 0, stdout: "--- /dev/null\n+++ b/tmp/chg/a.txt\n@@ -0,0 +1 @@\n+hello\n", stderr: "" });
+    const tarFile = join(dir, "changes.tar");
+    const tar = await sandbar(["changes", sandboxId, "--tar", tarFile, "--path", "/tmp/chg"], env);
+    expect(tar.code, tar.stderr).toBe(0);
+    expect(execFileSync("tar", ["-tf", tarFile]).toString()).toBe("tmp/chg/\ntmp/chg/a.txt\n");
+    expectOneLine(await sandbar(["changes", sandboxId, "--since", "cp"], env), 1, /since: checkpoints are not available yet/);
+    expectOneLine(await sandbar(["changes", sandboxId, "--tar", "x", "--diff"], env), 2, /Choose one of --tar and --diff/);
+  });
+
   it("volume, key and snapshot commands", async () => {
     const vol = JSON.parse((await sandbar(["volume", "create", "cli-vol", "--json"], env)).stdout);
     expect(vol.name).toBe("cli-vol");

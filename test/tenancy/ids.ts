@@ -74,6 +74,9 @@ export function idsFor(w: World, service: string, param: string): ParamIds | und
       return plain("github");
     case "provider_user_id":
       return plain("x");
+    // A changeset's form (tar or diff).
+    case "format":
+      return plain("tar");
     default:
       return undefined;
   }

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { Command, CommanderError, Option } from "commander";
 import { authCommands } from "./commands/auth.ts";
+import { changesCommand } from "./commands/changes.ts";
 import { completionCommand } from "./commands/completion.ts";
 import { execCommands } from "./commands/exec.ts";
 import { filesCommands } from "./commands/files.ts";
@@ -33,6 +34,7 @@ export function buildProgram(): Command {
   execCommands(program);
   shellCommand(program);
   filesCommands(program);
+  changesCommand(program);
   snapshotCommands(program);
   volumeCommands(program);
   keyCommands(program);

@@ -1,4 +1,5 @@
 import type { Readable } from "node:stream";
+import type { ChangeLayers } from "./host/changes.ts";
 
 // The contract between the control plane and a sandbox provider (linux: bubblewrap and cgroups;
 // docker: containers of an engine). Control holds a provider only through this interface, so a
@@ -216,10 +217,22 @@ export interface SandboxProvider {
   pack(id: string): Promise<Readable>;
   /** Replaces the writable layer of a sandbox that is not running with a `pack` stream. */
   restore(id: string, archive: Readable): Promise<void>;
+  /**
+   * The layers a changeset of the sandbox reads (host/changeset.ts): its upper, the layers below
+   * it and the platform's own paths; started or stopped (the upper stays on disk). `consistent`
+   * freezes a running sandbox until `release` (a paused one stays as it is). Absent: not offered.
+   */
+  changeLayers?(id: string, options?: { consistent?: boolean }): Promise<ChangeSource>;
   /** Host path of the agent's unix socket; the sandbox must be started. */
   connect(id: string): Promise<string>;
   /** Releases host resources the provider holds beyond its sandboxes (sandboxes keep running). */
   close(): Promise<void>;
+}
+
+/** A sandbox's layers, held for one changeset read: `release` (once, always) lets go of them. */
+export interface ChangeSource {
+  layers: ChangeLayers;
+  release(): Promise<void>;
 }
 
 /** Where the provider puts things inside every sandbox. */
@@ -239,3 +252,11 @@ export const SANDBOX_PATHS = {
   /** Binds of the user cgroup leaf's procs files (`0`, `1`, ...): the agent's `--user-cgroup`. */
   userCgroupDir: "/opt/sandbar/cgroup",
 } as const;
+
+/** What the platform writes into every sandbox's upper: never reported as the user's changes. */
+export const PLATFORM_PATHS: readonly string[] = ["/run/sandbar", "/opt/sandbar", SANDBOX_PATHS.agentState];
+
+/** The user entry and home the platform makes at start (host/rootprep.ts ensureUser), for changesets. */
+export function platformUser(user = "sandbar"): { name: string; home: string } {
+  return { name: user, home: user === "root" ? "/root" : `/home/${user}` };
+}

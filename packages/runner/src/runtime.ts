@@ -1,5 +1,6 @@
 import type { Duplex, Readable } from "node:stream";
 import type { BuildSnapshotRequest, LogChunk, SnapshotProgress } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import type { ChangesPart, ChangesQuery } from "./host/changeset.ts";
 import type { ImageStore, RegistryCredentials } from "./images/index.ts";
 
 // What the control plane needs from a host that runs sandboxes: control's LocalRuntime (this
@@ -113,6 +114,11 @@ export interface SandboxRuntime {
   pack(id: string): Promise<Readable>;
   /** Makes the sandbox (not started) with its writable layer from a `pack` stream. */
   restore(spec: RuntimeSandboxSpec, archive: Readable): Promise<void>;
+  /**
+   * What the sandbox changed since its creation, read from its upper layer (host/changeset.ts):
+   * entries (format "list") or the bytes of a tar or a diff, streamed. Started or stopped.
+   */
+  changes?(id: string, query: ChangesQuery): AsyncIterable<ChangesPart>;
   /** Every sandbox the host holds; undefined from `inspect` when it holds none by that id. */
   list(): Promise<RuntimeSandbox[]>;
   inspect(id: string): Promise<RuntimeSandbox | undefined>;

@@ -35,6 +35,7 @@ export { sandbarClient } from "./clients.ts";
 export { Sandboxes, type ListSandboxesParams } from "./sandboxes.ts";
 export { Sandbox, waitForState, type CreateSandboxParams, type WaitOptions } from "./sandbox.ts";
 export { Snapshots, Volumes, ApiKeys, Organizations, permissionOf, type Scope } from "./resources.ts";
+export { Changes, type ChangesOptions } from "./changes.ts";
 export { FileSystem, type TransferOptions } from "./toolbox/fs.ts";
 export { Processes, type ExecOptions } from "./toolbox/process.ts";
 export { Ptys, PtyHandle, type PtyCreateOptions } from "./toolbox/pty.ts";
@@ -51,4 +52,5 @@ export type { Organization, OrganizationUsageOverview } from "@sandbar/protocol/
 export type { FileInfo, UploadedFile } from "@sandbar/protocol/gen/sandbar/agent/v1/files_pb.js";
 export type { ExecuteResponse, LogChunk, Session, SessionExecuteResponse, Command } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 export type { PtyEvent, PtySessionInfo } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
+export type { SandboxChange, SandboxChangeList } from "@sandbar/protocol/gen/sandbar/control/v1/changes_pb.js";
 export type { GitStatus } from "@sandbar/protocol/gen/sandbar/agent/v1/git_pb.js";

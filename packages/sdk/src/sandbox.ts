@@ -9,6 +9,8 @@ import { LspService } from "@sandbar/protocol/gen/sandbar/agent/v1/lsp_pb.js";
 import { ProcessService } from "@sandbar/protocol/gen/sandbar/agent/v1/process_pb.js";
 import { PtyService } from "@sandbar/protocol/gen/sandbar/agent/v1/pty_pb.js";
 import { SandboxState, type CreateSandboxRequest, type CreateSandboxRequestSchema, type Sandbox as SandboxInfo, type SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { SandboxChangesService } from "@sandbar/protocol/gen/sandbar/control/v1/changes_pb.js";
+import { Changes } from "./changes.ts";
 import { sandbarClient } from "./clients.ts";
 import { SandbarError, TimeoutError, toSandbarError } from "./errors.ts";
 import { FileSystem } from "./toolbox/fs.ts";
@@ -66,6 +68,9 @@ export class Sandbox {
   /** Environment variables of later commands. */
   readonly environment: Client<typeof EnvironmentService>;
 
+  /** What it changed since its creation: entries, a tar or a diff (docs/changesets.md). */
+  readonly changes: Changes;
+
   /** The sandbox as last read from the server. */
   info: SandboxInfo;
   private readonly api: Client<typeof SandboxService>;
@@ -81,6 +86,7 @@ export class Sandbox {
     this.lsp = sandbarClient(LspService, transport, h);
     this.agentInfo = sandbarClient(InfoService, transport, h);
     this.environment = sandbarClient(EnvironmentService, transport, h);
+    this.changes = new Changes(sandbarClient(SandboxChangesService, transport), info.id);
   }
 
   get id(): string {

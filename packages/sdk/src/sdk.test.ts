@@ -245,6 +245,24 @@ describe("toolbox", () => {
   }, 60_000);
 });
 
+describe("changes", () => {
+  it("lists a sandbox's changes page by page, and streams them as a tar and a diff", async () => {
+    await sandbox.process.exec("mkdir -p ~/chg && echo one > ~/chg/a.txt && echo two > ~/chg/b.txt");
+    const pathPrefix = `${home}/chg`;
+    const first = await sandbox.changes.list({ pathPrefix, limit: 2 });
+    expect(first.items.map((c) => `${c.kind} ${c.type} ${c.path}`)).toEqual([`added directory ${pathPrefix}`, `added file ${pathPrefix}/a.txt`]);
+    expect(first.nextCursor).toBe(`${pathPrefix}/a.txt`);
+    const all = [];
+    for await (const c of sandbox.changes.all({ pathPrefix, pageSize: 1 })) all.push(c.path);
+    expect(all).toEqual([pathPrefix, `${pathPrefix}/a.txt`, `${pathPrefix}/b.txt`]);
+    expect(await sandbox.changes.diffText({ pathPrefix: `${pathPrefix}/b.txt` })).toBe(`--- /dev/null\n+++ b${pathPrefix}/b.txt\n@@ -0,0 +1 @@\n+two\n`);
+    const tarFile = path.join(scratch, "changes.tar");
+    await sandbox.changes.downloadTar(tarFile, { pathPrefix });
+    expect((await readFile(tarFile)).includes(Buffer.from("one\n"))).toBe(true);
+    await expect(sandbox.changes.list({ since: "nope" })).rejects.toThrow(/since: checkpoints are not available yet/);
+  });
+});
+
 describe("cancellation", () => {
   it("an AbortSignal.timeout() ends a long call with TimeoutError; abort() with CanceledError", async () => {
     // The commands outlast the test's own timeout: an answer at all means the signal or deadline ended the call.

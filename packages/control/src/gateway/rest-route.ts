@@ -57,4 +57,4 @@ export interface UpgradeCall {
 
 export { clientBefore, clientVersion, SDK_VERSION_PROTOCOL } from "./client-version.ts";
 export { readJsonBody, sendJson, write } from "./http-io.ts";
-export { DecodeErrors, messageFromJson } from "./json.ts";
+export { DecodeErrors, messageFromJson, messageToJson } from "./json.ts";

@@ -81,6 +81,21 @@ describe.skipIf(!root)("control with a runner process", () => {
     expect(page).toBe("remote-page\n");
   }, 60_000);
 
+  it("reads the sandbox's changes through the runner: entries, a page's cursor and the tar (GetSandboxChanges)", async () => {
+    const listed = await call("GET", `/sandbox/${id}/changes?pathPrefix=/tmp`);
+    expect(listed.status, JSON.stringify(listed.body)).toBe(200);
+    const paths = (listed.body.items as Array<{ path: string; kind: string; type: string }>).map((c) => `${c.kind} ${c.type} ${c.path}`);
+    expect(paths).toEqual(expect.arrayContaining(["added file /tmp/x.bin", "added directory /tmp/www", "added file /tmp/www/index.html"]));
+    const page = await call("GET", `/sandbox/${id}/changes?pathPrefix=/tmp&limit=1`);
+    expect(page.body.items).toHaveLength(1);
+    expect(page.body.nextCursor).toBe(page.body.items[0].path);
+    const tar = await fetch(`${t.url}/api/sandbox/${id}/changes?format=tar&pathPrefix=/tmp/www`, { headers: { authorization: `Bearer ${t.adminKey}` } });
+    expect(tar.status).toBe(200);
+    const bytes = Buffer.from(await tar.arrayBuffer());
+    expect(bytes.subarray(0, 9).toString()).toBe("tmp/www/\0");
+    expect(bytes.includes(Buffer.from("remote-page\n"))).toBe(true);
+  }, 60_000);
+
   it("stops, starts, archives and restores through the runner (pack and restore streams)", async () => {
     await exec(id, "echo kept > ~/marker");
     expect((await call("POST", `/sandbox/${id}/stop`)).status).toBeLessThan(300);

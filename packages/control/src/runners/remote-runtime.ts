@@ -19,7 +19,8 @@ import {
 import type { RegistryCredentials } from "@sandbar/runner/images";
 import { AGENT_API_PATH, AGENT_TUNNEL_PATH, openAgentStream } from "@sandbar/runner/daemon";
 import { AgentRelay } from "./agent-relay.ts";
-import { networkToProto, resourcesToProto, specToProto, statusFromProto } from "@sandbar/runner/daemon";
+import { changesPartFromProto, networkToProto, resourcesToProto, specToProto, statusFromProto } from "@sandbar/runner/daemon";
+import type { ChangesPart, ChangesQuery } from "@sandbar/runner";
 import type { AgentDial, RuntimeNetwork, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, SandboxRuntime } from "../sandboxes/runtime.ts";
 
 // A runner process reached over its port: RunnerService for the lifecycle, and HTTP/2 byte
@@ -207,6 +208,15 @@ export class RemoteRuntime implements SandboxRuntime {
       })(),
       { objectMode: false },
     );
+  }
+
+  /** The runner's changeset read, part by part; leaving the loop ends the runner's read. */
+  async *changes(id: string, query: ChangesQuery): AsyncGenerator<ChangesPart> {
+    const req = { id, format: query.format, pathPrefix: query.prefix ?? "", after: query.after ?? "", consistent: query.consistent ?? false };
+    for await (const p of this.#client.getSandboxChanges(req)) {
+      const part = changesPartFromProto(p);
+      if (part) yield part;
+    }
   }
 
   async restore(spec: RuntimeSandboxSpec, archive: Readable): Promise<void> {

@@ -4,7 +4,7 @@ import path from "node:path";
 import type { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
-import { type InitCommand, type ProviderOpener, SANDBOX_PATHS, type SandboxInfo, type SandboxProvider, type SandboxSpec } from "@sandbar/runner";
+import { type ChangesPart, type ChangesQuery, type InitCommand, type ProviderOpener, readChangeset, SANDBOX_PATHS, type SandboxInfo, type SandboxProvider, type SandboxSpec } from "@sandbar/runner";
 import { snapshotNodeArgs } from "@sandbar/agent/snapshot-blob";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
 import { ImageStore, sandboxSpecFor, type ImageStoreOptions, type RegistryCredentials } from "@sandbar/runner/images";
@@ -248,6 +248,14 @@ export class LocalRuntime<P extends SandboxProvider = LinuxProvider> implements 
 
   pack(id: string): Promise<Readable> {
     return this.provider.pack(id);
+  }
+
+  changes(id: string, query: ChangesQuery): AsyncIterable<ChangesPart> {
+    const provider = this.provider;
+    return readChangeset(async () => {
+      if (!provider.changeLayers) throw errors.invalidArgument(`changes are not available with the ${provider.name} provider`);
+      return provider.changeLayers(id, { consistent: query.consistent });
+    }, query);
   }
 
   async restore(s: RuntimeSandboxSpec, archive: Readable): Promise<void> {

@@ -3,6 +3,8 @@ import type { AgentEndpoint, AgentLocator, TokenHolder } from "../toolbox/agent-
 import { agentFor, previewTokenHolder } from "./agent-endpoints.ts";
 import { archive, deleteSandbox } from "./archive-delete.ts";
 import { backup } from "./backup.ts";
+import { changes } from "./changes.ts";
+import type { ChangesPart, ChangesQuery } from "@sandbar/runner";
 import { create, createFromBuild, type NewSandbox } from "./create.ts";
 import type { NetworkFields } from "./network-policy.ts";
 import { OperationContext, type Outcome } from "./operation-context.ts";
@@ -72,6 +74,11 @@ export class SandboxManager extends OperationContext implements AgentLocator {
 
   backup(organizationId: string, idOrName: string): Promise<SandboxRecord> {
     return backup(this, organizationId, idOrName);
+  }
+
+  /** What the sandbox changed since its creation, streamed from its runner (changes.ts). */
+  changes(organizationId: string, idOrName: string, query: ChangesQuery): AsyncGenerator<ChangesPart> {
+    return changes(this, organizationId, idOrName, query);
   }
 
   resize(organizationId: string, idOrName: string, want: Partial<Resources>): Promise<SandboxRecord> {

@@ -9,6 +9,9 @@ import { ApiKeyService } from "@sandbar/protocol/gen/sandbar/control/v1/api_key_
 import { AuditService } from "@sandbar/protocol/gen/sandbar/control/v1/audit_pb.js";
 import { ConfigService } from "@sandbar/protocol/gen/sandbar/control/v1/config_pb.js";
 import { SandboxService } from "@sandbar/protocol/gen/sandbar/control/v1/sandbox_pb.js";
+import { SandboxChangesService } from "@sandbar/protocol/gen/sandbar/control/v1/changes_pb.js";
+import { changesRoutes } from "../sandboxes/changes-route.ts";
+import { sandboxChangesService } from "../sandboxes/changes-service.ts";
 import { SnapshotService } from "@sandbar/protocol/gen/sandbar/control/v1/snapshot_pb.js";
 import {
   OrganizationInvitationService,
@@ -159,6 +162,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   chain.mount(ObjectStorageService, objectStorage.impl);
   chain.mount(RunnerService, runnerService(orm, box));
   chain.mount(WarmPoolService, sandboxes.warmPools);
+  chain.mount(SandboxChangesService, sandboxChangesService(sandboxes.manager));
   const services = controlFiles.flatMap((f) => f.services);
   // Every service of the contract is served; those without an implementation yet answer UNIMPLEMENTED (REST 501).
   for (const service of services) if (!chain.serves(service)) chain.mount(service, {});
@@ -182,7 +186,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   // toolbox routes written by hand (multipart, raw streams, WebSockets) and the preview proxy's path form.
   const rest = toolboxRest({ chain, locator: agentLocator, prefixes: TOOLBOX_PREFIXES, signedUrls: signedUrlKeys(sandboxes.manager, signingKeys) });
   const routes = new RouteTable([{ services }, ...TOOLBOX_PREFIXES.map((prefix) => ({ services: toolbox.services, prefix, omitUnset: true }))], {
-    handwritten: [...rest.handwritten, ...preview.routes.handwritten],
+    handwritten: [...rest.handwritten, ...preview.routes.handwritten, ...changesRoutes(chain)],
     upgrades: [...rest.upgrades, ...preview.routes.upgrades],
   });
   const gateway = createGateway(routes, chain, API_BASE);

@@ -12,7 +12,11 @@ import {
   SandboxState,
   type SandboxStatus,
   SandboxStatusSchema,
+  type SandboxChangesPart,
+  SandboxChangesPartSchema,
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import type { ChangesPart } from "../host/changeset.ts";
+import type { ChangeKind, ChangeType } from "../host/changes.ts";
 import type { RuntimeNetwork, RuntimeResources, RuntimeSandbox, RuntimeSandboxSpec, RuntimeState } from "../runtime.ts";
 
 // The runner protocol's messages and the runtime's types, both ways: the runner serves a
@@ -137,4 +141,23 @@ export function statusFromProto(s: SandboxStatus): RuntimeSandbox {
     };
   }
   return out;
+}
+
+const KINDS: readonly ChangeKind[] = ["added", "modified", "deleted"];
+const TYPES: readonly ChangeType[] = ["file", "directory", "symlink", "other"];
+
+export function changesPartToProto(p: ChangesPart): SandboxChangesPart {
+  if (p.case === "data") return create(SandboxChangesPartSchema, { part: { case: "data", value: p.value } });
+  const c = p.value;
+  return create(SandboxChangesPartSchema, { part: { case: "change", value: { path: c.path, kind: c.kind, type: c.type, size: BigInt(c.size), mode: c.mode, mtime: timestampFromDate(c.mtime) } } });
+}
+
+export function changesPartFromProto(p: SandboxChangesPart): ChangesPart | undefined {
+  if (p.part.case === "data") return { case: "data", value: p.part.value };
+  if (p.part.case !== "change") return undefined;
+  const c = p.part.value;
+  const kind = KINDS.find((k) => k === c.kind);
+  const type = TYPES.find((t) => t === c.type) ?? "other";
+  if (!kind) throw errors.internal(`the runner sent a change of unknown kind ${JSON.stringify(c.kind)}`);
+  return { case: "change", value: { path: c.path, kind, type, size: Number(c.size), mode: c.mode, mtime: c.mtime ? timestampDate(c.mtime) : new Date(0) } };
 }

@@ -3,5 +3,5 @@
 export { startRunner, type Runner, type RunnerHostRuntime } from "./start.ts";
 export { loadRunnerHostSettings, type RunnerHostSettings } from "./settings.ts";
 export { AGENT_API_PATH, AGENT_TUNNEL_PATH, ERROR_HEADER, SANDBOX_ID_HEADER, openAgentStream } from "./agent-streams.ts";
-export { networkToProto, resourcesToProto, specToProto, statusFromProto } from "./convert.ts";
+export { changesPartFromProto, networkToProto, resourcesToProto, specToProto, statusFromProto } from "./convert.ts";
 export { snapshotInfo } from "./snapshot-service.ts";

@@ -10,6 +10,7 @@ import {
   Compression,
   type PackSandboxResponse,
   type RestoreSandboxRequest,
+  type SandboxChangesPart,
   RunnerInfoSchema,
   RunnerService,
   SandboxState,
@@ -18,7 +19,7 @@ import {
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import type { SandboxRuntime } from "../runtime.ts";
 import { SandboxQueue } from "./sandbox-queue.ts";
-import { networkFromProto, resourcesFromProto, specFromProto, statusToProto } from "./convert.ts";
+import { changesPartToProto, networkFromProto, resourcesFromProto, specFromProto, statusToProto } from "./convert.ts";
 
 // RunnerService over a SandboxRuntime: what a `sandbar runner` process serves around the same
 // LocalRuntime a single-host server uses in-process. Every call is idempotent by sandbox id, as
@@ -113,6 +114,12 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
         yield { $typeName: "sandbar.runner.v1.PackSandboxResponse", part: { case: "data", value: chunk } };
       }
       yield { $typeName: "sandbar.runner.v1.PackSandboxResponse", part: { case: "trailer", value: { $typeName: "sandbar.runner.v1.ArchiveTrailer", sizeBytes: size, sha256: hash.digest("hex") } } };
+    },
+    async *getSandboxChanges(req): AsyncGenerator<SandboxChangesPart> {
+      if (!runtime.changes) throw errors.unimplemented("this runner does not read changesets");
+      const format = req.format || "list";
+      if (format !== "list" && format !== "tar" && format !== "diff") throw errors.invalidArgument(`format: must be one of list, tar, diff (got ${JSON.stringify(format)})`);
+      for await (const part of runtime.changes(id(req.id), { format, prefix: req.pathPrefix || undefined, after: req.after || undefined, consistent: req.consistent })) yield changesPartToProto(part);
     },
     async restoreSandbox(requests) {
       const it = requests[Symbol.asyncIterator]();

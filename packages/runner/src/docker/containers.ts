@@ -26,6 +26,8 @@ export interface ContainerState {
   oomKilled?: boolean;
   upperDir?: string;
   workDir?: string;
+  /** The image's layers below the upper, top first (overlay2's LowerDir). */
+  lowerDirs?: string[];
 }
 
 /** What a container's mounts point at on the host. */
@@ -191,6 +193,7 @@ export class Containers {
         oomKilled: c.State.OOMKilled,
         upperDir: data.UpperDir,
         workDir: data.WorkDir,
+        lowerDirs: data.LowerDir ? data.LowerDir.split(":") : [],
       };
     } catch (err) {
       if ((err as { statusCode?: number }).statusCode === 404) return undefined;

@@ -3,7 +3,7 @@ import path from "node:path";
 import type { Readable } from "node:stream";
 import Docker from "dockerode";
 import { ConnectError, errors } from "@sandbar/protocol";
-import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
+import { type ChangeSource, type NetworkMode, PLATFORM_PATHS, platformUser, type SandboxInfo, type SandboxProvider, type SandboxResources, type SandboxSpec, type StartOptions, type StopOptions } from "../provider.ts";
 import { definedOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { accepts } from "../host/agent-socket.ts";
 import { usageOfPid } from "../host/cgroup-usage.ts";
@@ -346,6 +346,17 @@ export class DockerProvider implements SandboxProvider {
       release();
       throw err;
     }
+  }
+
+  /** The container's upper over its image's layers, as the engine's overlay2 driver reports them. */
+  async changeLayers(id: string, options: { consistent?: boolean } = {}): Promise<ChangeSource> {
+    validateId(id);
+    if (options.consistent) throw errors.invalidArgument("consistent: a frozen read is not available on this runner (docker provider)");
+    const rec = await this.host.record(id);
+    const state = await this.containers.state(id);
+    if (!state?.upperDir) throw errors.invalidArgument(`sandbox ${id}: the engine's storage driver shows no upper directory (overlay2 is required for changes)`);
+    const exclude = [...PLATFORM_PATHS, ...(rec.spec.mounts ?? []).map((m) => m.target), ...(rec.spec.volumes ?? []).map((v) => v.target)];
+    return { layers: { upper: state.upperDir, lowers: state.lowerDirs ?? [], exclude, platformUser: platformUser(rec.spec.user) }, release: async () => undefined };
   }
 
   async restore(id: string, archive: Readable): Promise<void> {

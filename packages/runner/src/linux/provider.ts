@@ -2,7 +2,7 @@ import { mkdir, readlink, realpath, rm } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { errors } from "@sandbar/protocol";
-import type { NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
+import type { ChangeSource, NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
 import { startSpawner } from "../host/spawner.ts";
 import { definedOf, diskBytesOf, validateId, validateSpec } from "../spec.ts";
@@ -24,7 +24,7 @@ import { applyLimits, meminfoFile, prepareAndLaunch, type StartContext, type Sta
 import { syscallFilter } from "./syscall-filter.ts";
 import { tearDown } from "./teardown.ts";
 import { SharedToolsLayers } from "./tools-layer.ts";
-import { packSandbox, restoreSandbox } from "./writable-layer.ts";
+import { packSandbox, restoreSandbox, sandboxChangeLayers } from "./writable-layer.ts";
 
 // The linux provider (DESIGN.md decision 6): an overlayfs root over the snapshot, a loop-mounted
 // ext4 upper layer when a disk cap is set, cgroup limits joined before exec, and bubblewrap run
@@ -388,6 +388,11 @@ export class LinuxProvider implements SandboxProvider {
   async pack(id: string): Promise<Readable> {
     validateId(id);
     return packSandbox(this.host, id);
+  }
+
+  async changeLayers(id: string, options: { consistent?: boolean } = {}): Promise<ChangeSource> {
+    validateId(id);
+    return sandboxChangeLayers(this.host, this.cgroups, id, options.consistent ?? false);
   }
 
   async restore(id: string, archive: Readable): Promise<void> {

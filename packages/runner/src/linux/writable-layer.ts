@@ -6,6 +6,8 @@ import { packLayer, restoreLayer } from "../host/layer.ts";
 import { isMountpoint, unmount } from "../host/mounts.ts";
 import type { SandboxRecord } from "../host/record.ts";
 import type { SandboxHost } from "../host/sandbox-host.ts";
+import { type ChangeSource, PLATFORM_PATHS, platformUser } from "../provider.ts";
+import type { CgroupBackend } from "./cgroups/types.ts";
 import { mountDiskImage } from "./mounts.ts";
 
 // A linux sandbox's writable layer as a tar stream and back (host/layer.ts's format): the upper
@@ -54,4 +56,46 @@ export async function restoreSandbox(host: SandboxHost, rec: SandboxRecord, arch
   } finally {
     if (hasDisk) await unmount(L.diskMount(id));
   }
+}
+
+/**
+ * The layers a changeset reads (provider.changeLayers): the upper over the snapshot's root. A
+ * stopped sandbox with a disk cap has its image mounted read-only, under its lock, until release;
+ * a running one is frozen for the while when `consistent` (unless already frozen: a paused one).
+ */
+export async function sandboxChangeLayers(host: SandboxHost, cgroups: CgroupBackend, id: string, consistent: boolean): Promise<ChangeSource> {
+  const L = host.layout;
+  const rec = await host.record(id);
+  const hasDisk = rec.spec.diskGiB !== undefined;
+  let unlock: (() => void) | undefined;
+  let mountedHere = false;
+  let frozeHere = false;
+  const release = async () => {
+    if (frozeHere) await cgroups.thaw(id).catch((e: unknown) => host.log(`sandbox ${id}: thaw after a changeset: ${String(e)}`));
+    frozeHere = false;
+    if (mountedHere) await unmount(L.diskMount(id)).catch((e: unknown) => host.log(`sandbox ${id}: unmount after a changeset: ${String(e)}`));
+    mountedHere = false;
+    unlock?.();
+    unlock = undefined;
+  };
+  try {
+    if (hasDisk && !(await isMountpoint(L.diskMount(id)))) {
+      unlock = await host.lock.acquire(id);
+      if (!(await isMountpoint(L.diskMount(id)))) {
+        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+        await mountDiskImage(L.diskImage(id), L.diskMount(id), true);
+        mountedHere = true;
+      }
+    }
+    if (consistent && (await cgroups.pids(id)).length > 0 && !(await cgroups.frozen(id))) {
+      await cgroups.freeze(id);
+      frozeHere = true;
+    }
+  } catch (err) {
+    await release();
+    throw err;
+  }
+  // Mount points of binds and volumes are the platform's; what is behind them is not in the upper.
+  const exclude = [...PLATFORM_PATHS, ...(rec.spec.mounts ?? []).map((m) => m.target), ...(rec.spec.volumes ?? []).map((v) => v.target)];
+  return { layers: { upper: L.upper(id, hasDisk), lowers: [rec.spec.rootfs], exclude, platformUser: platformUser(rec.spec.user) }, release };
 }

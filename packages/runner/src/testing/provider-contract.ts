@@ -4,6 +4,7 @@ import path from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { Code, ConnectError } from "@sandbar/protocol";
+import { readChangeset } from "../host/changeset.ts";
 import { expect, it } from "vitest";
 import type { SandboxProvider, SandboxSpec } from "../provider.ts";
 import { processesOfUid, retry, sh, uniqueId } from "../linux/testing/harness.ts";
@@ -215,6 +216,22 @@ export function providerContract(get: () => ProviderFixture, created: Set<string
     await expectCode(provider.restore(dst, createReadStream(archive)), Code.FailedPrecondition, "stop it");
     await provider.stop(dst);
     await expectCode(provider.restore(dst, Readable.from([Buffer.alloc(10_000, 7)])), Code.FailedPrecondition, "restoring the writable layer failed");
+  });
+
+  it("changeLayers: a fresh sandbox's upper holds no user change; then its additions and deletions over the snapshot", async () => {
+    const { provider } = f();
+    const id = await make("changes");
+    const list = async () => {
+      const out: string[] = [];
+      for await (const p of readChangeset(() => provider.changeLayers!(id), { format: "list" })) if (p.case === "change") out.push(`${p.value.kind} ${p.value.type} ${p.value.path}`);
+      return out;
+    };
+    expect(await list()).toEqual([]);
+    expect((await sh(provider, id, "mkdir ~/chg && echo hi > ~/chg/a.txt && rm /srv/shared/gone.txt")).code).toBe(0);
+    expect(await list()).toEqual(["added directory /home/sandbar/chg", "added file /home/sandbar/chg/a.txt", "deleted file /srv/shared/gone.txt"]);
+    await provider.stop(id);
+    expect(await list()).toHaveLength(3);
+    await expectCode(provider.changeLayers!(uniqueId("absent")), Code.NotFound);
   });
 
   it("shares a volume between sandboxes", async () => {

@@ -1372,6 +1372,127 @@ export declare type RemoveSnapshotResponse = Message<"sandbar.runner.v1.RemoveSn
 export declare const RemoveSnapshotResponseSchema: GenMessage<RemoveSnapshotResponse>;
 
 /**
+ * @generated from message sandbar.runner.v1.GetSandboxChangesRequest
+ */
+export declare type GetSandboxChangesRequest = Message<"sandbar.runner.v1.GetSandboxChangesRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * "list" (entries), "tar" or "diff" (bytes).
+   *
+   * @generated from field: string format = 2;
+   */
+  format: string;
+
+  /**
+   * Only paths at or below this sandbox path; empty: all.
+   *
+   * @generated from field: string path_prefix = 3;
+   */
+  pathPrefix: string;
+
+  /**
+   * Only paths after this one in walk order (the cursor of list pages).
+   *
+   * @generated from field: string after = 4;
+   */
+  after: string;
+
+  /**
+   * Freeze the sandbox for the read; it is thawed however the read ends.
+   *
+   * @generated from field: bool consistent = 5;
+   */
+  consistent: boolean;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.GetSandboxChangesRequest.
+ * Use `create(GetSandboxChangesRequestSchema)` to create a new message.
+ */
+export declare const GetSandboxChangesRequestSchema: GenMessage<GetSandboxChangesRequest>;
+
+/**
+ * One changed path, as the sandbox sees it.
+ *
+ * @generated from message sandbar.runner.v1.SandboxChange
+ */
+export declare type SandboxChange = Message<"sandbar.runner.v1.SandboxChange"> & {
+  /**
+   * @generated from field: string path = 1;
+   */
+  path: string;
+
+  /**
+   * "added", "modified" or "deleted".
+   *
+   * @generated from field: string kind = 2;
+   */
+  kind: string;
+
+  /**
+   * "file", "directory", "symlink" or "other".
+   *
+   * @generated from field: string type = 3;
+   */
+  type: string;
+
+  /**
+   * @generated from field: uint64 size = 4;
+   */
+  size: bigint;
+
+  /**
+   * st_mode: file type and permission bits.
+   *
+   * @generated from field: uint32 mode = 5;
+   */
+  mode: number;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp mtime = 6;
+   */
+  mtime?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.SandboxChange.
+ * Use `create(SandboxChangeSchema)` to create a new message.
+ */
+export declare const SandboxChangeSchema: GenMessage<SandboxChange>;
+
+/**
+ * @generated from message sandbar.runner.v1.SandboxChangesPart
+ */
+export declare type SandboxChangesPart = Message<"sandbar.runner.v1.SandboxChangesPart"> & {
+  /**
+   * @generated from oneof sandbar.runner.v1.SandboxChangesPart.part
+   */
+  part: {
+    /**
+     * @generated from field: sandbar.runner.v1.SandboxChange change = 1;
+     */
+    value: SandboxChange;
+    case: "change";
+  } | {
+    /**
+     * @generated from field: bytes data = 2;
+     */
+    value: Uint8Array;
+    case: "data";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message sandbar.runner.v1.SandboxChangesPart.
+ * Use `create(SandboxChangesPartSchema)` to create a new message.
+ */
+export declare const SandboxChangesPartSchema: GenMessage<SandboxChangesPart>;
+
+/**
  * What the runner sees a sandbox doing.
  *
  * @generated from enum sandbar.runner.v1.SandboxState
@@ -1702,6 +1823,18 @@ export declare const RunnerService: GenService<{
     methodKind: "unary";
     input: typeof ResumeSandboxRequestSchema;
     output: typeof SandboxStatusSchema;
+  },
+  /**
+   * What the sandbox changed since its creation, read from its upper layer
+   * (never the whole root): entries (format "list") or the bytes of a tar or a
+   * unified diff, as the runner reads them. Started or stopped sandboxes alike.
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.GetSandboxChanges
+   */
+  getSandboxChanges: {
+    methodKind: "server_streaming";
+    input: typeof GetSandboxChangesRequestSchema;
+    output: typeof SandboxChangesPartSchema;
   },
 }>;
 
