@@ -261,6 +261,10 @@ export const SandboxRecord = defineEntity({
     networkAllowList: p.text().nullable(),
     /** The declarative build it was made from (migration 0016); null otherwise. */
     buildInfo: p.json<{ dockerfileContent: string; contextHashes: string[]; snapshotRef: string; createdAt: string }>().nullable(),
+    /** Captured layers above its image, top first (migration 0025): a fork's, or a running sandbox's snapshot's; null: none. */
+    layers: p.json<string[]>().nullable(),
+    /** The sandbox it was forked from (migration 0025); null otherwise. */
+    parentId: p.uuid().nullable(),
   },
 });
 export interface SandboxVolumeMount {

@@ -41,7 +41,7 @@ function row(server: TestServer, over: Partial<SandboxRecord> = {}): SandboxReco
     cpu: 1, gpu: 0, gpuType: null, sandboxClass: "container", memory: 1, disk: 3, state: "unknown", desiredState: "started", errorReason: null,
     backupState: "None", backupCreatedAt: null, autoStopInterval: 0, autoArchiveInterval: 10080, autoDeleteInterval: 0,
     createdAt: now, updatedAt: now, lastActivityAt: now, authToken: randomUUID().replace(/-/g, ""), regionId: region, runnerId: server.server.sandboxes.runtime.runnerId,
-    volumes: [], imageRef: null, networkBlockAll: true, networkAllowList: null, buildInfo: null,
+    volumes: [], imageRef: null, networkBlockAll: true, networkAllowList: null, buildInfo: null, layers: null, parentId: null,
     ...over,
   };
 }

@@ -51,7 +51,7 @@ export interface SandboxServiceDeps {
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
   /** Builds of sandboxes created with buildInfo. */
   builds?: SandboxBuilds;
-  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; row: { cpu: number; mem: number; disk: number } }>;
+  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string }; row: { cpu: number; mem: number; disk: number } }>;
 }
 
 export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<ServiceImpl<typeof SandboxService>>; manager: SandboxManager } {
@@ -121,8 +121,8 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       }
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
         // An image snapshot: its resources (a request naming a snapshot names none), its USER unless the request names a user.
-        const { name, imageRef, user, row } = await deps.snapshots(organizationId, input.snapshot, req.user === undefined);
-        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: row.cpu, memory: row.mem, disk: row.disk };
+        const { name, imageRef, user, layers, row } = await deps.snapshots(organizationId, input.snapshot, req.user === undefined);
+        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: row.cpu, memory: row.mem, disk: row.disk, ...(layers ? { layers: layers.ids, layersRunnerId: layers.runnerId } : {}) };
       }
       const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
       return dto(await manager.create({ ...input, volumes, regionId: await targetRegion(deps.orm, organizationId, req.target) }));

@@ -62,7 +62,7 @@ export interface Snapshots {
   builder?: Builder;
   /** The active snapshot a sandbox create names (its image digest, or none for the default snapshot). */
   /** `imageUser`: whether to read the image's USER (as a user name, into `user`): a request naming its user does not. */
-  forSandbox(organizationId: string, idOrName: string, imageUser?: boolean): Promise<{ name: string; imageRef?: string; user?: string; row: SnapshotRow }>;
+  forSandbox(organizationId: string, idOrName: string, imageUser?: boolean): Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string }; row: SnapshotRow }>;
 }
 
 export function snapshotServices(deps: SnapshotDeps): Snapshots {
@@ -225,6 +225,12 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       });
       if (row.state !== "active") throw errors.invalidArgument(`Snapshot ${idOrName} is ${row.state}`);
       if (row.id === DEFAULT_SNAPSHOT_ID) return { name: DEFAULT_SNAPSHOT, row };
+      if (row.layers && row.runnerId) {
+        // A running sandbox's snapshot: its image (none: the default snapshot) and its layers, on the runner holding them.
+        await store.markUsed(row.id).catch(() => undefined);
+        const image = wantUser && row.ref ? await (await images()).get(row.ref) : undefined;
+        return { name: row.name, imageRef: row.ref ?? undefined, user: image ? await imageUser(image) : undefined, layers: { ids: row.layers, runnerId: row.runnerId }, row };
+      }
       if (!row.ref) throw errors.invalidArgument("Snapshot ref is not defined");
       await store.markUsed(row.id).catch(() => undefined);
       const image = wantUser ? await (await images()).get(row.ref) : undefined;

@@ -18,6 +18,7 @@ import { Migration0019RunnerImages } from "./0019-runner-images.ts";
 import { Migration0021SandboxClassGpu } from "./0021-sandbox-class-gpu.ts";
 import { Migration0022DeletedUsers } from "./0022-deleted-users.ts";
 import { Migration0023SignInAddresses } from "./0023-sign-in-addresses.ts";
+import { Migration0025Layers } from "./0025-layers.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -41,4 +42,5 @@ export const migrations = [
   { name: "0021-sandbox-class-gpu", class: Migration0021SandboxClassGpu },
   { name: "0022-deleted-users", class: Migration0022DeletedUsers },
   { name: "0023-sign-in-addresses", class: Migration0023SignInAddresses },
+  { name: "0025-layers", class: Migration0025Layers },
 ];
