@@ -11,5 +11,5 @@ export type {
   StopOptions,
 } from "./provider.ts";
 export { SANDBOX_PATHS } from "./provider.ts";
-export { validateSpec } from "./spec.ts";
+export { MAX_LAYERS, validateSpec } from "./spec.ts";
 export type { HostOptions, ProviderOpener } from "./host/sandbox-host.ts";

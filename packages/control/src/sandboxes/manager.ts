@@ -8,6 +8,9 @@ import type { NetworkFields } from "./network-policy.ts";
 import { OperationContext, type Outcome } from "./operation-context.ts";
 import { type Resources, resize, setNetwork, update } from "./reconfigure.ts";
 import { start, stop } from "./start-stop.ts";
+import { fork } from "./fork.ts";
+import { ancestorsOf, forksOf, parentOf } from "./lineage.ts";
+import { type LayerSnapshots, type SnapshotOfSandbox, snapshotSandbox } from "./snapshot-sandbox.ts";
 import type { SandboxPatch } from "./store.ts";
 import { markLost } from "./timers.ts";
 
@@ -77,6 +80,28 @@ export class SandboxManager extends OperationContext implements AgentLocator {
 
   update(organizationId: string, idOrName: string, patch: SandboxPatch): Promise<SandboxRecord> {
     return update(this, organizationId, idOrName, patch);
+  }
+
+  /** A snapshot of the sandbox's filesystem now (snapshot-sandbox.ts). */
+  createSnapshot(snapshots: LayerSnapshots, organizationId: string, idOrName: string, req: SnapshotOfSandbox): Promise<SandboxRecord> {
+    return snapshotSandbox(this, snapshots, organizationId, idOrName, req);
+  }
+
+  /** One fork per name (undefined: a generated name), sharing one capture (fork.ts). */
+  fork(organizationId: string, idOrName: string, names: Array<string | undefined>): Promise<SandboxRecord[]> {
+    return fork(this, organizationId, idOrName, names);
+  }
+
+  forks(organizationId: string, idOrName: string, includeDestroyed?: boolean): Promise<SandboxRecord[]> {
+    return forksOf(this, organizationId, idOrName, includeDestroyed);
+  }
+
+  parent(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    return parentOf(this, organizationId, idOrName);
+  }
+
+  ancestors(organizationId: string, idOrName: string): Promise<SandboxRecord[]> {
+    return ancestorsOf(this, organizationId, idOrName);
   }
 
   /** What the timers do for a started sandbox whose first process is gone: it is marked `error`. */

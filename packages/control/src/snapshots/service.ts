@@ -13,6 +13,7 @@ import { targetRegion } from "../organizations/target-region.ts";
 import { DEFAULT_SNAPSHOT, RESOURCES } from "../sandboxes/create-request.ts";
 import { Checks } from "../services/validate.ts";
 import { toSnapshot } from "./dto.ts";
+import { checkSnapshotName } from "./names.ts";
 import type { CredentialsFor } from "./credentials-for.ts";
 import { type PullSettings, SnapshotPulls } from "./pulls.ts";
 import { DEFAULT_SNAPSHOT_ID, type ListSort, type SnapshotRow, type SnapshotStateName, SnapshotStore } from "./store.ts";
@@ -45,7 +46,6 @@ export interface SnapshotDeps {
   log?: (line: string) => void;
 }
 
-const NAME = /^[a-zA-Z0-9_.\-:]+(\/[a-zA-Z0-9_.\-:]+)*(@sha256:[a-f0-9]{64})?$/;
 const DEACTIVATABLE: SnapshotStateName[] = ["pending", "pulling", "building", "active", "error", "build_failed"];
 const SORTS: Partial<Record<SnapshotSortField, ListSort>> = {
   [SnapshotSortField.NAME]: "name",
@@ -242,9 +242,7 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
 
 /** The reference's checks of a create body, field problems together, then its rules in order. */
 function checkCreate(req: CreateSnapshotRequest) {
-  const checks = new Checks();
-  checks.displayName("name", req.name);
-  if (req.name.trim() !== "") checks.that(NAME.test(req.name), "Invalid snapshot name format. May contain letters, digits, dots, colons, and dashes");
+  const checks = checkSnapshotName(new Checks(), req.name);
   for (const field of ["cpu", "memory", "disk", "gpu"] as const) {
     const v = req[field];
     checks.that(v === undefined || v >= 0, `${field} must not be less than 0`);
