@@ -161,12 +161,13 @@ describe("fork", () => {
     expect(ancestors.at(-1)!.id).toBe(parent.id);
   }, 300_000);
 
-  it("a fork of a stopped sandbox is stopped; a crash mid-capture leaves the parent as it was and no fork or snapshot", async () => {
+  it("a fork of a stopped sandbox is started (the 0.218 client waits for it); a crash mid-capture leaves the parent as it was and no fork or snapshot", async () => {
     const parent = await f.create();
     expect((await post(`/sandbox/${parent.id}/stop`)).status).toBe(200);
     const r = await post(`/sandbox/${parent.id}/fork`);
     expect(r.status, JSON.stringify(r.body)).toBe(200);
-    expect(r.body.state).toBe("stopped");
+    expect(r.body.state).toBe("started");
+    expect((await f.call("GET", `/sandbox/${parent.id}`)).body.state).toBe("stopped");
     // What a crash between the rows and the capture leaves: the parent `forking`, a fork row without its layer, a pending snapshot.
     const running = await f.create();
     await f.manager.store.update(running.id, { state: "forking" });

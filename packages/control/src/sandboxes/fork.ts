@@ -6,14 +6,13 @@ import { driveCreate } from "./create.ts";
 import { capture, planCapture } from "./layer-capture.ts";
 import { bad, type OperationContext, type Outcome, reasonOf, stateChangeInProgress } from "./operation-context.ts";
 import { checkCapturable } from "./snapshot-sandbox.ts";
-import { driveStop } from "./start-stop.ts";
 
 // Forks (0.218 `fork`, and Sandbar's N forks sharing one capture): new sandboxes standing on the
 // parent's layers and its writable layer captured at this instant, copy-on-write, each with its
 // own id, name, preview token and quota share (env, labels, network and shape copied). Their rows
 // are admitted first (quota, names), so a refusal costs no copy; then the parent's writable layer
 // is captured (the parent reads `forking` meanwhile and runs on), then each fork is made on the
-// parent's runner and started, or stopped again when the parent is stopped.
+// parent's runner and started (a stopped parent's fork too: the reference's client waits for it).
 
 /** Forks one call makes at most. */
 export const MAX_FORKS = 10;
@@ -53,14 +52,8 @@ export async function fork(c: OperationContext, organizationId: string, idOrName
       await c.store.update(cur.id, { state: cur.state });
     }
     c.activity.touch(cur.id);
-    // Made (and started) at once; a fork of a stopped sandbox is stopped again.
-    await Promise.all(forks.map(async (f) => {
-      const created = await driveCreate(c, f);
-      if (created.failed === undefined && cur.state === "stopped") {
-        await c.store.update(f.id, { desiredState: "stopped" });
-        await driveStop(c, f);
-      }
-    }));
+    // Made and started at once, a stopped parent's too: the 0.218 client's fork() waits for `started`.
+    await Promise.all(forks.map((f) => driveCreate(c, f)));
     made = forks;
     return {};
   });

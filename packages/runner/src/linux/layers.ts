@@ -104,7 +104,7 @@ export async function copyLayer(from: string, to: string, skip: string[] = []): 
  * layer (whiteouts kept, for what lies below both): a whiteout or an opaque directory replaces
  * what `to` had there; a file replaces a directory and a directory a file. Then `cp -a` merges.
  */
-export async function applyLayer(from: string, to: string): Promise<void> {
+async function applyLayer(from: string, to: string): Promise<void> {
   const opaque = await opaqueDirs(from);
   const overDirsOnWhiteouts: string[] = [];
   const walk = async (rel: string): Promise<void> => {
