@@ -386,8 +386,10 @@ export class LinuxProvider implements SandboxProvider {
         await mountDiskImage(L.diskImage(id), L.diskMount(id), true);
       }
       try {
+        // A sandbox frozen already (paused) stays so: nothing to freeze, nothing to thaw after.
+        const freeze = running && !(await this.cgroups.frozen(id));
         await this.layers.make(layerId, rec.hostUid, async (root) => {
-          if (!running) return copyLayer(L.upper(id, hasDisk), root, [SANDBOX_PATHS.agentState]);
+          if (!freeze) return copyLayer(L.upper(id, hasDisk), root, [SANDBOX_PATHS.agentState]);
           await writeFile(this.#captureMarker(id), layerId, { mode: 0o600 });
           await this.cgroups.freeze(id);
           try {
