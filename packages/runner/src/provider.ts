@@ -62,6 +62,12 @@ export interface SandboxSpec {
   id: string;
   /** Host directory holding the snapshot's root filesystem (the read-only lower layer). */
   rootfs: string;
+  /**
+   * Captured layers (captureLayer's ids), top first, stacked read-only between the writable layer
+   * and `rootfs`. Every layer of a stack belongs to one host uid (the sandbox it was captured
+   * from): a sandbox made on them runs as that uid, so it owns their files as their author did.
+   */
+  layers?: string[];
   /** Extra binds, applied in order after the root (a snapshot's own binds go first). */
   mounts?: BindMount[];
   /** Shared volumes, read-write, after the binds (see VolumeMount). */
@@ -223,6 +229,18 @@ export interface SandboxProvider {
    * freezes a running sandbox until `release` (a paused one stays as it is). Absent: not offered.
    */
   changeLayers?(id: string, options?: { consistent?: boolean }): Promise<ChangeSource>;
+  /**
+   * Copies the sandbox's writable layer into a new read-only layer `layerId`, the sandbox frozen
+   * (cgroup freezer) for that instant when it runs. The layer appears whole or not at all.
+   * Absent: this provider cannot capture (the caller answers 400).
+   */
+  captureLayer?(id: string, layerId: string): Promise<void>;
+  /** Merges `layerIds` (top first) into one new layer `layerId`, whiteouts kept: the depth bound. */
+  squashLayers?(layerIds: string[], layerId: string): Promise<void>;
+  /** Removes layers; unknown ids are fine. The caller keeps those a sandbox or snapshot still uses. */
+  removeLayers?(layerIds: string[]): Promise<void>;
+  /** Ids of the layers this provider holds, with when each was made. */
+  listLayers?(): Promise<Array<{ id: string; createdAt: Date }>>;
   /** Host path of the agent's unix socket; the sandbox must be started. */
   connect(id: string): Promise<string>;
   /** Releases host resources the provider holds beyond its sandboxes (sandboxes keep running). */

@@ -28,6 +28,8 @@ export interface RuntimeSandboxSpec {
   image?: string;
   /** Default: loopback only. */
   network?: RuntimeNetwork;
+  /** Captured layers (captureLayer's ids), top first, stacked above the image: a fork's, a running sandbox's snapshot's. */
+  layers?: string[];
 }
 
 /** Egress of a sandbox: "none" loopback only, "full" anywhere outside the host, "allow-list" only those IPv4 CIDRs. */
@@ -126,6 +128,18 @@ export interface SandboxRuntime {
   connectAgent(id: string): Promise<AgentDial>;
   /** Releases what the runtime holds beyond its sandboxes (which keep running). */
   close(): Promise<void>;
+  /**
+   * Copies the sandbox's writable layer into a new read-only layer `layerId` on this host (the
+   * sandbox frozen for that instant while it runs; stopped, as it is). INVALID_ARGUMENT where the
+   * provider cannot (Docker).
+   */
+  captureLayer(id: string, layerId: string): Promise<void>;
+  /** Merges captured layers (top first) into one new layer: what keeps a stack's depth bounded. */
+  squashLayers(layerIds: string[], layerId: string): Promise<void>;
+  /** Removes captured layers from this host; unknown ids are fine. */
+  removeLayers(layerIds: string[]): Promise<void>;
+  /** The captured layers this host holds, with when each was made. */
+  listLayers(): Promise<Array<{ id: string; createdAt: Date }>>;
   /** The host's image store (snapshots from OCI images); absent where images cannot be pulled. */
   images?(): Promise<ImageStore>;
   /** Whether the host's image store holds an image (by manifest digest). */

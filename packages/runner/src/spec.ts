@@ -143,6 +143,8 @@ export function validateSpec(spec: SandboxSpec): SandboxSpec {
 
   const out: SandboxSpec = { id, rootfs, mounts, cpu, memoryGiB, pidsLimit, env, network, user, init: validateInit(spec.init) };
   if (volumes.length > 0) out.volumes = volumes;
+  const layers = validateLayers(spec.layers);
+  if (layers.length > 0) out.layers = layers;
   if (network === "allow-list") out.networkAllowList = networkAllowList;
   if (diskGiB !== undefined) out.diskGiB = diskGiB;
   if (spec.workdir !== undefined) {
@@ -154,6 +156,17 @@ export function validateSpec(spec: SandboxSpec): SandboxSpec {
   }
   return out;
 }
+
+/** Captured layers are named like sandboxes (the provider keeps them under its data dir). */
+function validateLayers(layers: unknown): string[] {
+  if (layers === undefined || layers === null) return [];
+  if (!Array.isArray(layers)) throw errors.invalidArgument("layers must be an array of layer ids");
+  if (layers.length > MAX_LAYERS) throw errors.invalidArgument(`a sandbox stacks at most ${MAX_LAYERS} layers, got ${layers.length}`);
+  return layers.map((l: unknown) => validateId(String(l)));
+}
+
+/** Bound of stacked captured layers (overlay lowers above the snapshot): deeper stacks are squashed. */
+export const MAX_LAYERS = 8;
 
 export function memoryBytesOf(spec: SandboxSpec): number {
   return Math.round(spec.memoryGiB * GiB);

@@ -271,6 +271,10 @@ export const SandboxRecord = defineEntity({
     signingKeySealed: p.text().nullable(),
     /** The organization's warm pool whose sandbox its create claimed (migration 0027); null otherwise. */
     warmPoolId: p.uuid().nullable(),
+    /** Captured layers above its image, top first (migration 0025): a fork's, or a running sandbox's snapshot's; null: none. */
+    layers: p.json<string[]>().nullable(),
+    /** The sandbox it was forked from (migration 0025); null otherwise. */
+    parentId: p.uuid().nullable(),
   },
 });
 export interface SandboxVolumeMount {

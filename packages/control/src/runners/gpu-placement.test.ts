@@ -42,7 +42,7 @@ function row(server: TestServer, over: Partial<SandboxRecord> = {}): SandboxReco
     backupState: "None", backupCreatedAt: null, autoStopInterval: 0, autoPauseInterval: 0, autoArchiveInterval: 10080, autoDeleteInterval: 0,
     createdAt: now, updatedAt: now, lastActivityAt: now, authToken: randomUUID().replace(/-/g, ""), regionId: region, runnerId: server.server.sandboxes.runtime.runnerId,
     volumes: [], imageRef: null, networkBlockAll: true, networkAllowList: null, buildInfo: null, warmPoolId: null,
-    autoDestroyAt: null, recoverable: false, signingKeySealed: null,
+    autoDestroyAt: null, recoverable: false, signingKeySealed: null, layers: null, parentId: null,
     ...over,
   };
 }

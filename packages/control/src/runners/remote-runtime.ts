@@ -2,6 +2,7 @@ import { createHash } from "node:crypto";
 import http2 from "node:http2";
 import { Readable } from "node:stream";
 import { create } from "@bufbuild/protobuf";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
 import { type Client, createClient, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { Code, ConnectError, errors } from "@sandbar/protocol";
@@ -181,6 +182,23 @@ export class RemoteRuntime implements SandboxRuntime {
 
   async resize(id: string, resources: RuntimeResources): Promise<void> {
     await this.#client.resizeSandbox({ id, resources: resourcesToProto(resources) }, this.#opts());
+  }
+
+  async captureLayer(id: string, layerId: string): Promise<void> {
+    await this.#client.captureLayer({ id, layerId }, this.#opts());
+  }
+
+  async squashLayers(layerIds: string[], layerId: string): Promise<void> {
+    await this.#client.squashLayers({ layerIds, layerId }, this.#opts());
+  }
+
+  async removeLayers(layerIds: string[]): Promise<void> {
+    await this.#client.removeLayers({ layerIds }, this.#opts());
+  }
+
+  async listLayers(): Promise<Array<{ id: string; createdAt: Date }>> {
+    const { layers } = await this.#client.listLayers({}, this.#opts());
+    return layers.map((l) => ({ id: l.id, createdAt: l.createdAt ? timestampDate(l.createdAt) : new Date(0) }));
   }
 
   /** The runner's pack stream as bytes; the stream fails at its end unless the trailer matches what came. */

@@ -1,6 +1,7 @@
 import { errors } from "@sandbar/protocol";
 import type { SandboxRecord } from "../db/entities.ts";
 import { bad, type OperationContext, type Outcome, reasonOf, stateChangeInProgress } from "./operation-context.ts";
+import { sweepLayers } from "./layer-capture.ts";
 import { isEphemeral, isErrored } from "./states.ts";
 
 // Archive (a stopped sandbox's files packed off the host) and delete, with the reference's
@@ -78,10 +79,13 @@ export async function softDelete(c: OperationContext, row: SandboxRecord): Promi
 export async function driveDestroy(c: OperationContext, row: SandboxRecord): Promise<Outcome> {
   try {
     await c.backups.get(row.id);
-    await (await c.runtimeOf(row)).destroy(row.id);
+    const rt = await c.runtimeOf(row);
+    await rt.destroy(row.id);
     await c.files.remove(row.id);
     await c.store.update(row.id, { state: "destroyed", runnerId: null, errorReason: null });
     c.activity.forget(row.id);
+    // Its captured layers go once no other sandbox (a fork) or snapshot stands on them.
+    if (row.layers?.length) await sweepLayers(c, rt).catch((err: unknown) => c.log(`sandbox ${row.id}: sweeping layers: ${String(err)}`));
     return {};
   } catch (err) {
     return c.fail(row.id, err);

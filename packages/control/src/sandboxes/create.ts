@@ -22,6 +22,10 @@ export interface NewSandbox {
   snapshot: string;
   /** The snapshot's image (manifest digest); absent for the default snapshot. */
   imageRef?: string;
+  /** A running sandbox's snapshot: its captured layers above the image, top first (runner-local). */
+  layers?: string[];
+  /** The runner holding `layers`: the sandbox is made there. */
+  layersRunnerId?: string;
   user: string;
   env: Record<string, string>;
   labels: Record<string, string>;
@@ -49,18 +53,21 @@ export interface NewSandbox {
 export async function create(c: OperationContext, input: NewSandbox): Promise<SandboxRecord> {
   c.assertOpen();
   // Pool sandboxes are loopback only, without volumes, on this server's runtime: any other create is made for its request.
-  const placed = (await c.runners?.servesRegion(input.regionId)) ?? false;
+  // Layers are where they were captured: such a sandbox is made on that runner, not placed.
+  const pinned = input.layersRunnerId !== undefined && input.layersRunnerId !== c.runtime.runnerId ? input.layersRunnerId : undefined;
+  const placed = !input.layersRunnerId && ((await c.runners?.servesRegion(input.regionId)) ?? false);
   // This server's own runtime is a container runner without GPUs (the pool's sandboxes too).
-  const inProcess = fitsInProcess(input);
+  const inProcess = !pinned && fitsInProcess(input);
   const warm = !placed && inProcess && input.volumes.length === 0 && input.networkBlockAll && !input.networkAllowList ? c.pools?.claim(input) : undefined;
   if (!warm && !placed && inProcess) await c.runtime.assertReady();
   const id = warm?.id ?? randomUUID();
   const row = newRow(c, input, id, { snapshot: input.snapshot, state: "unknown", imageRef: input.imageRef ?? null, buildInfo: null });
+  if (pinned) row.runnerId = pinned;
   if (warm) return takeOver(c, { ...row, warmPoolId: warm.poolId ?? null }, warm.pool);
   const op = c.locks.tryRunNew(id, async (held) => {
     // A region with registered runners: one is picked in the insert's transaction (placement.ts).
     // What this server's runtime cannot take is refused where placement would be: after the quota (the reference's order).
-    const placeIt = placed ? (exec: Exec) => place(c, exec, row, input.gpuTypes) : inProcess ? undefined : () => Promise.reject(noAvailableRunners(input.gpuTypes));
+    const placeIt = placed ? (exec: Exec) => place(c, exec, row, input.gpuTypes) : inProcess || pinned ? undefined : () => Promise.reject(noAvailableRunners(input.gpuTypes));
     await c.store.insert(row, placeIt, held);
     return driveCreate(c, row);
   })!;
@@ -124,6 +131,7 @@ export async function driveCreate(c: OperationContext, row: SandboxRecord): Prom
 export function specOf(row: SandboxRecord): RuntimeSandboxSpec {
   const spec: RuntimeSandboxSpec = { id: row.id, cpu: row.cpu, memoryGiB: row.memory, diskGiB: row.disk, env: row.env, user: row.osUser, volumes: row.volumes ?? [], network: runtimeNetwork(row) };
   if (row.imageRef) spec.image = row.imageRef;
+  if (row.layers?.length) spec.layers = row.layers;
   return spec;
 }
 
@@ -169,6 +177,8 @@ function newRow(c: OperationContext, input: NewSandbox, id: string, origin: Pick
     autoDestroyAt: null,
     recoverable: false,
     signingKeySealed: null,
+    layers: input.layers?.length ? input.layers : null,
+    parentId: null,
   };
 }
 

@@ -199,6 +199,7 @@ export class LocalRuntime<P extends SandboxProvider = LinuxProvider> implements 
         return { root: this.#volumeRoot(v.volumeId), target: v.mountPath, ...(v.subpath ? { subpath: v.subpath } : {}) };
       }),
       network: s.network?.mode ?? "none",
+      ...(s.layers?.length ? { layers: s.layers } : {}),
       networkAllowList: s.network?.allowList,
       init: { ...this.#init, secret: this.agentSecret(s.id) },
     };
@@ -262,6 +263,29 @@ export class LocalRuntime<P extends SandboxProvider = LinuxProvider> implements 
     await this.assertReady();
     if (!(await this.inspect(s.id))) await this.provider.create(await this.#spec(s));
     await this.provider.restore(s.id, archive);
+  }
+
+  async captureLayer(id: string, layerId: string): Promise<void> {
+    await this.#layered("captureLayer").call(this.provider, id, layerId);
+  }
+
+  async squashLayers(layerIds: string[], layerId: string): Promise<void> {
+    await this.#layered("squashLayers").call(this.provider, layerIds, layerId);
+  }
+
+  async removeLayers(layerIds: string[]): Promise<void> {
+    if (this.provider.removeLayers) await this.provider.removeLayers(layerIds);
+  }
+
+  async listLayers(): Promise<Array<{ id: string; createdAt: Date }>> {
+    return (await this.provider.listLayers?.()) ?? [];
+  }
+
+  /** A layer method of the provider, or the 400 of one that has none (Docker: no overlay upper to capture). */
+  #layered<K extends "captureLayer" | "squashLayers">(method: K): NonNullable<SandboxProvider[K]> {
+    const fn = this.provider[method];
+    if (!fn) throw errors.invalidArgument(`Snapshots and forks of a running sandbox are not supported by the ${this.provider.name} provider`);
+    return fn;
   }
 
   async list(): Promise<RuntimeSandbox[]> {

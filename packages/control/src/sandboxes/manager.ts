@@ -11,6 +11,9 @@ import { OperationContext, type Outcome } from "./operation-context.ts";
 import { pause } from "./pause-resume.ts";
 import { type Resources, resize, setNetwork, update } from "./reconfigure.ts";
 import { recover, start, stop } from "./start-stop.ts";
+import { fork } from "./fork.ts";
+import { ancestorsOf, forksOf, parentOf } from "./lineage.ts";
+import { type LayerSnapshots, type SnapshotOfSandbox, snapshotSandbox } from "./snapshot-sandbox.ts";
 import type { SandboxPatch } from "./store.ts";
 import { markLost } from "./timers.ts";
 import { type EnvChange, type TellAgent, updateEnv } from "./update-env.ts";
@@ -101,6 +104,28 @@ export class SandboxManager extends OperationContext implements AgentLocator {
   /** The running agent's environment and the sandbox's env for later starts. */
   updateEnv(organizationId: string, idOrName: string, change: EnvChange, tell: TellAgent): Promise<SandboxRecord> {
     return updateEnv(this, organizationId, idOrName, change, tell);
+  }
+
+  /** A snapshot of the sandbox's filesystem now (snapshot-sandbox.ts). */
+  createSnapshot(snapshots: LayerSnapshots, organizationId: string, idOrName: string, req: SnapshotOfSandbox): Promise<SandboxRecord> {
+    return snapshotSandbox(this, snapshots, organizationId, idOrName, req);
+  }
+
+  /** One fork per name (undefined: a generated name), sharing one capture (fork.ts). */
+  fork(organizationId: string, idOrName: string, names: Array<string | undefined>): Promise<SandboxRecord[]> {
+    return fork(this, organizationId, idOrName, names);
+  }
+
+  forks(organizationId: string, idOrName: string, includeDestroyed?: boolean): Promise<SandboxRecord[]> {
+    return forksOf(this, organizationId, idOrName, includeDestroyed);
+  }
+
+  parent(organizationId: string, idOrName: string): Promise<SandboxRecord> {
+    return parentOf(this, organizationId, idOrName);
+  }
+
+  ancestors(organizationId: string, idOrName: string): Promise<SandboxRecord[]> {
+    return ancestorsOf(this, organizationId, idOrName);
   }
 
   /** What the timers do for a started sandbox whose first process is gone: it is marked `error`. */

@@ -1,6 +1,7 @@
 import type { SandboxRecord } from "../db/entities.ts";
-import { driveArchive, driveDestroy } from "./archive-delete.ts";
+import { driveArchive, driveDestroy, softDelete } from "./archive-delete.ts";
 import { driveCreate } from "./create.ts";
+import { sweepLayers } from "./layer-capture.ts";
 import type { OperationContext } from "./operation-context.ts";
 import { HeldElsewhere } from "./operation-locks.ts";
 import { driveResize } from "./reconfigure.ts";
@@ -87,6 +88,12 @@ export async function reconcile(m: OperationContext, log: (line: string) => void
       }
     }
   }
+  if (home) {
+    const dropped = await m.store.dropUnfinishedLayerSnapshots();
+    if (dropped > 0) log(`reconcile: ${dropped} snapshot(s) of running sandboxes cut short by a restart removed`);
+  }
+  // Captured layers nothing names any more (a capture cut short, a delete's sweep that failed).
+  await sweepLayers(m, runtime).catch((err: unknown) => log(`reconcile: sweeping layers: ${String(err)}`));
   const total = report.adopted.length + report.resumed.length + report.failed.length + report.removed.length;
   if (total > 0) {
     log(`reconcile: ${report.adopted.length} adopted, ${report.resumed.length} resumed, ${report.failed.length} in error, ${report.removed.length} removed from the host`);
@@ -99,6 +106,19 @@ type Result = "adopted" | "resumed" | "failed";
 /** Brings one sandbox to where the database says it is going. Runs under the sandbox's lock. */
 export async function resume(m: OperationContext, row: SandboxRecord, onHost: string | undefined): Promise<Result> {
   const done = (o: { failed?: string }): Result => (o.failed === undefined ? "resumed" : "failed");
+  if (row.state === "snapshotting" || row.state === "forking") {
+    // A capture cut short: the sandbox goes back to where it was (its runner thawed it at its open).
+    row = (await m.store.update(row.id, { state: row.desiredState === "started" ? "started" : "stopped" })) ?? row;
+  }
+  if (row.state === "unknown" && row.parentId && row.layers?.length) {
+    // A fork whose parent's capture may not have finished: without its layer it is debris.
+    const rt = await m.runtimeOf(row);
+    if (!(await rt.listLayers()).some((l) => l.id === row.layers![0])) {
+      await softDelete(m, row);
+      await m.store.update(row.id, { state: "destroyed", runnerId: null });
+      return "failed";
+    }
+  }
   if (row.state === "error" || row.state === "build_failed") return "adopted"; // left for the user to see (and start again when its first process died, or delete)
   if ((row.state === "pending_build" || row.state === "building_snapshot") && row.desiredState === "started") {
     // A declarative build cut short by the restart: said so, rather than built again unasked.

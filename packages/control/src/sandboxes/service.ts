@@ -27,9 +27,11 @@ import { resolveMounts } from "../volumes/sandbox-mounts.ts";
 import { Organization } from "../db/entities.ts";
 import { parseNetworkAllowList, refuseDomainAllowList, updateNetwork } from "./network-policy.ts";
 import { resizeRequest } from "./resize-request.ts";
+import { MAX_FORKS } from "./fork.ts";
 import { checkBuildInfo } from "../builds/build-info.ts";
 import type { SandboxBuilds } from "../builds/sandbox-builds.ts";
 import type { SharedLocks } from "./cluster-locks.ts";
+import type { LayerSnapshots } from "./snapshot-sandbox.ts";
 
 // SandboxService (spec 4.5): requests checked with the reference's messages, then handed to the
 // manager; every answer is the reference's Sandbox DTO.
@@ -51,7 +53,9 @@ export interface SandboxServiceDeps {
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
   /** Builds of sandboxes created with buildInfo. */
   builds?: SandboxBuilds;
-  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; row: { cpu: number; mem: number; disk: number } }>;
+  /** The snapshot table, for snapshots of running sandboxes (absent: those answer 503). */
+  layerSnapshots?: LayerSnapshots;
+  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string }; row: { cpu: number; mem: number; disk: number } }>;
 }
 
 export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<ServiceImpl<typeof SandboxService>>; manager: SandboxManager } {
@@ -121,11 +125,43 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       }
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
         // An image snapshot: its resources (a request naming a snapshot names none), its USER unless the request names a user.
-        const { name, imageRef, user, row } = await deps.snapshots(organizationId, input.snapshot, req.user === undefined);
-        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: row.cpu, memory: row.mem, disk: row.disk };
+        const { name, imageRef, user, layers, row } = await deps.snapshots(organizationId, input.snapshot, req.user === undefined);
+        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: row.cpu, memory: row.mem, disk: row.disk, ...(layers ? { layers: layers.ids, layersRunnerId: layers.runnerId } : {}) };
       }
       const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
       return dto(await manager.create({ ...input, volumes, regionId: await targetRegion(deps.orm, organizationId, req.target) }));
+    },
+
+    async createSandboxSnapshot(req, ctx) {
+      if (!deps.layerSnapshots) throw errors.unavailable("Snapshots are not available on this server");
+      return dto(await manager.createSnapshot(deps.layerSnapshots, organizationOf(ctx), req.sandboxId, { name: req.name, includeMemory: req.includeMemory }));
+    },
+
+    async forkSandbox(req, ctx) {
+      if (req.name) new Checks().displayName("name", req.name).done();
+      const [made] = await manager.fork(organizationOf(ctx), req.sandboxId, [req.name || undefined]);
+      return dto(made!);
+    },
+
+    async forkSandboxes(req, ctx) {
+      const count = req.count || req.names.length || 1;
+      const checks = new Checks();
+      for (const n of req.names) if (n) checks.displayName("names", n);
+      checks.that(Number.isInteger(count) && count >= 1 && count <= MAX_FORKS, `count must be between 1 and ${MAX_FORKS}`).that(req.names.length <= count, "names must not be more than count").done();
+      const names = Array.from({ length: count }, (_, i) => req.names[i] || undefined);
+      return { items: (await manager.fork(organizationOf(ctx), req.sandboxId, names)).map(dto) };
+    },
+
+    async getSandboxForks(req, ctx) {
+      return { items: (await manager.forks(organizationOf(ctx), req.sandboxId, req.includeDestroyed ?? false)).map(dto) };
+    },
+
+    async getSandboxParent(req, ctx) {
+      return dto(await manager.parent(organizationOf(ctx), req.sandboxId));
+    },
+
+    async getSandboxAncestors(req, ctx) {
+      return { items: (await manager.ancestors(organizationOf(ctx), req.sandboxId)).map(dto) };
     },
 
     async getSandbox(req, ctx) {

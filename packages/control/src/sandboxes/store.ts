@@ -65,6 +65,27 @@ export class SandboxStore {
     }
   }
 
+  /** Captured layers some sandbox (not destroyed) or snapshot names (layer-capture.ts's sweep keeps them). */
+  async layersInUse(): Promise<Set<string>> {
+    const rows = (await execIn(this.#em())(
+      `select jsonb_array_elements_text(layers) as id from sandbox where layers is not null and state <> 'destroyed'
+       union select jsonb_array_elements_text(layers) from snapshot where layers is not null`,
+      [],
+    )) as Array<{ id: string }>;
+    return new Set(rows.map((r) => r.id));
+  }
+
+  /** Removes snapshots of running sandboxes a crash left pending (each is made within one operation). */
+  async dropUnfinishedLayerSnapshots(): Promise<number> {
+    const rows = (await execIn(this.#em())(`delete from snapshot where layers is not null and state = 'pending' returning id`, [])) as unknown[];
+    return rows.length;
+  }
+
+  /** The organization's sandboxes forked from `parentId`, oldest first. */
+  forksOf(organizationId: string, parentId: string, includeDestroyed: boolean): Promise<SandboxRecord[]> {
+    return this.#em().find(SandboxRecord, { organizationId, parentId, ...(includeDestroyed ? {} : VISIBLE) }, { orderBy: { createdAt: "asc" } });
+  }
+
   /** Any row by id, destroyed ones included. */
   async byId(id: string): Promise<SandboxRecord | null> {
     if (!isUuid(id)) return null;

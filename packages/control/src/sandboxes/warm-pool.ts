@@ -9,6 +9,8 @@ export interface PoolShape {
   snapshot: string;
   /** The snapshot's image (manifest digest in the host's store); absent for the default snapshot. */
   imageRef?: string;
+  /** A running sandbox's snapshot: its captured layers, top first (on this host). */
+  layers?: string[];
   cpu: number;
   memory: number;
   disk: number;
@@ -98,7 +100,7 @@ export class WarmPool {
 
   fits(r: PoolShape): boolean {
     const s = this.shape;
-    return r.snapshot === s.snapshot && r.imageRef === s.imageRef && r.cpu === s.cpu && r.memory === s.memory && r.disk === s.disk && r.user === s.user;
+    return r.snapshot === s.snapshot && r.imageRef === s.imageRef && (r.layers ?? []).join() === (s.layers ?? []).join() && r.cpu === s.cpu && r.memory === s.memory && r.disk === s.disk && r.user === s.user;
   }
 
   /** A new size: a larger pool fills, a smaller one removes the ready sandboxes beyond it. */
@@ -194,9 +196,9 @@ export class WarmPool {
 
   async #startOne(): Promise<string> {
     const id = randomUUID();
-    const { cpu, memory, disk, user, imageRef } = this.shape;
+    const { cpu, memory, disk, user, imageRef, layers } = this.shape;
     try {
-      await this.#runtime.create({ id, cpu, memoryGiB: memory, diskGiB: disk, env: {}, user, ...(imageRef ? { image: imageRef } : {}) });
+      await this.#runtime.create({ id, cpu, memoryGiB: memory, diskGiB: disk, env: {}, user, ...(imageRef ? { image: imageRef } : {}), ...(layers?.length ? { layers } : {}) });
       const agent = await this.#runtime.connectAgent(id);
       const process = this.#clients.client(ProcessService, agent);
       for (let i = 0; i < WARM_UP_CALLS; i++) await process.execute({ command: "true" }, this.#auth(agent.secret));

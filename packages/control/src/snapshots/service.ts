@@ -13,6 +13,7 @@ import { targetRegion } from "../organizations/target-region.ts";
 import { DEFAULT_SNAPSHOT, RESOURCES } from "../sandboxes/create-request.ts";
 import { Checks } from "../services/validate.ts";
 import { toSnapshot } from "./dto.ts";
+import { checkSnapshotName } from "./names.ts";
 import type { CredentialsFor } from "./credentials-for.ts";
 import { type PullSettings, SnapshotPulls } from "./pulls.ts";
 import { DEFAULT_SNAPSHOT_ID, type ListSort, type SnapshotRow, type SnapshotStateName, SnapshotStore } from "./store.ts";
@@ -45,7 +46,6 @@ export interface SnapshotDeps {
   log?: (line: string) => void;
 }
 
-const NAME = /^[a-zA-Z0-9_.\-:]+(\/[a-zA-Z0-9_.\-:]+)*(@sha256:[a-f0-9]{64})?$/;
 const DEACTIVATABLE: SnapshotStateName[] = ["pending", "pulling", "building", "active", "error", "build_failed"];
 const SORTS: Partial<Record<SnapshotSortField, ListSort>> = {
   [SnapshotSortField.NAME]: "name",
@@ -62,7 +62,7 @@ export interface Snapshots {
   builder?: Builder;
   /** The active snapshot a sandbox create names (its image digest, or none for the default snapshot). */
   /** `imageUser`: whether to read the image's USER (as a user name, into `user`): a request naming its user does not. */
-  forSandbox(organizationId: string, idOrName: string, imageUser?: boolean): Promise<{ name: string; imageRef?: string; user?: string; row: SnapshotRow }>;
+  forSandbox(organizationId: string, idOrName: string, imageUser?: boolean): Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string }; row: SnapshotRow }>;
 }
 
 export function snapshotServices(deps: SnapshotDeps): Snapshots {
@@ -225,6 +225,12 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       });
       if (row.state !== "active") throw errors.invalidArgument(`Snapshot ${idOrName} is ${row.state}`);
       if (row.id === DEFAULT_SNAPSHOT_ID) return { name: DEFAULT_SNAPSHOT, row };
+      if (row.layers && row.runnerId) {
+        // A running sandbox's snapshot: its image (none: the default snapshot) and its layers, on the runner holding them.
+        await store.markUsed(row.id).catch(() => undefined);
+        const image = wantUser && row.ref ? await (await images()).get(row.ref) : undefined;
+        return { name: row.name, imageRef: row.ref ?? undefined, user: image ? await imageUser(image) : undefined, layers: { ids: row.layers, runnerId: row.runnerId }, row };
+      }
       if (!row.ref) throw errors.invalidArgument("Snapshot ref is not defined");
       await store.markUsed(row.id).catch(() => undefined);
       const image = wantUser ? await (await images()).get(row.ref) : undefined;
@@ -236,9 +242,7 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
 
 /** The reference's checks of a create body, field problems together, then its rules in order. */
 function checkCreate(req: CreateSnapshotRequest) {
-  const checks = new Checks();
-  checks.displayName("name", req.name);
-  if (req.name.trim() !== "") checks.that(NAME.test(req.name), "Invalid snapshot name format. May contain letters, digits, dots, colons, and dashes");
+  const checks = checkSnapshotName(new Checks(), req.name);
   for (const field of ["cpu", "memory", "disk", "gpu"] as const) {
     const v = req[field];
     checks.that(v === undefined || v >= 0, `${field} must not be less than 0`);

@@ -32,6 +32,10 @@ export interface SnapshotRow {
   buildLog: string;
   /** A declarative build's Dockerfile, contexts and ref; null for image snapshots. */
   buildInfo: BuildInfoRecord | null;
+  /** A running sandbox's snapshot (migration 0025): its captured layers above `ref`'s image, top first; null otherwise. */
+  layers: string[] | null;
+  /** The runner holding `layers`. */
+  runnerId: string | null;
   createdAt: Date;
   updatedAt: Date;
   lastUsedAt: Date | null;
@@ -60,6 +64,8 @@ function rowOf(r: Record<string, unknown>): SnapshotRow {
     ref: (r.ref as string | null) ?? null,
     buildLog: (r.build_log as string) ?? "",
     buildInfo: r.build_info ? ((typeof r.build_info === "string" ? JSON.parse(r.build_info) : r.build_info) as BuildInfoRecord) : null,
+    layers: r.layers ? ((typeof r.layers === "string" ? JSON.parse(r.layers) : r.layers) as string[]) : null,
+    runnerId: (r.runner_id as string | null) ?? null,
     createdAt: dateOf(r.created_at as string),
     updatedAt: dateOf(r.updated_at as string),
     lastUsedAt: r.last_used_at ? dateOf(r.last_used_at as string) : null,
@@ -76,6 +82,8 @@ export interface NewSnapshot {
   mem: number;
   disk: number;
   buildInfo?: BuildInfoRecord;
+  /** A running sandbox's snapshot: its layers (top first), the runner holding them, its image (null: the default snapshot). */
+  layers?: { ids: string[]; runnerId: string; ref: string | null };
 }
 
 export type ListSort = "name" | "state" | "last_used_at" | "created_at";
@@ -120,9 +128,10 @@ export class SnapshotStore {
         const clash = (await exec(`select 1 from snapshot where general and name = ?`, [s.name])) as unknown[];
         if (clash.length) throw errors.alreadyExists(`Snapshot with name "${s.name}" already exists for this organization`);
         const rows = (await exec(
-          `insert into snapshot (id, organization_id, name, image_name, entrypoint, cpu, gpu, mem, disk, build_info)
-           values (?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?::jsonb) returning *`,
-          [randomUUID(), s.organizationId, s.name, s.imageName, JSON.stringify(s.entrypoint), s.cpu, s.gpu, s.mem, s.disk, s.buildInfo ? JSON.stringify(s.buildInfo) : null],
+          `insert into snapshot (id, organization_id, name, image_name, entrypoint, cpu, gpu, mem, disk, build_info, layers, runner_id, ref)
+           values (?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?::jsonb, ?::jsonb, ?, ?) returning *`,
+          [randomUUID(), s.organizationId, s.name, s.imageName, JSON.stringify(s.entrypoint), s.cpu, s.gpu, s.mem, s.disk, s.buildInfo ? JSON.stringify(s.buildInfo) : null,
+            s.layers ? JSON.stringify(s.layers.ids) : null, s.layers?.runnerId ?? null, s.layers?.ref ?? null],
         )) as Record<string, unknown>[];
         const row = rowOf(rows[0]!);
         await recordEvent(exec, s.organizationId, "snapshot.created", { id: row.id, name: row.name, organizationId: s.organizationId, state: row.state, createdAt: row.createdAt.toISOString() }, row.createdAt);
@@ -176,7 +185,8 @@ export class SnapshotStore {
 
   /** Snapshots whose pull or build did not finish (a restart resumes them). */
   unfinished(): Promise<SnapshotRow[]> {
-    return this.#query(`select * from snapshot where state in ('pending', 'pulling', 'building') order by created_at`, []);
+    // A running sandbox's snapshot is made within one operation: pending after a crash is debris (reconcile.ts).
+    return this.#query(`select * from snapshot where state in ('pending', 'pulling', 'building') and layers is null order by created_at`, []);
   }
 
   /**

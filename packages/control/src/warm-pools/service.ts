@@ -22,7 +22,9 @@ export interface WarmPoolDeps {
   /** Undefined where this server runs no sandboxes itself: pools are refused with the reason. */
   pools: WarmPools | undefined;
   /** The snapshot a create names: its name, image and resources (snapshots/service.ts). */
-  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; row: { cpu: number; mem: number; disk: number } }>;
+  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string }; row: { cpu: number; mem: number; disk: number } }>;
+  /** This server's runtime: a running sandbox's snapshot is pooled only where its layers are. */
+  runnerId: string;
   /** Whether a region's sandboxes are placed on registered runners (pools live on this server only). */
   placedElsewhere: (regionId: string) => Promise<boolean>;
   /** Most pool sandboxes an organization may keep, over all its pools. */
@@ -31,7 +33,7 @@ export interface WarmPoolDeps {
 
 /** The shape of the pool's sandboxes, kept in its row. */
 function shapeOf(row: WarmPoolRow): PoolShape {
-  return { snapshot: row.snapshot, ...(row.imageRef ? { imageRef: row.imageRef } : {}), cpu: row.cpu, memory: row.mem, disk: row.disk, user: row.osUser };
+  return { snapshot: row.snapshot, ...(row.imageRef ? { imageRef: row.imageRef } : {}), ...(row.layers?.length ? { layers: row.layers } : {}), cpu: row.cpu, memory: row.mem, disk: row.disk, user: row.osUser };
 }
 
 /** Makes every organization's pool again (at start; they fill once reconciliation is done). */
@@ -97,7 +99,8 @@ export function warmPoolService(deps: WarmPoolDeps): Partial<ServiceImpl<typeof 
         shape = { snapshot: DEFAULT_SNAPSHOT, cpu: RESOURCES.cpu.default, memory: RESOURCES.memory.default, disk: RESOURCES.disk.default, user: DEFAULT_USER };
       } else {
         const s = await deps.snapshots(organizationId, name, true);
-        shape = { snapshot: s.name, ...(s.imageRef ? { imageRef: s.imageRef } : {}), cpu: s.row.cpu, memory: s.row.mem, disk: s.row.disk, user: s.user ?? DEFAULT_USER };
+        if (s.layers && s.layers.runnerId !== deps.runnerId) throw errors.invalidArgument(`Snapshot ${name} was taken of a sandbox on runner ${s.layers.runnerId}: warm pools are kept on this server's own runtime`);
+        shape = { snapshot: s.name, ...(s.imageRef ? { imageRef: s.imageRef } : {}), ...(s.layers ? { layers: s.layers.ids } : {}), cpu: s.row.cpu, memory: s.row.mem, disk: s.row.disk, user: s.user ?? DEFAULT_USER };
       }
       await withinTotal(organizationId, req.pool);
       const now = new Date();
@@ -106,6 +109,7 @@ export function warmPoolService(deps: WarmPoolDeps): Partial<ServiceImpl<typeof 
         organizationId,
         snapshot: shape.snapshot,
         imageRef: shape.imageRef ?? null,
+        layers: shape.layers ?? null,
         regionId,
         pool: req.pool,
         cpu: shape.cpu,

@@ -9,6 +9,8 @@ export interface WarmPoolRow {
   organizationId: string;
   snapshot: string;
   imageRef: string | null;
+  /** A running sandbox's snapshot: its captured layers, top first. */
+  layers: string[] | null;
   regionId: string;
   pool: number;
   cpu: number;
@@ -27,6 +29,7 @@ interface RawRow {
   organization_id: string;
   snapshot: string;
   image_ref: string | null;
+  layers: string[] | string | null;
   region_id: string;
   pool: number;
   cpu: number;
@@ -47,6 +50,7 @@ function toRow(r: RawRow): WarmPoolRow {
     organizationId: r.organization_id,
     snapshot: r.snapshot,
     imageRef: r.image_ref,
+    layers: typeof r.layers === "string" ? JSON.parse(r.layers) : r.layers,
     regionId: r.region_id,
     pool: r.pool,
     cpu: r.cpu,
@@ -96,9 +100,9 @@ export class WarmPoolStore {
   async insert(row: WarmPoolRow): Promise<WarmPoolRow> {
     try {
       const [made] = await this.#query(
-        `insert into warm_pool (id, organization_id, snapshot, image_ref, region_id, pool, cpu, mem, disk, os_user, env, paused, created_at, updated_at)
-          values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning *`,
-        [row.id, row.organizationId, row.snapshot, row.imageRef, row.regionId, row.pool, row.cpu, row.mem, row.disk, row.osUser, JSON.stringify(row.env), row.paused, row.createdAt, row.updatedAt],
+        `insert into warm_pool (id, organization_id, snapshot, image_ref, layers, region_id, pool, cpu, mem, disk, os_user, env, paused, created_at, updated_at)
+          values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning *`,
+        [row.id, row.organizationId, row.snapshot, row.imageRef, row.layers ? JSON.stringify(row.layers) : null, row.regionId, row.pool, row.cpu, row.mem, row.disk, row.osUser, JSON.stringify(row.env), row.paused, row.createdAt, row.updatedAt],
       );
       return made!;
     } catch (err) {

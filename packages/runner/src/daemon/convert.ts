@@ -34,6 +34,7 @@ export function specToProto(s: RuntimeSandboxSpec): SandboxSpec {
     user: s.user,
     volumes: (s.volumes ?? []).map((v) => ({ volumeId: v.volumeId, mountPath: v.mountPath, subpath: v.subpath ?? "" })),
     ...(s.network ? { network: networkToProto(s.network) } : {}),
+    layers: s.layers ?? [],
   });
 }
 
@@ -69,6 +70,7 @@ export function specFromProto(s: SandboxSpec | undefined): RuntimeSandboxSpec {
     volumes: s.volumes.map((v) => ({ volumeId: v.volumeId, mountPath: v.mountPath, ...(v.subpath ? { subpath: v.subpath } : {}) })),
     ...(s.snapshotRef ? { image: s.snapshotRef } : {}),
     ...(s.network ? { network: networkFromProto(s.network) } : {}),
+    ...(s.layers.length ? { layers: [...s.layers] } : {}),
   };
 }
 

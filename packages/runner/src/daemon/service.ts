@@ -3,6 +3,7 @@ import { statfs } from "node:fs/promises";
 import { cpus, loadavg, totalmem, freemem } from "node:os";
 import { Readable } from "node:stream";
 import { create } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { errors } from "@sandbar/protocol";
 import {
@@ -95,6 +96,21 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
     async resizeSandbox(req) {
       await queue.run(id(req.id), () => runtime.resize(req.id, resourcesFromProto(req.resources)));
       return status(req.id);
+    },
+    async captureLayer(req) {
+      await queue.run(id(req.id), () => runtime.captureLayer(req.id, req.layerId));
+      return {};
+    },
+    async squashLayers(req) {
+      await runtime.squashLayers(req.layerIds, req.layerId);
+      return {};
+    },
+    async removeLayers(req) {
+      await runtime.removeLayers(req.layerIds);
+      return {};
+    },
+    async listLayers() {
+      return { layers: (await runtime.listLayers()).map((l) => ({ id: l.id, createdAt: timestampFromDate(l.createdAt) })) };
     },
     async getAgentAccess(req) {
       const dial = await runtime.connectAgent(id(req.id));

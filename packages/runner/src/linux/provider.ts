@@ -1,4 +1,4 @@
-import { mkdir, readlink, realpath, rm } from "node:fs/promises";
+import { mkdir, readlink, realpath, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { errors } from "@sandbar/protocol";
@@ -9,16 +9,17 @@ import { definedOf, diskBytesOf, validateId, validateSpec } from "../spec.ts";
 import { which } from "../host/command.ts";
 import { assertReachable, checkRootAndInit, statOrFail } from "../host/host-paths.ts";
 import { Layout } from "../host/layout.ts";
-import { isMountpoint, mountsUnder } from "../host/mounts.ts";
+import { isMountpoint, mountsUnder, unmount } from "../host/mounts.ts";
 import { listRecordIds, type SandboxRecord } from "../host/record.ts";
 import { baseInfo, errorOf, type HostOptions, SandboxHost } from "../host/sandbox-host.ts";
 import { detectCgroups } from "./cgroups/detect.ts";
 import type { CgroupBackend, Reclaimed } from "./cgroups/types.ts";
 import { DiskImagePool, type DiskPoolOptions } from "./disk-pool.ts";
+import { copyLayer, LayerStore, squashInto } from "./layers.ts";
 import { waitForSocket } from "./launcher.ts";
 import { type LeftoverTally, removeLeftovers } from "./leftovers.ts";
 import { MeminfoRefresher } from "./meminfo-refresher.ts";
-import { growDiskImage } from "./mounts.ts";
+import { growDiskImage, mountDiskImage } from "./mounts.ts";
 import { sandboxAgent, sandboxInit } from "./sandbox-procs.ts";
 import { applyLimits, meminfoFile, prepareAndLaunch, type StartContext, type StartPhase, type Tools } from "./sandbox-start.ts";
 import { syscallFilter } from "./syscall-filter.ts";
@@ -51,6 +52,8 @@ export class LinuxProvider implements SandboxProvider {
   /** Tools layers (node, init shell, agent bundle) shared by the sandboxes that run the same ones. */
   readonly #toolsLayers: SharedToolsLayers;
   readonly #diskPool: DiskImagePool;
+  /** Captured layers (layers.ts): forks and snapshots of running sandboxes stack them. */
+  readonly layers: LayerStore;
   /** Keeps each running sandbox's /proc/meminfo view (its memory, not the host's) current. */
   readonly meminfo: MeminfoRefresher;
   readonly #exits = new Map<string, { code: number | null; signal: string | null }>();
@@ -60,8 +63,9 @@ export class LinuxProvider implements SandboxProvider {
   trace: NonNullable<LinuxProviderOptions["trace"]>;
   #oomWarned = false;
 
-  private constructor(host: SandboxHost, cgroups: CgroupBackend, tools: Tools, diskPool: DiskImagePool, meminfo: MeminfoRefresher, options: LinuxProviderOptions) {
+  private constructor(host: SandboxHost, cgroups: CgroupBackend, tools: Tools, diskPool: DiskImagePool, meminfo: MeminfoRefresher, layers: LayerStore, options: LinuxProviderOptions) {
     this.host = host;
+    this.layers = layers;
     this.meminfo = meminfo;
     this.#diskPool = diskPool;
     this.cgroups = cgroups;
@@ -81,6 +85,7 @@ export class LinuxProvider implements SandboxProvider {
       tools: this.#tools,
       toolsLayers: this.#toolsLayers,
       meminfo: this.meminfo,
+      layerRoot: (l) => this.layers.root(l),
       onExit: (id, exit) => (exit ? this.#exits.set(id, exit) : this.#exits.delete(id)),
       teardown: (id) => this.#teardown(id),
     };
@@ -120,7 +125,11 @@ export class LinuxProvider implements SandboxProvider {
     startSpawner(); // ready long before a first start needs it
     const diskPool = await DiskImagePool.open(path.join(host.layout.dataDir, "disk-pool"), { ...options.diskPool, log: options.log });
     const meminfo = await MeminfoRefresher.open({ cgroups, intervalMs: options.meminfoRefreshMs, log: options.log });
-    const provider = new LinuxProvider(host, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, diskPool, meminfo, options);
+    const layers = await LayerStore.open(path.join(host.layout.dataDir, "layers"));
+    // A layer holds its uid as a sandbox does: forks and sandboxes made on it run as that uid.
+    for (const l of await layers.list()) host.uids.markUsed(await layers.uid(l.id));
+    const provider = new LinuxProvider(host, cgroups, { bwrap, setpriv, initSh, seccompFile, nsenter: which("nsenter") }, diskPool, meminfo, layers, options);
+    await provider.#thawInterruptedCaptures();
     // What a runner killed (or a data dir deleted) left: gone before anything new is made.
     await provider.removeLeftovers().catch((err: unknown) => host.log(`leftovers: ${err instanceof Error ? err.message : String(err)}`));
     await provider.#adoptMeminfoViews();
@@ -144,7 +153,9 @@ export class LinuxProvider implements SandboxProvider {
     return this.host.lock.with(spec.id, async () => {
       await this.host.assertNew(spec.id);
       const dir = this.host.layout.sandboxDir(spec.id);
-      const hostUid = this.host.uids.allocate();
+      // On captured layers: their author's uid, which owns their files (layers.ts).
+      const hostUid = spec.layers?.length ? await this.layers.uid(spec.layers[0]!) : this.host.uids.allocate();
+      if (spec.layers?.length) this.host.uids.markUsed(hostUid);
       try {
         await mkdir(dir, { mode: 0o700 });
         const disk = diskBytesOf(spec);
@@ -381,6 +392,78 @@ export class LinuxProvider implements SandboxProvider {
       info.error = errorOf(how, seen, restarts);
     }
     return info;
+  }
+
+  // ---- captured layers ----------------------------------------------------------------------
+
+  /** Marks a capture under way: a runner killed while the sandbox is frozen thaws it at its next open. */
+  #captureMarker(id: string): string {
+    return path.join(this.host.layout.sandboxDir(id), "capturing");
+  }
+
+  async #thawInterruptedCaptures(): Promise<void> {
+    for (const id of await listRecordIds(this.host.layout)) {
+      const marker = this.#captureMarker(id);
+      if (!(await rm(marker).then(() => true, () => false))) continue;
+      await this.cgroups.thaw(id).catch((err: unknown) => this.host.log(`sandbox ${id}: thaw after an interrupted capture: ${String(err)}`));
+      this.host.log(`sandbox ${id}: thawed after an interrupted capture`);
+    }
+  }
+
+  async captureLayer(id: string, layerId: string): Promise<void> {
+    validateId(id);
+    validateId(layerId);
+    await this.host.lock.with(id, async () => {
+      const rec = await this.host.record(id);
+      const L = this.host.layout;
+      const hasDisk = rec.spec.diskGiB !== undefined;
+      const running = (await this.cgroups.pids(id)).length > 0;
+      // A stopped sandbox's disk image is mounted read-only for the copy (as a pack does).
+      const mountHere = hasDisk && !(await isMountpoint(L.diskMount(id)));
+      if (mountHere) {
+        await mkdir(L.diskMount(id), { recursive: true, mode: 0o700 });
+        await mountDiskImage(L.diskImage(id), L.diskMount(id), true);
+      }
+      try {
+        // A sandbox frozen already (paused) stays so: nothing to freeze, nothing to thaw after.
+        const freeze = running && !(await this.cgroups.frozen(id));
+        await this.layers.make(layerId, rec.hostUid, async (root) => {
+          if (!freeze) return copyLayer(L.upper(id, hasDisk), root, [SANDBOX_PATHS.agentState]);
+          await writeFile(this.#captureMarker(id), layerId, { mode: 0o600 });
+          await this.cgroups.freeze(id);
+          try {
+            await copyLayer(L.upper(id, hasDisk), root, [SANDBOX_PATHS.agentState]);
+          } finally {
+            await this.cgroups.thaw(id);
+            await rm(this.#captureMarker(id), { force: true });
+          }
+        });
+        this.host.uids.markUsed(rec.hostUid); // the layer holds its author's uid
+      } finally {
+        if (mountHere) await unmount(L.diskMount(id)).catch((e: unknown) => this.host.log(`sandbox ${id}: unmount after capture: ${String(e)}`));
+      }
+    });
+  }
+
+  async squashLayers(layerIds: string[], layerId: string): Promise<void> {
+    validateId(layerId);
+    if (layerIds.length === 0) throw errors.invalidArgument("no layers to squash");
+    const uid = await this.layers.uid(layerIds[0]!);
+    await this.layers.make(layerId, uid, (root) => squashInto(layerIds.map((l) => this.layers.root(validateId(l))), root));
+    this.host.uids.markUsed(uid);
+  }
+
+  async removeLayers(layerIds: string[]): Promise<void> {
+    for (const l of layerIds) {
+      const uid = await this.layers.uid(validateId(l)).catch(() => undefined);
+      if (uid === undefined) continue;
+      await this.layers.remove(l);
+      this.host.uids.release(uid);
+    }
+  }
+
+  listLayers(): Promise<Array<{ id: string; createdAt: Date }>> {
+    return this.layers.list();
   }
 
   // ---- writable layer -----------------------------------------------------------------------

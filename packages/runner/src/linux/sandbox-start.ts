@@ -41,6 +41,8 @@ export interface StartContext {
   tools: Tools;
   toolsLayers: SharedToolsLayers;
   meminfo: MeminfoRefresher;
+  /** Host path of a captured layer's root (layers.ts). */
+  layerRoot(layerId: string): string;
   /** How the first process ended (undefined: a new one starts). */
   onExit(id: string, exit: { code: number | null; signal: string | null } | undefined): void;
   teardown(id: string): Promise<void>;
@@ -96,7 +98,10 @@ export async function prepareAndLaunch(ctx: StartContext, rec: SandboxRecord, ph
     phase("dirs");
     const { dir: toolsDir, agentEntry } = await tools;
     // The disk image (its upper and work dirs made on it) and the overlay, in one process.
-    const overlay = { lowers: [toolsDir, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") };
+    // Captured layers (a fork's, a running sandbox's snapshot's) sit between the upper and the snapshot.
+    const layers = (spec.layers ?? []).map((l) => ctx.layerRoot(l));
+    for (const [i, l] of layers.entries()) await stat(l).catch(() => Promise.reject(errors.failedPrecondition(`layer ${spec.layers![i]} of sandbox ${id} is not on this host`)));
+    const overlay = { lowers: [toolsDir, ...layers, spec.rootfs], upper: L.upper(id, hasDisk), work: L.work(id, hasDisk), target: L.rootMount(id), linkDir: path.join(L.sandboxDir(id), "layers") };
     await mountRoot(overlay, hasDisk ? { image: L.diskImage(id), target: L.diskMount(id) } : undefined);
 
     phase("overlay");

@@ -14,6 +14,7 @@ export class Migration0027WarmPools extends Migration {
       "organization_id" uuid not null references "organization" ("id") on delete cascade,
       "snapshot" varchar(255) not null,
       "image_ref" varchar(255) null,
+      "layers" jsonb null,
       "region_id" varchar(255) not null,
       "pool" int not null,
       "cpu" int not null,

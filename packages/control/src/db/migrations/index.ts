@@ -19,6 +19,7 @@ import { Migration0021SandboxClassGpu } from "./0021-sandbox-class-gpu.ts";
 import { Migration0022DeletedUsers } from "./0022-deleted-users.ts";
 import { Migration0023SignInAddresses } from "./0023-sign-in-addresses.ts";
 import { Migration0024AutoPause } from "./0024-auto-pause.ts";
+import { Migration0025Layers } from "./0025-layers.ts";
 import { Migration0026SandboxLifecycle } from "./0026-sandbox-lifecycle.ts";
 import { Migration0027WarmPools } from "./0027-warm-pools.ts";
 
@@ -45,6 +46,7 @@ export const migrations = [
   { name: "0022-deleted-users", class: Migration0022DeletedUsers },
   { name: "0023-sign-in-addresses", class: Migration0023SignInAddresses },
   { name: "0024-auto-pause", class: Migration0024AutoPause },
+  { name: "0025-layers", class: Migration0025Layers },
   { name: "0026-sandbox-lifecycle", class: Migration0026SandboxLifecycle },
   { name: "0027-warm-pools", class: Migration0027WarmPools },
 ];

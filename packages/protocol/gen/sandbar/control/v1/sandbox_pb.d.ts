@@ -946,6 +946,128 @@ export declare type CreateSandboxRequest = Message<"sandbar.control.v1.CreateSan
 export declare const CreateSandboxRequestSchema: GenMessage<CreateSandboxRequest>;
 
 /**
+ * @generated from message sandbar.control.v1.CreateSandboxSnapshotRequest
+ */
+export declare type CreateSandboxSnapshotRequest = Message<"sandbar.control.v1.CreateSandboxSnapshotRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * Name of the new snapshot (validated as image snapshot names are; unique in the organization).
+   *
+   * @generated from field: string name = 2;
+   */
+  name: string;
+
+  /**
+   * VM sandboxes only in the reference: a container sandbox answers 400.
+   *
+   * @generated from field: optional bool include_memory = 3;
+   */
+  includeMemory?: boolean | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.CreateSandboxSnapshotRequest.
+ * Use `create(CreateSandboxSnapshotRequestSchema)` to create a new message.
+ */
+export declare const CreateSandboxSnapshotRequestSchema: GenMessage<CreateSandboxSnapshotRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.ForkSandboxRequest
+ */
+export declare type ForkSandboxRequest = Message<"sandbar.control.v1.ForkSandboxRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * Generated (unique) when absent.
+   *
+   * @generated from field: optional string name = 2;
+   */
+  name?: string | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.ForkSandboxRequest.
+ * Use `create(ForkSandboxRequestSchema)` to create a new message.
+ */
+export declare const ForkSandboxRequestSchema: GenMessage<ForkSandboxRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.ForkSandboxesRequest
+ */
+export declare type ForkSandboxesRequest = Message<"sandbar.control.v1.ForkSandboxesRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * 1..10 forks sharing one capture.
+   *
+   * @generated from field: int32 count = 2;
+   */
+  count: number;
+
+  /**
+   * Names for the forks, in order; generated where absent.
+   *
+   * @generated from field: repeated string names = 3;
+   */
+  names: string[];
+};
+
+/**
+ * Describes the message sandbar.control.v1.ForkSandboxesRequest.
+ * Use `create(ForkSandboxesRequestSchema)` to create a new message.
+ */
+export declare const ForkSandboxesRequestSchema: GenMessage<ForkSandboxesRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.GetSandboxForksRequest
+ */
+export declare type GetSandboxForksRequest = Message<"sandbar.control.v1.GetSandboxForksRequest"> & {
+  /**
+   * @generated from field: string sandbox_id = 1;
+   */
+  sandboxId: string;
+
+  /**
+   * Destroyed forks too.
+   *
+   * @generated from field: optional bool include_destroyed = 2;
+   */
+  includeDestroyed?: boolean | undefined;
+};
+
+/**
+ * Describes the message sandbar.control.v1.GetSandboxForksRequest.
+ * Use `create(GetSandboxForksRequestSchema)` to create a new message.
+ */
+export declare const GetSandboxForksRequestSchema: GenMessage<GetSandboxForksRequest>;
+
+/**
+ * @generated from message sandbar.control.v1.SandboxList
+ */
+export declare type SandboxList = Message<"sandbar.control.v1.SandboxList"> & {
+  /**
+   * @generated from field: repeated sandbar.control.v1.Sandbox items = 1;
+   */
+  items: Sandbox[];
+};
+
+/**
+ * Describes the message sandbar.control.v1.SandboxList.
+ * Use `create(SandboxListSchema)` to create a new message.
+ */
+export declare const SandboxListSchema: GenMessage<SandboxList>;
+
+/**
  * @generated from message sandbar.control.v1.GetSandboxRequest
  */
 export declare type GetSandboxRequest = Message<"sandbar.control.v1.GetSandboxRequest"> & {
@@ -2287,7 +2409,70 @@ export declare const SandboxService: GenService<{
   },
   /**
    * Base URL of the toolbox for this sandbox (SDK 0.132-0.144, and the 0.200+ fallback).
+   * A snapshot of the sandbox's filesystem at this instant (0.218 `createSandboxSnapshot`): its
+   * writable layer is captured (frozen for that instant while it runs) and stacked over its own
+   * layers and image as a new snapshot of the organization. The sandbox is `snapshotting`
+   * meanwhile and back in its state in the answer.
    *
+   * @generated from rpc sandbar.control.v1.SandboxService.CreateSandboxSnapshot
+   */
+  createSandboxSnapshot: {
+    methodKind: "unary";
+    input: typeof CreateSandboxSnapshotRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * A copy-on-write clone (0.218 `forkSandbox`): a new sandbox on the parent's layers and its
+   * captured writable layer, started like the parent (stopped when it is); the parent runs on.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.ForkSandbox
+   */
+  forkSandbox: {
+    methodKind: "unary";
+    input: typeof ForkSandboxRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * Sandbar's own: `count` forks sharing one capture (parallel attempts), answered as a list.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.ForkSandboxes
+   */
+  forkSandboxes: {
+    methodKind: "unary";
+    input: typeof ForkSandboxesRequestSchema;
+    output: typeof SandboxListSchema;
+  },
+  /**
+   * The sandboxes forked from this one, oldest first.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.GetSandboxForks
+   */
+  getSandboxForks: {
+    methodKind: "unary";
+    input: typeof GetSandboxForksRequestSchema;
+    output: typeof SandboxListSchema;
+  },
+  /**
+   * The sandbox this one was forked from (404 when it was not, or it is gone).
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.GetSandboxParent
+   */
+  getSandboxParent: {
+    methodKind: "unary";
+    input: typeof GetSandboxRequestSchema;
+    output: typeof SandboxSchema;
+  },
+  /**
+   * Parent, its parent, and so on (nearest first), as far as they still exist.
+   *
+   * @generated from rpc sandbar.control.v1.SandboxService.GetSandboxAncestors
+   */
+  getSandboxAncestors: {
+    methodKind: "unary";
+    input: typeof GetSandboxRequestSchema;
+    output: typeof SandboxListSchema;
+  },
+  /**
    * @generated from rpc sandbar.control.v1.SandboxService.GetToolboxProxyUrl
    */
   getToolboxProxyUrl: {

@@ -173,6 +173,13 @@ export declare type SandboxSpec = Message<"sandbar.runner.v1.SandboxSpec"> & {
    * @generated from field: repeated sandbar.runner.v1.VolumeMount volumes = 9;
    */
   volumes: VolumeMount[];
+
+  /**
+   * Captured layers (CaptureLayer's ids), top first, stacked above the snapshot.
+   *
+   * @generated from field: repeated string layers = 10;
+   */
+  layers: string[];
 };
 
 /**
@@ -591,6 +598,117 @@ export declare type ListSandboxesResponse = Message<"sandbar.runner.v1.ListSandb
  * Use `create(ListSandboxesResponseSchema)` to create a new message.
  */
 export declare const ListSandboxesResponseSchema: GenMessage<ListSandboxesResponse>;
+
+/**
+ * @generated from message sandbar.runner.v1.CaptureLayerRequest
+ */
+export declare type CaptureLayerRequest = Message<"sandbar.runner.v1.CaptureLayerRequest"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: string layer_id = 2;
+   */
+  layerId: string;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.CaptureLayerRequest.
+ * Use `create(CaptureLayerRequestSchema)` to create a new message.
+ */
+export declare const CaptureLayerRequestSchema: GenMessage<CaptureLayerRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.SquashLayersRequest
+ */
+export declare type SquashLayersRequest = Message<"sandbar.runner.v1.SquashLayersRequest"> & {
+  /**
+   * Top first.
+   *
+   * @generated from field: repeated string layer_ids = 1;
+   */
+  layerIds: string[];
+
+  /**
+   * @generated from field: string layer_id = 2;
+   */
+  layerId: string;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.SquashLayersRequest.
+ * Use `create(SquashLayersRequestSchema)` to create a new message.
+ */
+export declare const SquashLayersRequestSchema: GenMessage<SquashLayersRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.RemoveLayersRequest
+ */
+export declare type RemoveLayersRequest = Message<"sandbar.runner.v1.RemoveLayersRequest"> & {
+  /**
+   * @generated from field: repeated string layer_ids = 1;
+   */
+  layerIds: string[];
+};
+
+/**
+ * Describes the message sandbar.runner.v1.RemoveLayersRequest.
+ * Use `create(RemoveLayersRequestSchema)` to create a new message.
+ */
+export declare const RemoveLayersRequestSchema: GenMessage<RemoveLayersRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.ListLayersRequest
+ */
+export declare type ListLayersRequest = Message<"sandbar.runner.v1.ListLayersRequest"> & {
+};
+
+/**
+ * Describes the message sandbar.runner.v1.ListLayersRequest.
+ * Use `create(ListLayersRequestSchema)` to create a new message.
+ */
+export declare const ListLayersRequestSchema: GenMessage<ListLayersRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.Layer
+ */
+export declare type Layer = Message<"sandbar.runner.v1.Layer"> & {
+  /**
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp created_at = 2;
+   */
+  createdAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.Layer.
+ * Use `create(LayerSchema)` to create a new message.
+ */
+export declare const LayerSchema: GenMessage<Layer>;
+
+/**
+ * The layers the runner holds (ListLayers); empty for the others.
+ *
+ * @generated from message sandbar.runner.v1.LayersResponse
+ */
+export declare type LayersResponse = Message<"sandbar.runner.v1.LayersResponse"> & {
+  /**
+   * @generated from field: repeated sandbar.runner.v1.Layer layers = 1;
+   */
+  layers: Layer[];
+};
+
+/**
+ * Describes the message sandbar.runner.v1.LayersResponse.
+ * Use `create(LayersResponseSchema)` to create a new message.
+ */
+export declare const LayersResponseSchema: GenMessage<LayersResponse>;
 
 /**
  * @generated from message sandbar.runner.v1.ResizeSandboxRequest
@@ -1835,6 +1953,43 @@ export declare const RunnerService: GenService<{
     methodKind: "server_streaming";
     input: typeof GetSandboxChangesRequestSchema;
     output: typeof SandboxChangesPartSchema;
+  },
+  /**
+   * Copies a sandbox's writable layer into a new read-only layer (frozen for that instant while
+   * it runs): what a snapshot of a running sandbox and a fork stack (DESIGN.md decision 19).
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.CaptureLayer
+   */
+  captureLayer: {
+    methodKind: "unary";
+    input: typeof CaptureLayerRequestSchema;
+    output: typeof LayersResponseSchema;
+  },
+  /**
+   * Merges layers (top first) into one new layer: the depth bound of stacks.
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.SquashLayers
+   */
+  squashLayers: {
+    methodKind: "unary";
+    input: typeof SquashLayersRequestSchema;
+    output: typeof LayersResponseSchema;
+  },
+  /**
+   * @generated from rpc sandbar.runner.v1.RunnerService.RemoveLayers
+   */
+  removeLayers: {
+    methodKind: "unary";
+    input: typeof RemoveLayersRequestSchema;
+    output: typeof LayersResponseSchema;
+  },
+  /**
+   * @generated from rpc sandbar.runner.v1.RunnerService.ListLayers
+   */
+  listLayers: {
+    methodKind: "unary";
+    input: typeof ListLayersRequestSchema;
+    output: typeof LayersResponseSchema;
   },
 }>;
 
