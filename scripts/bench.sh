@@ -7,6 +7,10 @@ ensure_deps
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=($(for d in bench/*/run.ts; do basename "$(dirname "$d")"; done))
 for name in "${names[@]}"; do
-  echo "== bench/$name"
-  node "bench/$name/run.ts"
+  # run.ts, then the bench's other entry points (run-<part>.ts), each writing its own results.
+  for entry in "bench/$name/run.ts" bench/"$name"/run-*.ts; do
+    [ -e "$entry" ] || continue
+    echo "== $entry"
+    node "$entry"
+  done
 done

@@ -86,6 +86,7 @@ export const SAMPLE_REQUESTS: Record<string, Record<string, unknown>> = {
   "OrganizationMemberService.UpdateMemberAccess": { role: "member", assignedRoleIds: [] },
   "OrganizationMemberService.UpdateMemberRole": { role: "member" },
   "DockerRegistryService.UpdateRegistry": { name: "renamed", url: "registry.a.example.test", username: "a-robot" },
+  "SandboxService.CreateSandboxSnapshot": { name: "a-snapshot-of-theirs" },
 };
 
 /** Fields that look like ids but do not name another organization's resource, and why. */

@@ -32,6 +32,12 @@ describe("the contract's rate-limit counters", () => {
       "POST /workspace/{sandbox_id}/archive": "sandbox-lifecycle",
       "POST /sandbox/{sandbox_id}/resize": "sandbox-lifecycle",
       "POST /workspace/{sandbox_id}/resize": "sandbox-lifecycle",
+      // Stateful sandboxes: a fork is a create (of one or several), the rest lifecycle.
+      "POST /sandbox/{sandbox_id}/fork": "sandbox-create",
+      "POST /sandbox/{sandbox_id}/forks": "sandbox-create",
+      "POST /sandbox/{sandbox_id}/pause": "sandbox-lifecycle",
+      "POST /sandbox/{sandbox_id}/recover": "sandbox-lifecycle",
+      "POST /sandbox/{sandbox_id}/snapshot": "sandbox-lifecycle",
       "GET /config": "none",
       "GET /shared-regions": "none",
       "GET /organizations/sandbox-identity/by-sandbox-auth-token/{auth_token}": "anonymous",

@@ -20,7 +20,7 @@ export interface PoolShape {
 export interface PoolOptions {
   /**
    * Members wait paused (frozen, their reclaimable memory given back) and are thawed at claim: no
-   * CPU while they wait, a few milliseconds more per claim (bench/sandboxes/pause.ts).
+   * CPU while they wait, a few milliseconds more per claim (bench/sandboxes/run-pause.ts).
    */
   paused?: boolean;
   log?: (line: string) => void;

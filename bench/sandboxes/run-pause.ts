@@ -3,7 +3,7 @@
 // freezer's own floor (freeze then thaw of a cgroup holding one process) measured in the same run,
 // interleaved; and the host memory an idle paused sandbox keeps.
 //
-//   node bench/sandboxes/pause.ts [--quick]   (as root; writes bench/sandboxes/RESULTS-pause.md)
+//   node bench/sandboxes/run-pause.ts [--quick]   (as root; writes bench/sandboxes/RESULTS-pause.md)
 //
 // --quick: 12 runs of each (to check the bench works).
 import { spawn } from "node:child_process";
@@ -15,7 +15,7 @@ import { LocalRuntime } from "../../packages/control/src/sandboxes/local-runtime
 import { LinuxProvider } from "../../packages/runner/src/linux/provider.ts";
 import { loadAvg, log, machine, ms, requireRoot, startBenchServer, stats } from "./support.ts";
 
-requireRoot("bench/sandboxes/pause");
+requireRoot("bench/sandboxes/run-pause");
 const QUICK = process.argv.includes("--quick");
 const RUNS = QUICK ? 12 : 50;
 const MEMORY_SANDBOXES = QUICK ? 3 : 10;
@@ -106,7 +106,7 @@ try {
 Latest run: ${new Date().toISOString()} on ${machine()}, cgroup ${cgroups.version};
 load average at the end ${loadAvg()} (the machine is shared: other work running at the same time shows up as noise).
 
-Command: \`node bench/sandboxes/pause.ts\` (as root). One real control server (\`startTestServer\`, the real
+Command: \`node bench/sandboxes/run-pause.ts\` (as root). One real control server (\`startTestServer\`, the real
 agent bundled fresh, no warm pool); three idle sandboxes of the default shape (1 core, 1 GiB). The kinds of
 run are interleaved, ${RUNS} of each, so load drifting on the machine hits them alike.
 

@@ -3,15 +3,15 @@
 // capture), beside floors measured in the same run on the same sandbox: a bare freeze+thaw of its
 // cgroup, and `cp -a --reflink=auto` of its upper dir (what a capture copies on this ext4 host).
 //
-//   node bench/sandboxes/layers.ts [--quick]     (as root; writes bench/sandboxes/RESULTS-layers.md)
-//   node bench/sandboxes/layers.ts --fork-only   (the 10 MB case with the fork rows alone; printed, writes nothing)
+//   node bench/sandboxes/run-layers.ts [--quick]     (as root; writes bench/sandboxes/RESULTS-layers.md)
+//   node bench/sandboxes/run-layers.ts --fork-only   (the 10 MB case with the fork rows alone; printed, writes nothing)
 import { spawnSync } from "node:child_process";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { LocalRuntime } from "../../packages/control/src/sandboxes/local-runtime.ts";
 import { loadAvg, log, machine, ms, requireRoot, startBenchServer, stats, type Stat } from "./support.ts";
 
-requireRoot("bench/sandboxes/layers");
+requireRoot("bench/sandboxes/run-layers");
 const QUICK = process.argv.includes("--quick");
 
 interface Row {
@@ -134,7 +134,7 @@ const text = `# Sandboxes bench: snapshots of running sandboxes and forks
 
 Latest run: ${new Date().toISOString()} on ${machine()}; load average at the end ${loadAvg()} (shared machine).
 
-Command: \`node bench/sandboxes/layers.ts\` (as root). One real control server, the default snapshot,
+Command: \`node bench/sandboxes/run-layers.ts\` (as root). One real control server, the default snapshot,
 sandboxes of the default shape (their writable layer on a loop-mounted 3 GiB ext4 image), filled through
 the toolbox before the runs. For each size, interleaved per run:
 
