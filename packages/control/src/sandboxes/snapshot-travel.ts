@@ -1,13 +1,17 @@
-import type { SnapshotRow } from "../snapshots/store.ts";
+import type { SnapshotPatch, SnapshotRow } from "../snapshots/store.ts";
 import { type OperationContext, reasonOf } from "./operation-context.ts";
 import type { SandboxRuntime } from "./runtime.ts";
-import type { LayerSnapshots } from "./snapshot-sandbox.ts";
 
 // A running sandbox's snapshot travels (DESIGN.md decision 19): once it is active (and answered),
 // the runner holding its layers exports them over its base as an OCI image and pushes it to the
 // internal registry with the organization's push account; the snapshot row then names the image
 // pinned to its digest, and creates that cannot use the layers pull it (create.ts). A failure is
 // logged and recorded on the row, never fatal: the snapshot stays usable where its layers are.
+
+/** What the export records on the snapshot's row. */
+interface SnapshotRecords {
+  update(id: string, patch: SnapshotPatch): Promise<unknown>;
+}
 
 export interface TravellingSnapshot {
   snapshot: SnapshotRow;
@@ -20,7 +24,7 @@ export interface TravellingSnapshot {
 }
 
 /** Starts the export in the background; the context's close waits for it. */
-export function exportInBackground(c: OperationContext, snapshots: LayerSnapshots, rt: SandboxRuntime, s: TravellingSnapshot): void {
+export function exportInBackground(c: OperationContext, snapshots: SnapshotRecords, rt: SandboxRuntime, s: TravellingSnapshot): void {
   const push = c.snapshotPush;
   if (!push) return; // no internal registry: the snapshot stays on its runner
   const job = (async () => {
