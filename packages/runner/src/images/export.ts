@@ -161,8 +161,8 @@ function tap(fn: (c: Buffer) => void): Transform {
 
 /** Directories of `root` carrying trusted.overlay.opaque=y (one getfattr for the tree). */
 async function opaqueDirs(root: string): Promise<Set<string>> {
-  const { stdout } = await run("getfattr", ["-R", "-P", "--absolute-names", "-n", "trusted.overlay.opaque", "-e", "text", "--", root], { maxBuffer: 256 << 20 })
-    .catch((err: { stdout?: string }) => ({ stdout: err.stdout ?? "" })); // exit 1 when some have none
+  // -d -m: only entries carrying it are printed, silently for the others; -P: symlinks not followed.
+  const { stdout } = await run("getfattr", ["-R", "-P", "--absolute-names", "-d", "-m", "^trusted\\.overlay\\.opaque$", "-e", "text", "--", root], { maxBuffer: 256 << 20 });
   const out = new Set<string>();
   let file: string | undefined;
   for (const line of stdout.split("\n")) {
