@@ -22,6 +22,6 @@ export function builtImagesIn(registry: InternalRegistry): BuiltImages {
   return {
     name,
     push: async (organizationId, info) => ({ image: name(organizationId, info.snapshotRef), credentials: await registry.buildCredentials(organizationId) }),
-    snapshot: async (organizationId, snapshotId) => ({ image: name(organizationId, `sandbar-snapshot-${snapshotId}:latest`), credentials: await registry.buildCredentials(organizationId) }),
+    snapshot: async (organizationId, snapshotId) => ({ image: name(organizationId, `sandbar-snapshot-${snapshotId}:snapshot`), credentials: await registry.buildCredentials(organizationId) }),
   };
 }

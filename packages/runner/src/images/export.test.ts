@@ -52,7 +52,7 @@ describe.skipIf(!root)("exportImage", () => {
     const cacheDir = path.join(scratch, "cache");
     const layers = [{ dir: base, cacheKey: "base-1" }, { dir: upper, owner: { from: HOST_UID, to: { uid: 1000, gid: 1000 } } }];
     const tmp = await mkdtemp(path.join(scratch, "tmp-"));
-    const out = await exportImage({ layers, config, cacheDir, tmp, push: { image: `${reg.host}/org/snap:latest`, credentials: creds } });
+    const out = await exportImage({ layers, config, cacheDir, tmp, push: { image: `${reg.host}/org/snap:v1`, credentials: creds } });
     expect(out).toMatchObject({ layers: 2, digest: expect.stringMatching(/^sha256:[0-9a-f]{64}$/) });
 
     const store = await ImageStore.open({ dataDir: path.join(scratch, "data") });
@@ -73,7 +73,7 @@ describe.skipIf(!root)("exportImage", () => {
     expect(blobs).toHaveLength(1);
     await writeFile(path.join(upper, "more"), "more\n");
     const tmp2 = await mkdtemp(path.join(scratch, "tmp-"));
-    const again = await exportImage({ layers, config, cacheDir, tmp: tmp2, push: { image: `${reg.host}/org/snap2:latest`, credentials: creds } });
+    const again = await exportImage({ layers, config, cacheDir, tmp: tmp2, push: { image: `${reg.host}/org/snap2:v1`, credentials: creds } });
     expect(again.digest).not.toBe(out.digest);
     expect((await readdir(cacheDir)).filter((n) => /^[0-9a-f]{64}$/.test(n))).toEqual(blobs);
   }, 120_000);
