@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, readdir, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -157,6 +157,37 @@ describe.skipIf(!root)("snapshots of a running sandbox travel as OCI images", ()
     await expectImage(digest);
     await expectChanged(fromImage.body.id);
     expect((await call("DELETE", `/sandbox/${first.id}`)).status).toBe(200);
+  }, 300_000);
+
+  it("of a default-snapshot sandbox: the default root is one layer, compressed once per runner; with the layers removed, a create from the image has the files", async () => {
+    const rt = t.server.sandboxes.runtime;
+    const m = t.server.sandboxes.manager;
+    const made = await call("POST", "/sandbox", { autoStopInterval: 0 });
+    expect(made.status, JSON.stringify(made.body)).toBe(200);
+    await upload(made.body.id, "/home/sandbar/note.txt", Buffer.from("on the default root\n"));
+    await upload(made.body.id, "/home/sandbar/big.bin", MB10);
+    expect((await call("POST", `/sandbox/${made.body.id}/snapshot`, { name: "travel-default" })).status).toBe(200);
+    const row = await exported("travel-default");
+    const cache = path.join((await rt.images!()).root, "exports");
+    const cached = (await readdir(cache)).filter((n) => n.startsWith("default-"));
+    expect(cached).toHaveLength(1);
+    // A second snapshot of it: the default root's blob comes from the cache.
+    await upload(made.body.id, "/home/sandbar/more.txt", Buffer.from("more\n"));
+    expect((await call("POST", `/sandbox/${made.body.id}/snapshot`, { name: "travel-default-2" })).status).toBe(200);
+    await exported("travel-default-2");
+    expect((await readdir(cache)).filter((n) => n.startsWith("default-"))).toEqual(cached);
+
+    expect((await call("DELETE", `/sandbox/${made.body.id}`)).status).toBe(200);
+    await eventually("destroyed", async () => (await m.store.byId(made.body.id))?.state === "destroyed", 60_000);
+    await rt.removeLayers(row.layers!);
+    const fromImage = await call("POST", "/sandbox", { snapshot: "travel-default", autoStopInterval: 0 });
+    expect(fromImage.status, JSON.stringify(fromImage.body)).toBe(200);
+    expect(fromImage.body.state).toBe("started");
+    const digest = row.pushedImage!.split("@")[1]!;
+    expect((await m.store.byId(fromImage.body.id))?.imageRef).toBe(digest);
+    expect((await (await rt.images!()).get(digest))?.layers).toHaveLength(2);
+    expect(await exec(fromImage.body.id, "cat ~/note.txt && python3 -c 'print(6*7)'")).toMatchObject({ exitCode: 0, result: "on the default root\n42\n" });
+    expect(sha(await download(fromImage.body.id, "/home/sandbar/big.bin"))).toBe(sha(MB10));
   }, 300_000);
 
   it("on a registered runner: the runner exports and pushes; with that runner gone, this server's runtime pulls the image and has the files and deletions", async () => {
