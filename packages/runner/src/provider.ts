@@ -241,6 +241,8 @@ export interface SandboxProvider {
   removeLayers?(layerIds: string[]): Promise<void>;
   /** Ids of the layers this provider holds, with when each was made. */
   listLayers?(): Promise<Array<{ id: string; createdAt: Date }>>;
+  /** Where a captured layer lies (overlayfs form) and the host uid owning its files: what an export to an OCI image reads. */
+  layerSource?(layerId: string): Promise<{ root: string; uid: number }>;
   /** Host path of the agent's unix socket; the sandbox must be started. */
   connect(id: string): Promise<string>;
   /** Releases host resources the provider holds beyond its sandboxes (sandboxes keep running). */

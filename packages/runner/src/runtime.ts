@@ -140,6 +140,12 @@ export interface SandboxRuntime {
   removeLayers(layerIds: string[]): Promise<void>;
   /** The captured layers this host holds, with when each was made. */
   listLayers(): Promise<Array<{ id: string; createdAt: Date }>>;
+  /**
+   * Makes an OCI image of captured layers (top first) over their base (an image by manifest digest;
+   * absent: the default root filesystem) and pushes it: what lets a snapshot of a running sandbox
+   * travel to runners without its layers. Answers the pushed manifest's digest.
+   */
+  exportLayers?(req: LayerExport): Promise<{ digest: string; layers: number; bytes: number }>;
   /** The host's image store (snapshots from OCI images); absent where images cannot be pulled. */
   images?(): Promise<ImageStore>;
   /** Whether the host's image store holds an image (by manifest digest). */
@@ -169,4 +175,15 @@ export interface AgentDial {
   readonly secret: string;
   api(): Duplex;
   tunnel(): Duplex;
+}
+
+/** What exportLayers makes and where it goes; the credentials serve this push only. */
+export interface LayerExport {
+  /** Captured layer ids, top first. */
+  layers: string[];
+  /** The base image's manifest digest; absent: the default snapshot's root. */
+  image?: string;
+  /** The sandbox user: files of the layers' author are written as that user's (its uid in the base). */
+  user: string;
+  push: { image: string; credentials?: RegistryCredentials };
 }

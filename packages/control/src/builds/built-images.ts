@@ -1,5 +1,6 @@
 import type { InternalRegistry } from "../registries/internal/index.ts";
 import { namespaceOf } from "../registries/internal/index.ts";
+import type { RegistryCredentials } from "@sandbar/runner/images";
 import type { PushTarget } from "./builder.ts";
 
 // Where built images live beyond the runner that built them: the internal registry (the
@@ -12,6 +13,8 @@ export interface BuiltImages {
   /** The repository and tag a build of the organization is pushed to. */
   name(organizationId: string, snapshotRef: string): string;
   push: PushTarget;
+  /** Where a running sandbox's snapshot is exported to (its own repository), with credentials that may push there. */
+  snapshot(organizationId: string, snapshotId: string): Promise<{ image: string; credentials: RegistryCredentials }>;
 }
 
 export function builtImagesIn(registry: InternalRegistry): BuiltImages {
@@ -19,5 +22,6 @@ export function builtImagesIn(registry: InternalRegistry): BuiltImages {
   return {
     name,
     push: async (organizationId, info) => ({ image: name(organizationId, info.snapshotRef), credentials: await registry.buildCredentials(organizationId) }),
+    snapshot: async (organizationId, snapshotId) => ({ image: name(organizationId, `sandbar-snapshot-${snapshotId}:snapshot`), credentials: await registry.buildCredentials(organizationId) }),
   };
 }

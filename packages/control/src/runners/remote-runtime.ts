@@ -18,6 +18,7 @@ import {
   RunnerSnapshotService,
 } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
 import type { RegistryCredentials } from "@sandbar/runner/images";
+import type { LayerExport } from "@sandbar/runner/runtime";
 import { AGENT_API_PATH, AGENT_TUNNEL_PATH, openAgentStream } from "@sandbar/runner/daemon";
 import { AgentRelay } from "./agent-relay.ts";
 import { changesPartFromProto, networkToProto, resourcesToProto, specToProto, statusFromProto } from "@sandbar/runner/daemon";
@@ -194,6 +195,13 @@ export class RemoteRuntime implements SandboxRuntime {
 
   async removeLayers(layerIds: string[]): Promise<void> {
     await this.#client.removeLayers({ layerIds }, this.#opts());
+  }
+
+  /** The runner exports and pushes itself (the credentials go with this call only); bounded by the image's size, not a lifecycle timeout. */
+  async exportLayers(req: LayerExport): Promise<{ digest: string; layers: number; bytes: number }> {
+    const c = req.push.credentials;
+    const out = await this.#client.exportLayers({ layerIds: req.layers, image: req.image ?? "", user: req.user, destination: req.push.image, ...(c ? { auth: { url: "", username: c.username, password: c.password } } : {}) });
+    return { digest: out.digest, layers: out.layers, bytes: Number(out.bytes) };
   }
 
   async listLayers(): Promise<Array<{ id: string; createdAt: Date }>> {

@@ -121,7 +121,7 @@ export async function startSandboxes(settings: Settings, orm: MikroORM, log: (li
   const builds = snapshots.builder ? new SandboxBuilds(snapshots.builder, runnerLogs) : undefined;
   // One operation per sandbox among every control process of the database (needs its URL).
   const sharedLocks = settings.databaseUrl ? new ClusterLocks(settings.databaseUrl, log) : undefined;
-  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pools, snapshots: snapshots.forSandbox, layerSnapshots: snapshots.store, builds, runners, sharedLocks, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror, builtImages) });
+  const { impl, manager } = sandboxServices({ orm, settings, runtime, log, pools, snapshots: snapshots.forSandbox, layerSnapshots: snapshots.store, builds, runners, sharedLocks, imageSource: snapshotImageSource(orm, credentialsFor, settings.registries.mirror, builtImages), snapshotPush: builtImages?.snapshot });
   // A host that cannot be listed is logged, not fatal: the API still serves, and says why calls fail.
   await reconcile(manager, log).catch((err: unknown) => log(`reconcile failed: ${err instanceof Error ? err.message : String(err)}`));
   // The registered runners that answer: the same, over each one's sandboxes.

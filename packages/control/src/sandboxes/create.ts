@@ -6,7 +6,7 @@ import { newAuthToken } from "./auth-token.ts";
 import { runtimeNetwork } from "./network-policy.ts";
 import { bad, type OperationContext, type Outcome, reasonOf } from "./operation-context.ts";
 import { holdImage, place } from "./placement.ts";
-import type { RuntimeSandboxSpec } from "./runtime.ts";
+import type { RuntimeSandboxSpec, SandboxRuntime } from "./runtime.ts";
 import { fitsInProcess, noAvailableRunners } from "./sandbox-class.ts";
 import type { WarmPool } from "./warm-pool.ts";
 
@@ -26,6 +26,8 @@ export interface NewSandbox {
   layers?: string[];
   /** The runner holding `layers`: the sandbox is made there. */
   layersRunnerId?: string;
+  /** The manifest digest `layers` were exported as (snapshot-travel.ts): what a create that cannot use them pulls. */
+  layersImage?: string;
   user: string;
   env: Record<string, string>;
   labels: Record<string, string>;
@@ -50,8 +52,9 @@ export interface NewSandbox {
   networkAllowList: string | null;
 }
 
-export async function create(c: OperationContext, input: NewSandbox): Promise<SandboxRecord> {
+export async function create(c: OperationContext, given: NewSandbox): Promise<SandboxRecord> {
   c.assertOpen();
+  const input = await layersOrImage(c, given);
   // Pool sandboxes are loopback only, without volumes, on this server's runtime: any other create is made for its request.
   // Layers are where they were captured: such a sandbox is made on that runner, not placed.
   const pinned = input.layersRunnerId !== undefined && input.layersRunnerId !== c.runtime.runnerId ? input.layersRunnerId : undefined;
@@ -74,6 +77,35 @@ export async function create(c: OperationContext, input: NewSandbox): Promise<Sa
   const made = await c.answer(id, op, "Sandbox failed to start");
   if (made.state === "started" && made.desiredState === "started") readyForCalls(c, made);
   return made;
+}
+
+/**
+ * A running sandbox's snapshot exported as an image (snapshot-travel.ts) is made from its layers
+ * where they are, and from the image where they cannot serve: their runner gone, not answering or
+ * without them any more, or (layers on this server's runtime) a region of registered runners. The
+ * image is then an ordinary image snapshot's: placed, pulled by the runner (placement.ts).
+ */
+async function layersOrImage(c: OperationContext, input: NewSandbox): Promise<NewSandbox> {
+  if (!input.layers?.length || !input.layersImage || (await layersUsable(c, input))) return input;
+  c.log(`snapshot ${input.snapshot}: its layers cannot serve this create on runner ${input.layersRunnerId}: from its image ${input.layersImage}`);
+  return { ...input, imageRef: input.layersImage, layers: undefined, layersRunnerId: undefined, layersImage: undefined };
+}
+
+async function layersUsable(c: OperationContext, input: NewSandbox): Promise<boolean> {
+  const runnerId = input.layersRunnerId;
+  const holds = async (rt: SandboxRuntime) => {
+    const have = new Set((await rt.listLayers()).map((l) => l.id));
+    return input.layers!.every((l) => have.has(l));
+  };
+  try {
+    if (!runnerId || runnerId === c.runtime.runnerId) return !((await c.runners?.servesRegion(input.regionId)) ?? false) && (await holds(c.runtime));
+    if (!((await c.runners?.ready()) ?? []).includes(runnerId)) return false;
+    const rt = await c.runners?.runtime(runnerId);
+    return rt !== undefined && (await holds(rt));
+  } catch (err) {
+    c.log(`snapshot ${input.snapshot}: runner ${runnerId} cannot say whether it holds the layers: ${reasonOf(err)}`);
+    return false;
+  }
 }
 
 /**

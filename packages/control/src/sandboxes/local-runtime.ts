@@ -9,7 +9,9 @@ import { snapshotNodeArgs } from "@sandbar/agent/snapshot-blob";
 import { ensureDefaultSnapshot, LinuxProvider, type Snapshot } from "@sandbar/runner/linux";
 import { ImageStore, sandboxSpecFor, type ImageStoreOptions, type RegistryCredentials } from "@sandbar/runner/images";
 import type { BuildSnapshotRequest, LogChunk, SnapshotProgress } from "@sandbar/protocol/gen/sandbar/runner/v1/runner_pb.js";
+import type { LayerExport } from "@sandbar/runner/runtime";
 import { HostBuilds } from "../builds/host-builds.ts";
+import { exportLayers } from "./layer-export.ts";
 import { type AgentDial, type RuntimeHealth, type RuntimeResources, type RuntimeSandbox, type RuntimeSandboxSpec, type SandboxRuntime, type RuntimeNetwork, unixAgentDial } from "./runtime.ts";
 
 // Sandboxes on this host: a provider (linux by default) over `<SANDBAR_DATA_DIR>/runner`, every sandbox made
@@ -279,6 +281,11 @@ export class LocalRuntime<P extends SandboxProvider = LinuxProvider> implements 
 
   async listLayers(): Promise<Array<{ id: string; createdAt: Date }>> {
     return (await this.provider.listLayers?.()) ?? [];
+  }
+
+  /** Captured layers over their base as an OCI image, pushed (layer-export.ts): a snapshot that travels. */
+  exportLayers(req: LayerExport): Promise<{ digest: string; layers: number; bytes: number }> {
+    return exportLayers({ provider: this.provider, images: () => this.images(), defaultSnapshot: () => this.#snapshot(), insecureRegistries: this.#imageOptions.insecureRegistries, log: this.#log }, req);
   }
 
   /** A layer method of the provider, or the 400 of one that has none (Docker: no overlay upper to capture). */

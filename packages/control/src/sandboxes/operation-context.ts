@@ -7,6 +7,7 @@ import { EndpointCache } from "./endpoint-cache.ts";
 import { LayerFiles } from "./layer-files.ts";
 import { OperationLocks } from "./operation-locks.ts";
 import type { ImageSource, RunnerDirectory } from "./runner-directory.ts";
+import type { RegistryCredentials } from "@sandbar/runner/images";
 import type { SandboxRuntime } from "./runtime.ts";
 import { SandboxStore } from "./store.ts";
 import type { WarmPools } from "./warm-pools.ts";
@@ -32,6 +33,8 @@ export interface SandboxManagerOptions {
   runners?: RunnerDirectory;
   /** Where a runner pulls a snapshot's image from: its pinned name and the organization's credentials for it. */
   imageSource?: ImageSource;
+  /** Where a running sandbox's snapshot is exported as an image (the internal registry); absent: such snapshots stay on their runner. */
+  snapshotPush?: SnapshotPush;
   /** Locks shared by every control process of the database (cluster-locks.ts): one operation per sandbox among them all. */
   sharedLocks?: SharedLocks;
 }
@@ -40,6 +43,9 @@ export interface SandboxManagerOptions {
  * How an operation ended: `failed` carries the reason when the sandbox did not get there; `row`,
  * the sandbox as its last write committed it (the answer, without reading it again).
  */
+/** The repository a snapshot of the organization is pushed to, with credentials that may push there. */
+export type SnapshotPush = (organizationId: string, snapshotId: string) => Promise<{ image: string; credentials?: RegistryCredentials }>;
+
 export interface Outcome {
   failed?: string;
   row?: SandboxRecord;
@@ -57,6 +63,9 @@ export class OperationContext {
   readonly runtime: SandboxRuntime;
   readonly runners?: RunnerDirectory;
   readonly imageSource?: ImageSource;
+  readonly snapshotPush?: SnapshotPush;
+  /** Exports of snapshots to the registry under way (snapshot-travel.ts). */
+  readonly exports = new Set<Promise<void>>();
   readonly store: SandboxStore;
   readonly files: LayerFiles;
   readonly locks: OperationLocks;
@@ -81,6 +90,7 @@ export class OperationContext {
     this.pools = o.pools;
     this.runners = o.runners;
     this.imageSource = o.imageSource;
+    this.snapshotPush = o.snapshotPush;
     this.locks = new OperationLocks(o.sharedLocks);
   }
 
@@ -93,7 +103,7 @@ export class OperationContext {
   async close(timeoutMs = 30_000): Promise<void> {
     this.#closing = true;
     await Promise.race([
-      Promise.allSettled([this.locks.idle(timeoutMs), ...this.backups.values()]),
+      Promise.allSettled([this.locks.idle(timeoutMs), ...this.backups.values(), ...this.exports]),
       new Promise((r) => setTimeout(r, timeoutMs).unref()),
     ]);
   }

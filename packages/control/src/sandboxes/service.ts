@@ -18,6 +18,7 @@ import type { SandboxRecord } from "../db/entities.ts";
 import { checkLimit, type CursorSort, cursorPage, encodeCursor, type ListCriteria, pagePage, type PageSort, sortValueOf, whereOf } from "./list-query.ts";
 import { SandboxManager } from "./manager.ts";
 import type { ImageSource, RunnerDirectory } from "./runner-directory.ts";
+import type { SnapshotPush } from "./operation-context.ts";
 import type { SandboxRuntime } from "./runtime.ts";
 import type { WarmPools } from "./warm-pools.ts";
 import { isEphemeral, normalizeAutoArchive } from "./states.ts";
@@ -48,6 +49,8 @@ export interface SandboxServiceDeps {
   runners?: RunnerDirectory;
   /** Where runners pull snapshot images from. */
   imageSource?: ImageSource;
+  /** Where running sandboxes' snapshots are exported to (the internal registry). */
+  snapshotPush?: SnapshotPush;
   /** Locks shared by the control processes of the database. */
   sharedLocks?: SharedLocks;
   /** Resolves a create's `snapshot` (an active one of the organization or a general one). */
@@ -55,7 +58,7 @@ export interface SandboxServiceDeps {
   builds?: SandboxBuilds;
   /** The snapshot table, for snapshots of running sandboxes (absent: those answer 503). */
   layerSnapshots?: LayerSnapshots;
-  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string }; row: { cpu: number; mem: number; disk: number } }>;
+  snapshots?: (organizationId: string, idOrName: string, imageUser?: boolean) => Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string; image?: string }; row: { cpu: number; mem: number; disk: number } }>;
 }
 
 export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<ServiceImpl<typeof SandboxService>>; manager: SandboxManager } {
@@ -68,6 +71,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
     pools: deps.pools,
     runners: deps.runners,
     imageSource: deps.imageSource,
+    snapshotPush: deps.snapshotPush,
     sharedLocks: deps.sharedLocks,
   });
   const { publicUrl } = deps.settings;
@@ -126,7 +130,7 @@ export function sandboxServices(deps: SandboxServiceDeps): { impl: Partial<Servi
       if (input.snapshot !== DEFAULT_SNAPSHOT && deps.snapshots) {
         // An image snapshot: its resources (a request naming a snapshot names none), its USER unless the request names a user.
         const { name, imageRef, user, layers, row } = await deps.snapshots(organizationId, input.snapshot, req.user === undefined);
-        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: row.cpu, memory: row.mem, disk: row.disk, ...(layers ? { layers: layers.ids, layersRunnerId: layers.runnerId } : {}) };
+        input = { ...input, snapshot: name, imageRef, user: req.user ?? user ?? input.user, cpu: row.cpu, memory: row.mem, disk: row.disk, ...(layers ? { layers: layers.ids, layersRunnerId: layers.runnerId, layersImage: layers.image } : {}) };
       }
       const volumes = await resolveMounts(deps.orm, organizationId, req.volumes);
       return dto(await manager.create({ ...input, volumes, regionId: await targetRegion(deps.orm, organizationId, req.target) }));

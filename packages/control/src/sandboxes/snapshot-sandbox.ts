@@ -4,6 +4,7 @@ import type { NewSnapshot, SnapshotPatch, SnapshotRow, SnapshotStateName } from 
 import { Checks } from "../services/validate.ts";
 import { DEFAULT_SNAPSHOT } from "./create-request.ts";
 import { capture, planCapture } from "./layer-capture.ts";
+import { exportInBackground } from "./snapshot-travel.ts";
 import { bad, type OperationContext, type Outcome, reasonOf, stateChangeInProgress } from "./operation-context.ts";
 
 // A snapshot of a running (or stopped) sandbox (0.218 `createSnapshot`): its writable layer is
@@ -51,6 +52,8 @@ export async function snapshotSandbox(c: OperationContext, snapshots: LayerSnaps
     try {
       await capture(rt, cur.id, plan);
       await snapshots.update(snap.id, { state: "active" }, ["pending"]);
+      // Not awaited: the answer does not wait for the push.
+      exportInBackground(c, snapshots, rt, { snapshot: snap, organizationId, layers: plan.layers, ref: cur.imageRef ?? null, user: cur.osUser });
     } catch (err) {
       c.log(`sandbox ${cur.id}: snapshot ${req.name} failed: ${reasonOf(err)}`);
       await snapshots.remove(snap.id).catch(() => undefined);

@@ -24,6 +24,15 @@ export function snapshotImageSource(orm: MikroORM, credentialsFor: CredentialsFo
     let row = rows[0];
     // A sandbox created with buildInfo has no snapshot of its image.
     row ??= ((await exec(`select '' as image_name, build_info->>'snapshotRef' as build_ref from sandbox where image_ref = ? and organization_id = ? and build_info is not null limit 1`, [digest, organizationId])) as Array<{ image_name: string; build_ref: string | null }>)[0];
+    if (!row) {
+      // A running sandbox's snapshot exported to the internal registry (sandboxes/snapshot-travel.ts): named there, pinned.
+      const pushed = ((await exec(`select pushed_image from snapshot where organization_id = ? and pushed_image like ? and state = 'active' limit 1`, [organizationId, `%@${digest}`])) as Array<{ pushed_image: string }>)[0];
+      if (pushed) {
+        const registry = parseImageRef(pushed.pushed_image).registry;
+        const credentials = credentialsFor ? await credentialsFor(organizationId, registry) : undefined;
+        return { name: pushed.pushed_image, ...(credentials ? { credentials } : {}) };
+      }
+    }
     if (!row) throw errors.failedPrecondition(`No active snapshot of this organization has the image ${digest} any more: a runner has nowhere to pull it from`);
     let name = row.image_name;
     if (row.build_ref) {

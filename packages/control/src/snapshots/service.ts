@@ -62,7 +62,7 @@ export interface Snapshots {
   builder?: Builder;
   /** The active snapshot a sandbox create names (its image digest, or none for the default snapshot). */
   /** `imageUser`: whether to read the image's USER (as a user name, into `user`): a request naming its user does not. */
-  forSandbox(organizationId: string, idOrName: string, imageUser?: boolean): Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string }; row: SnapshotRow }>;
+  forSandbox(organizationId: string, idOrName: string, imageUser?: boolean): Promise<{ name: string; imageRef?: string; user?: string; layers?: { ids: string[]; runnerId: string; image?: string }; row: SnapshotRow }>;
 }
 
 export function snapshotServices(deps: SnapshotDeps): Snapshots {
@@ -226,10 +226,12 @@ export function snapshotServices(deps: SnapshotDeps): Snapshots {
       if (row.state !== "active") throw errors.invalidArgument(`Snapshot ${idOrName} is ${row.state}`);
       if (row.id === DEFAULT_SNAPSHOT_ID) return { name: DEFAULT_SNAPSHOT, row };
       if (row.layers && row.runnerId) {
-        // A running sandbox's snapshot: its image (none: the default snapshot) and its layers, on the runner holding them.
+        // A running sandbox's snapshot: its image (none: the default snapshot) and its layers, on the runner holding them;
+        // and the image they were exported as, once pushed, for creates that cannot use them (create.ts).
         await store.markUsed(row.id).catch(() => undefined);
         const image = wantUser && row.ref ? await (await images()).get(row.ref) : undefined;
-        return { name: row.name, imageRef: row.ref ?? undefined, user: image ? await imageUser(image) : undefined, layers: { ids: row.layers, runnerId: row.runnerId }, row };
+        const pushed = row.pushedImage?.split("@")[1];
+        return { name: row.name, imageRef: row.ref ?? undefined, user: image ? await imageUser(image) : undefined, layers: { ids: row.layers, runnerId: row.runnerId, ...(pushed ? { image: pushed } : {}) }, row };
       }
       if (!row.ref) throw errors.invalidArgument("Snapshot ref is not defined");
       await store.markUsed(row.id).catch(() => undefined);

@@ -36,6 +36,10 @@ export interface SnapshotRow {
   layers: string[] | null;
   /** The runner holding `layers`. */
   runnerId: string | null;
+  /** `layers` exported as an OCI image (migration 0028): `<registry>/<repository>@<manifest digest>`, for runners without them. */
+  pushedImage: string | null;
+  /** Why that export failed (the snapshot stays usable on `runnerId`). */
+  pushError: string | null;
   createdAt: Date;
   updatedAt: Date;
   lastUsedAt: Date | null;
@@ -66,6 +70,8 @@ function rowOf(r: Record<string, unknown>): SnapshotRow {
     buildInfo: r.build_info ? ((typeof r.build_info === "string" ? JSON.parse(r.build_info) : r.build_info) as BuildInfoRecord) : null,
     layers: r.layers ? ((typeof r.layers === "string" ? JSON.parse(r.layers) : r.layers) as string[]) : null,
     runnerId: (r.runner_id as string | null) ?? null,
+    pushedImage: (r.pushed_image as string | null) ?? null,
+    pushError: (r.push_error as string | null) ?? null,
     createdAt: dateOf(r.created_at as string),
     updatedAt: dateOf(r.updated_at as string),
     lastUsedAt: r.last_used_at ? dateOf(r.last_used_at as string) : null,
@@ -96,9 +102,11 @@ export interface SnapshotPatch {
   entrypoint?: string[];
   buildLog?: string;
   general?: boolean;
+  pushedImage?: string | null;
+  pushError?: string | null;
 }
 
-const COLUMNS: Record<keyof SnapshotPatch, string> = { state: "state", errorReason: "error_reason", size: "size", ref: "ref", entrypoint: "entrypoint", buildLog: "build_log", general: "general" };
+const COLUMNS: Record<keyof SnapshotPatch, string> = { state: "state", errorReason: "error_reason", size: "size", ref: "ref", entrypoint: "entrypoint", buildLog: "build_log", general: "general", pushedImage: "pushed_image", pushError: "push_error" };
 
 export class SnapshotStore {
   readonly #orm: MikroORM;

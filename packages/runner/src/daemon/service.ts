@@ -112,6 +112,13 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
     async listLayers() {
       return { layers: (await runtime.listLayers()).map((l) => ({ id: l.id, createdAt: timestampFromDate(l.createdAt) })) };
     },
+    async exportLayers(req) {
+      if (!runtime.exportLayers) throw errors.unimplemented("this runner does not export layers");
+      if (!req.destination) throw errors.invalidArgument("destination is required");
+      const credentials = req.auth ? { username: req.auth.username, password: req.auth.password } : undefined;
+      const out = await runtime.exportLayers({ layers: req.layerIds, ...(req.image ? { image: req.image } : {}), user: req.user, push: { image: req.destination, ...(credentials ? { credentials } : {}) } });
+      return { digest: out.digest, layers: out.layers, bytes: BigInt(out.bytes) };
+    },
     async getAgentAccess(req) {
       const dial = await runtime.connectAgent(id(req.id));
       return { secret: dial.secret, key: dial.key };

@@ -52,6 +52,8 @@ export { DOCKER_HUB, isLoopbackRegistry, parseImageRef, type ImageRef } from "./
 export type { RegistryCredentials } from "./skopeo.ts";
 export { BuildFailed, fromRegistries } from "./buildah.ts";
 export { imageUser } from "./user.ts";
+export { exportImage, type ExportedImage, type ExportLayer } from "./export.ts";
+export { sandboxUser } from "../host/rootprep.ts";
 export { ImageStore, type BuildOptions, type Image, type ImageStoreOptions, type PullOptions, type StoredLayer } from "./store.ts";
 
 /** Layer dirs top first, as an overlay lowerdir list wants them. */

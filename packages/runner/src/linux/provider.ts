@@ -466,6 +466,11 @@ export class LinuxProvider implements SandboxProvider {
     return this.layers.list();
   }
 
+  async layerSource(layerId: string): Promise<{ root: string; uid: number }> {
+    const uid = await this.layers.uid(validateId(layerId)); // FAILED_PRECONDITION when absent
+    return { root: this.layers.root(layerId), uid };
+  }
+
   // ---- writable layer -----------------------------------------------------------------------
 
   async pack(id: string): Promise<Readable> {

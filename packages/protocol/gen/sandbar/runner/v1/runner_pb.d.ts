@@ -672,6 +672,78 @@ export declare type ListLayersRequest = Message<"sandbar.runner.v1.ListLayersReq
 export declare const ListLayersRequestSchema: GenMessage<ListLayersRequest>;
 
 /**
+ * @generated from message sandbar.runner.v1.ExportLayersRequest
+ */
+export declare type ExportLayersRequest = Message<"sandbar.runner.v1.ExportLayersRequest"> & {
+  /**
+   * Top first.
+   *
+   * @generated from field: repeated string layer_ids = 1;
+   */
+  layerIds: string[];
+
+  /**
+   * The base image's manifest digest; empty: the default snapshot's root.
+   *
+   * @generated from field: string image = 2;
+   */
+  image: string;
+
+  /**
+   * The sandbox user (its uid in the base owns the layers' files).
+   *
+   * @generated from field: string user = 3;
+   */
+  user: string;
+
+  /**
+   * registry/repository:tag to push to.
+   *
+   * @generated from field: string destination = 4;
+   */
+  destination: string;
+
+  /**
+   * @generated from field: sandbar.runner.v1.RegistryAuth auth = 5;
+   */
+  auth?: RegistryAuth | undefined;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.ExportLayersRequest.
+ * Use `create(ExportLayersRequestSchema)` to create a new message.
+ */
+export declare const ExportLayersRequestSchema: GenMessage<ExportLayersRequest>;
+
+/**
+ * @generated from message sandbar.runner.v1.ExportLayersResponse
+ */
+export declare type ExportLayersResponse = Message<"sandbar.runner.v1.ExportLayersResponse"> & {
+  /**
+   * The pushed manifest's digest.
+   *
+   * @generated from field: string digest = 1;
+   */
+  digest: string;
+
+  /**
+   * @generated from field: int32 layers = 2;
+   */
+  layers: number;
+
+  /**
+   * @generated from field: int64 bytes = 3;
+   */
+  bytes: bigint;
+};
+
+/**
+ * Describes the message sandbar.runner.v1.ExportLayersResponse.
+ * Use `create(ExportLayersResponseSchema)` to create a new message.
+ */
+export declare const ExportLayersResponseSchema: GenMessage<ExportLayersResponse>;
+
+/**
  * @generated from message sandbar.runner.v1.Layer
  */
 export declare type Layer = Message<"sandbar.runner.v1.Layer"> & {
@@ -1990,6 +2062,17 @@ export declare const RunnerService: GenService<{
     methodKind: "unary";
     input: typeof ListLayersRequestSchema;
     output: typeof LayersResponseSchema;
+  },
+  /**
+   * Makes an OCI image of captured layers over their base and pushes it with the credentials
+   * given (they serve this push only): a snapshot of a running sandbox that travels.
+   *
+   * @generated from rpc sandbar.runner.v1.RunnerService.ExportLayers
+   */
+  exportLayers: {
+    methodKind: "unary";
+    input: typeof ExportLayersRequestSchema;
+    output: typeof ExportLayersResponseSchema;
   },
 }>;
 
