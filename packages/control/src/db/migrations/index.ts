@@ -22,6 +22,7 @@ import { Migration0024AutoPause } from "./0024-auto-pause.ts";
 import { Migration0025Layers } from "./0025-layers.ts";
 import { Migration0026SandboxLifecycle } from "./0026-sandbox-lifecycle.ts";
 import { Migration0027WarmPools } from "./0027-warm-pools.ts";
+import { Migration0028Checkpoints } from "./0028-checkpoints.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -49,4 +50,5 @@ export const migrations = [
   { name: "0025-layers", class: Migration0025Layers },
   { name: "0026-sandbox-lifecycle", class: Migration0026SandboxLifecycle },
   { name: "0027-warm-pools", class: Migration0027WarmPools },
+  { name: "0028-checkpoints", class: Migration0028Checkpoints },
 ];
