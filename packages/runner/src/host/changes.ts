@@ -190,7 +190,7 @@ interface Entry {
 
 const sameLayers = (a: Merged, b: Merged) => a.length === b.length && a.every((d, i) => d.layer === b[i].layer);
 
-/** Directory content of a layer captured from the same one (cp -a keeps mode, owner, size, times): the quick check rsync makes. */
+/** Whether two entries are copies of one (a captured layer is cp -a of an upper: mode, owner, size and mtime kept): the quick check rsync makes. */
 async function sameCopy(a: Entry, b: Entry): Promise<boolean> {
   const x = a.stats;
   const y = b.stats;
