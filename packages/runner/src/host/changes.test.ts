@@ -72,7 +72,7 @@ describe("changes since a checkpoint", () => {
     await copyLayer(at("up"), at("topF"));
     await files(at("upF"), { "d/forked": "f\n" });
     expect(await walk({ upper: at("upF"), lowers: [at("topF"), at("img")], since: [at("top1"), at("img")] })).toEqual(
-      [...SINCE_CP1.slice(0, 1), "added file /d/forked", ...SINCE_CP1.slice(1)],
+      ["added file /d/forked", ...SINCE_CP1],
     );
     expect(await walk({ upper: at("upF"), lowers: [at("topF"), at("img")] })).toEqual(["added file /d/forked"]);
     // A sandbox made from the checkpoint itself stands on it: nothing changed until it writes.
