@@ -123,7 +123,7 @@ describe("results", () => {
     const tar = await sandbar(["changes", sandboxId, "--tar", tarFile, "--path", "/tmp/chg"], env);
     expect(tar.code, tar.stderr).toBe(0);
     expect(execFileSync("tar", ["-tf", tarFile]).toString()).toBe("tmp/chg/\ntmp/chg/a.txt\n");
-    expectOneLine(await sandbar(["changes", sandboxId, "--since", "cp"], env), 1, /since: checkpoints are not available yet/);
+    expectOneLine(await sandbar(["changes", sandboxId, "--since", "cp"], env), 1, /since: Snapshot cp not found/);
     expectOneLine(await sandbar(["changes", sandboxId, "--tar", "x", "--diff"], env), 2, /Choose one of --tar and --diff/);
   });
 

@@ -225,10 +225,11 @@ export interface SandboxProvider {
   restore(id: string, archive: Readable): Promise<void>;
   /**
    * The layers a changeset of the sandbox reads (host/changeset.ts): its upper, the layers below
-   * it and the platform's own paths; started or stopped (the upper stays on disk). `consistent`
-   * freezes a running sandbox until `release` (a paused one stays as it is). Absent: not offered.
+   * it (its captured layers, its image) and the platform's own paths; started or stopped (the
+   * upper stays on disk). `consistent` freezes a running sandbox until `release` (a paused one
+   * stays as it is); `since` names a checkpoint's layers to compare with. Absent: not offered.
    */
-  changeLayers?(id: string, options?: { consistent?: boolean }): Promise<ChangeSource>;
+  changeLayers?(id: string, options?: ChangeLayerOptions): Promise<ChangeSource>;
   /**
    * Copies the sandbox's writable layer into a new read-only layer `layerId`, the sandbox frozen
    * (cgroup freezer) for that instant when it runs. The layer appears whole or not at all.
@@ -247,6 +248,14 @@ export interface SandboxProvider {
   connect(id: string): Promise<string>;
   /** Releases host resources the provider holds beyond its sandboxes (sandboxes keep running). */
   close(): Promise<void>;
+}
+
+/** How a changeset read holds the sandbox's layers. */
+export interface ChangeLayerOptions {
+  /** Freeze a running sandbox until release (a paused one stays as it is). */
+  consistent?: boolean;
+  /** Compare with these captured layers (top first) on the sandbox's image, not with its own stack. */
+  since?: string[];
 }
 
 /** A sandbox's layers, held for one changeset read: `release` (once, always) lets go of them. */

@@ -10,7 +10,7 @@ export interface ChangesOptions extends CallOptions {
   pathPrefix?: string;
   /** Freeze the sandbox while its changes are read (thawed after). */
   consistent?: boolean;
-  /** Changes since a named checkpoint (the server answers 400 until checkpoints exist). */
+  /** Changes since a checkpoint: a snapshot (name or id) taken of this sandbox or an ancestor (`createSnapshot`). */
   since?: string;
 }
 

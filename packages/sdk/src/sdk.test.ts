@@ -259,7 +259,7 @@ describe("changes", () => {
     const tarFile = path.join(scratch, "changes.tar");
     await sandbox.changes.downloadTar(tarFile, { pathPrefix });
     expect((await readFile(tarFile)).includes(Buffer.from("one\n"))).toBe(true);
-    await expect(sandbox.changes.list({ since: "nope" })).rejects.toThrow(/since: checkpoints are not available yet/);
+    await expect(sandbox.changes.list({ since: "nope" })).rejects.toThrow(/since: Snapshot nope not found/);
   });
 });
 

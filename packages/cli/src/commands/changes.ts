@@ -25,13 +25,13 @@ const COLUMNS = ["KIND", "TYPE", "SIZE", "PATH"];
 export function changesCommand(program: Command): void {
   program
     .command("changes")
-    .description("what a sandbox changed since its creation: paths, a tar of the changed files, or a diff")
+    .description("what a sandbox changed since its creation or a checkpoint: paths, a tar of the changed files, or a diff")
     .argument("<sandbox>", "sandbox id or name")
     .option("--tar <file>", "write the changed files as a tar (deletions as .wh.<name> entries); - for stdout")
     .option("--diff", "print a unified diff of the changed text files")
     .option("--path <prefix>", "only paths at or below this absolute path")
     .option("--consistent", "freeze the sandbox while its changes are read")
-    .option("--since <checkpoint>", "changes since a named checkpoint (not available yet)")
+    .option("--since <snapshot>", "changes since a checkpoint: a snapshot (name or id) taken of this sandbox or an ancestor")
     .addHelpText("after", "\nExamples:\n  sandbar changes my-box\n  sandbar changes my-box --diff --path /home/sandbar\n  sandbar changes my-box --tar changes.tar")
     .action(
       run(async (sandboxId: string, o: ChangesCliOptions, globals: GlobalOptions) => {

@@ -238,7 +238,7 @@ export class RemoteRuntime implements SandboxRuntime {
 
   /** The runner's changeset read, part by part; leaving the loop ends the runner's read. */
   async *changes(id: string, query: ChangesQuery): AsyncGenerator<ChangesPart> {
-    const req = { id, format: query.format, pathPrefix: query.prefix ?? "", after: query.after ?? "", consistent: query.consistent ?? false };
+    const req = { id, format: query.format, pathPrefix: query.prefix ?? "", after: query.after ?? "", consistent: query.consistent ?? false, since: query.since ?? [] };
     for await (const p of this.#client.getSandboxChanges(req)) {
       const part = changesPartFromProto(p);
       if (part) yield part;

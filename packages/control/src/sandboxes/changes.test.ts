@@ -6,6 +6,7 @@ import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { SandboxChangesService } from "@sandbar/protocol/gen/sandbar/control/v1/changes_pb.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { DEFAULT_SNAPSHOT } from "./create-request.ts";
 import { type SandboxDto, type SandboxFixture, sandboxFixture } from "./testing/fixtures.ts";
 
 // The changeset API over REST against real sandboxes of the default snapshot: a page of entries,
@@ -119,7 +120,7 @@ describe("changes of a sandbox", () => {
     let diff = "";
     for await (const chunk of client.exportSandboxChanges({ sandboxId: s.id, format: "diff", pathPrefix: "/root/new.txt" }, { headers })) diff += Buffer.from(chunk.data).toString();
     expect(diff).toBe("--- /dev/null\n+++ b/root/new.txt\n@@ -0,0 +1 @@\n+new\n");
-    await expect(client.listSandboxChanges({ sandboxId: s.id, since: "cp1" }, { headers })).rejects.toThrow(/since: checkpoints are not available yet/);
+    await expect(client.listSandboxChanges({ sandboxId: s.id, since: "cp1" }, { headers })).rejects.toThrow(/since: Snapshot cp1 not found/);
   });
 
   it("reads a stopped sandbox (its upper stays on disk)", async () => {
@@ -144,8 +145,10 @@ describe("changes of a sandbox", () => {
     expect(await bad("?limit=0")).toBe("limit: must be between 1 and 10000");
     expect(await bad("?limit=x")).toBe("limit: must be a whole number");
     expect(await bad("?consistent=yes")).toBe("consistent: must be true or false");
-    expect(await bad("?since=before-install")).toBe("since: checkpoints are not available yet");
-    expect(await bad("?format=tar&since=x")).toBe("since: checkpoints are not available yet");
+    expect(await bad("?since=before-install")).toBe("since: Snapshot before-install not found");
+    expect(await bad("?format=tar&since=x")).toBe("since: Snapshot x not found");
+    // An image's snapshot is no checkpoint: it names no state of a sandbox.
+    expect(await bad(`?since=${DEFAULT_SNAPSHOT}`)).toBe(`since: snapshot ${DEFAULT_SNAPSHOT} is not a checkpoint (only snapshots of a sandbox, POST /sandbox/{id}/snapshot, are)`);
     const { key } = await f.otherOrganization();
     const foreign = await f.call("GET", `/sandbox/${s.id}/changes`, undefined, key);
     expect(foreign.status).toBe(404);

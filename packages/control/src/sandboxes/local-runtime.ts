@@ -257,7 +257,7 @@ export class LocalRuntime<P extends SandboxProvider = LinuxProvider> implements 
     const provider = this.provider;
     return readChangeset(async () => {
       if (!provider.changeLayers) throw errors.invalidArgument(`changes are not available with the ${provider.name} provider`);
-      return provider.changeLayers(id, { consistent: query.consistent });
+      return provider.changeLayers(id, { consistent: query.consistent, since: query.since?.length ? query.since : undefined });
     }, query);
   }
 

@@ -3,7 +3,7 @@ import type { AgentEndpoint, AgentLocator, TokenHolder } from "../toolbox/agent-
 import { agentFor, previewTokenHolder } from "./agent-endpoints.ts";
 import { archive, deleteSandbox } from "./archive-delete.ts";
 import { backup } from "./backup.ts";
-import { changes } from "./changes.ts";
+import { type Checkpoints, changes } from "./changes.ts";
 import type { ChangesPart, ChangesQuery } from "@sandbar/runner";
 import { create, createFromBuild, type NewSandbox } from "./create.ts";
 import type { NetworkFields } from "./network-policy.ts";
@@ -79,9 +79,9 @@ export class SandboxManager extends OperationContext implements AgentLocator {
     return backup(this, organizationId, idOrName);
   }
 
-  /** What the sandbox changed since its creation, streamed from its runner (changes.ts). */
-  changes(organizationId: string, idOrName: string, query: ChangesQuery): AsyncGenerator<ChangesPart> {
-    return changes(this, organizationId, idOrName, query);
+  /** What the sandbox changed since its creation or a checkpoint (`since`: a snapshot of it), streamed from its runner (changes.ts). */
+  changes(organizationId: string, idOrName: string, query: Omit<ChangesQuery, "since">, since?: { name: string; checkpoints?: Checkpoints }): AsyncGenerator<ChangesPart> {
+    return changes(this, organizationId, idOrName, query, since);
   }
 
   resize(organizationId: string, idOrName: string, want: Partial<Resources>): Promise<SandboxRecord> {

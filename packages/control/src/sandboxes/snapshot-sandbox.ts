@@ -46,7 +46,7 @@ export async function snapshotSandbox(c: OperationContext, snapshots: LayerSnaps
     // Name and quota first: a refusal costs no copy. The image is the sandbox's (none: the default snapshot).
     const snap = await snapshots.insert({
       organizationId, name: req.name, imageName: cur.snapshot ?? DEFAULT_SNAPSHOT, entrypoint: [], cpu: cur.cpu, gpu: cur.gpu, mem: cur.memory, disk: cur.disk,
-      layers: { ids: plan.layers, runnerId: rt.runnerId, ref: cur.imageRef ?? null },
+      layers: { ids: plan.layers, runnerId: rt.runnerId, ref: cur.imageRef ?? null, sandboxId: cur.id },
     });
     await c.store.update(cur.id, { state: "snapshotting" });
     try {

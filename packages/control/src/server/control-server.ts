@@ -162,7 +162,7 @@ export async function startControlServer(settings: Settings, log: (line: string)
   chain.mount(ObjectStorageService, objectStorage.impl);
   chain.mount(RunnerService, runnerService(orm, box));
   chain.mount(WarmPoolService, sandboxes.warmPools);
-  chain.mount(SandboxChangesService, sandboxChangesService(sandboxes.manager));
+  chain.mount(SandboxChangesService, sandboxChangesService(sandboxes.manager, sandboxes.snapshots.store));
   const services = controlFiles.flatMap((f) => f.services);
   // Every service of the contract is served; those without an implementation yet answer UNIMPLEMENTED (REST 501).
   for (const service of services) if (!chain.serves(service)) chain.mount(service, {});

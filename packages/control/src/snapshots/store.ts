@@ -40,6 +40,8 @@ export interface SnapshotRow {
   pushedImage: string | null;
   /** Why that export failed (the snapshot stays usable on `runnerId`). */
   pushError: string | null;
+  /** The sandbox a running sandbox's snapshot was taken of (migration 0029): its lineage, for changesets since it. */
+  sandboxId: string | null;
   createdAt: Date;
   updatedAt: Date;
   lastUsedAt: Date | null;
@@ -72,6 +74,7 @@ function rowOf(r: Record<string, unknown>): SnapshotRow {
     runnerId: (r.runner_id as string | null) ?? null,
     pushedImage: (r.pushed_image as string | null) ?? null,
     pushError: (r.push_error as string | null) ?? null,
+    sandboxId: (r.sandbox_id as string | null) ?? null,
     createdAt: dateOf(r.created_at as string),
     updatedAt: dateOf(r.updated_at as string),
     lastUsedAt: r.last_used_at ? dateOf(r.last_used_at as string) : null,
@@ -89,7 +92,7 @@ export interface NewSnapshot {
   disk: number;
   buildInfo?: BuildInfoRecord;
   /** A running sandbox's snapshot: its layers (top first), the runner holding them, its image (null: the default snapshot). */
-  layers?: { ids: string[]; runnerId: string; ref: string | null };
+  layers?: { ids: string[]; runnerId: string; ref: string | null; sandboxId?: string };
 }
 
 export type ListSort = "name" | "state" | "last_used_at" | "created_at";
@@ -136,10 +139,10 @@ export class SnapshotStore {
         const clash = (await exec(`select 1 from snapshot where general and name = ?`, [s.name])) as unknown[];
         if (clash.length) throw errors.alreadyExists(`Snapshot with name "${s.name}" already exists for this organization`);
         const rows = (await exec(
-          `insert into snapshot (id, organization_id, name, image_name, entrypoint, cpu, gpu, mem, disk, build_info, layers, runner_id, ref)
-           values (?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?::jsonb, ?::jsonb, ?, ?) returning *`,
+          `insert into snapshot (id, organization_id, name, image_name, entrypoint, cpu, gpu, mem, disk, build_info, layers, runner_id, ref, sandbox_id)
+           values (?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?::jsonb, ?::jsonb, ?, ?, ?) returning *`,
           [randomUUID(), s.organizationId, s.name, s.imageName, JSON.stringify(s.entrypoint), s.cpu, s.gpu, s.mem, s.disk, s.buildInfo ? JSON.stringify(s.buildInfo) : null,
-            s.layers ? JSON.stringify(s.layers.ids) : null, s.layers?.runnerId ?? null, s.layers?.ref ?? null],
+            s.layers ? JSON.stringify(s.layers.ids) : null, s.layers?.runnerId ?? null, s.layers?.ref ?? null, s.layers?.sandboxId ?? null],
         )) as Record<string, unknown>[];
         const row = rowOf(rows[0]!);
         await recordEvent(exec, s.organizationId, "snapshot.created", { id: row.id, name: row.name, organizationId: s.organizationId, state: row.state, createdAt: row.createdAt.toISOString() }, row.createdAt);

@@ -142,7 +142,7 @@ export function runnerServiceImpl({ runtime, dataDir, version, capacity = {}, sh
       if (!runtime.changes) throw errors.unimplemented("this runner does not read changesets");
       const format = req.format || "list";
       if (format !== "list" && format !== "tar" && format !== "diff") throw errors.invalidArgument(`format: must be one of list, tar, diff (got ${JSON.stringify(format)})`);
-      for await (const part of runtime.changes(id(req.id), { format, prefix: req.pathPrefix || undefined, after: req.after || undefined, consistent: req.consistent })) yield changesPartToProto(part);
+      for await (const part of runtime.changes(id(req.id), { format, prefix: req.pathPrefix || undefined, after: req.after || undefined, consistent: req.consistent, since: req.since.length ? req.since : undefined })) yield changesPartToProto(part);
     },
     async restoreSandbox(requests) {
       const it = requests[Symbol.asyncIterator]();

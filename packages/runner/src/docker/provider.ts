@@ -3,7 +3,7 @@ import path from "node:path";
 import type { Readable } from "node:stream";
 import Docker from "dockerode";
 import { ConnectError, errors } from "@sandbar/protocol";
-import { type ChangeSource, type NetworkMode, PLATFORM_PATHS, platformUser, type SandboxInfo, type SandboxProvider, type SandboxResources, type SandboxSpec, type StartOptions, type StopOptions } from "../provider.ts";
+import { type ChangeLayerOptions, type ChangeSource, type NetworkMode, PLATFORM_PATHS, platformUser, type SandboxInfo, type SandboxProvider, type SandboxResources, type SandboxSpec, type StartOptions, type StopOptions } from "../provider.ts";
 import { definedOf, memoryBytesOf, validateId, validateSpec } from "../spec.ts";
 import { accepts } from "../host/agent-socket.ts";
 import { usageOfPid } from "../host/cgroup-usage.ts";
@@ -349,8 +349,9 @@ export class DockerProvider implements SandboxProvider {
   }
 
   /** The container's upper over its image's layers, as the engine's overlay2 driver reports them. */
-  async changeLayers(id: string, options: { consistent?: boolean } = {}): Promise<ChangeSource> {
+  async changeLayers(id: string, options: ChangeLayerOptions = {}): Promise<ChangeSource> {
     validateId(id);
+    if (options.since?.length) throw errors.invalidArgument("since: checkpoints are not available on this runner (docker provider: no captured layers)");
     if (options.consistent) throw errors.invalidArgument("consistent: a frozen read is not available on this runner (docker provider)");
     const rec = await this.host.record(id);
     const state = await this.containers.state(id);

@@ -5,7 +5,9 @@ import path from "node:path";
 import { promisify } from "node:util";
 
 // What a sandbox changed, read from its overlay layers instead of its whole root: a walk of the
-// upper layer only, each entry looked up in the layers below (top first). A whiteout (a 0/0
+// layers the sandbox's view and the view it is compared with do not share (the upper; with a
+// checkpoint, also the captured layers above it and the checkpoint's own), each entry looked up in
+// both views' layers (top first). A whiteout (a 0/0
 // character device) is a deletion; an opaque directory (trusted.overlay.opaque=y) replaced the
 // directory below, so what the layers below held there and the upper lacks is deleted too. A
 // directory that exists below is reported only when its mode changed (overlayfs copies up every
@@ -36,9 +38,9 @@ export interface Change {
 
 /** A change with where its content lies on the host (for archives and diffs). */
 export interface LayerChange extends Change {
-  /** The entry in the upper layer (absent for deletions). */
+  /** The entry as the sandbox sees it: in its upper or a layer (absent for deletions). */
   upperPath?: string;
-  /** The entry in the layers below (absent for additions). */
+  /** The entry as the compared view has it: in the layers below or the checkpoint's (absent for additions). */
   lowerPath?: string;
 }
 
@@ -46,6 +48,12 @@ export interface LayerChange extends Change {
 export interface ChangeLayers {
   upper: string;
   lowers: string[];
+  /**
+   * The stack the changes are against, top first (a checkpoint's captured layers, then its
+   * image's root); default `lowers` (the sandbox's creation). Layers it shares with `lowers` are
+   * read only where the other layers touch them.
+   */
+  since?: string[];
   /** Sandbox paths (and what lies below them) that are the platform's, never the user's changes. */
   exclude?: readonly string[];
   /**
@@ -168,105 +176,171 @@ async function opaqueOf(dirs: string[]): Promise<Set<string>> {
   return out;
 }
 
-/** An entry in the layers below: the first layer holding `name` (a whiteout there hides it). */
-interface Below {
+/** A directory of one view at a path: the layer directories overlay merges there, top first. */
+type Merged = Array<{ layer: number; dir: string }>;
+
+/** An entry of one view: the first layer holding it (a whiteout there hides it). */
+interface Entry {
   stats: Stats;
+  layer: number;
   host: string;
   /** When a directory: it and the directories of lower layers merged with it, top first. */
-  dirs: string[];
+  dirs: Merged;
 }
 
-async function lookupBelow(dirs: readonly string[], name: string): Promise<Below | undefined> {
-  for (let i = 0; i < dirs.length; i++) {
-    const host = path.join(dirs[i], name);
-    const st = await lstat(host).catch(() => undefined);
-    if (!st) continue;
-    if (isWhiteout(st)) return undefined;
-    if (!st.isDirectory()) return { stats: st, host, dirs: [] };
-    const merged = [host];
-    // Lower layers merge under it until one holds something else there or the one above is opaque.
-    for (const d of dirs.slice(i + 1)) {
-      const p = path.join(d, name);
-      const s = await lstat(p).catch(() => undefined);
-      if (!s) continue;
-      if (!s.isDirectory() || isWhiteout(s)) break;
-      const top = merged[merged.length - 1];
-      if ((await opaqueOf([top])).has(top)) break;
-      merged.push(p);
-    }
-    return { stats: st, host, dirs: merged };
-  }
-  return undefined;
-}
+const sameLayers = (a: Merged, b: Merged) => a.length === b.length && a.every((d, i) => d.layer === b[i].layer);
 
-/** Every name the directories below hold (whiteouts included; lookupBelow tells them apart). */
-async function namesBelow(dirs: readonly string[]): Promise<string[]> {
-  const all = new Set<string>();
-  for (const d of dirs) for (const n of await readdir(d).catch(() => [])) all.add(n);
-  return [...all];
+/** Whether two entries are copies of one (a captured layer is cp -a of an upper: mode, owner, size and mtime kept): the quick check rsync makes. */
+async function sameCopy(a: Entry, b: Entry): Promise<boolean> {
+  const x = a.stats;
+  const y = b.stats;
+  if (x.mode !== y.mode || x.uid !== y.uid || x.gid !== y.gid) return false;
+  if (x.isDirectory()) return true;
+  if (x.size !== y.size || x.mtimeMs !== y.mtimeMs) return false;
+  if (!x.isSymbolicLink()) return true;
+  const [s, t] = await Promise.all([readlink(a.host).catch(() => undefined), readlink(b.host).catch(() => undefined)]);
+  return s !== undefined && s === t;
 }
 
 function change(segs: readonly string[], kind: ChangeKind, st: Stats, where: { upperPath?: string; lowerPath?: string }): LayerChange {
   return { path: "/" + segs.join("/"), kind, type: typeOf(st), size: st.isDirectory() ? 0 : st.size, mode: st.mode, mtime: st.mtime, ...where };
 }
 
-/** The changes of `layers`, in walk order, filtered; stop early by returning from the loop. */
+/**
+ * The changes of `layers`, in walk order, filtered; stop early by returning from the loop.
+ *
+ * Two views of the tree are compared: the sandbox's (`upper` over `lowers`) and the one the
+ * changes are against (`since`, by default `lowers`). Layers both stacks hold are read only where
+ * the other layers say something: at each directory only the names of the layer directories the
+ * two views do not share are visited (what lies only in shared ones is the same in both), so a
+ * read costs what the layers above the shared ones hold, never the whole root.
+ */
 export async function* walkChanges(layers: ChangeLayers, filter: ChangeFilter = {}): AsyncGenerator<LayerChange> {
   const prefix = pathSegments(filter.prefix ?? "/");
   const after = filter.after ? pathSegments(filter.after) : undefined;
   const exclude = (layers.exclude ?? []).map(pathSegments);
-  const upperRoot = await realpath(layers.upper);
+
+  // Every layer once (by its real path); a layer of both stacks is common to the views.
+  const table: string[] = [];
+  const indexOf = async (root: string) => {
+    const real = await realpath(root);
+    const i = table.indexOf(real);
+    if (i >= 0) return i;
+    table.push(real);
+    return table.length - 1;
+  };
+  const curRoots: number[] = [];
+  for (const l of [layers.upper, ...layers.lowers]) curRoots.push(await indexOf(l));
+  const oldRoots: number[] = [];
+  for (const l of layers.since ?? layers.lowers) oldRoots.push(await indexOf(l));
+  const common = new Set(curRoots.filter((l) => oldRoots.includes(l)));
 
   // Whether a path is reported (at or below the prefix, after the cursor) and whether its subtree can hold reported paths.
   const emits = (segs: string[]) => startsWith(segs, prefix) && (!after || comparePaths(segs, after) > 0);
   const enters = (segs: string[]) =>
     (startsWith(segs, prefix) || startsWith(prefix, segs)) && (!after || comparePaths(segs, after) > 0 || startsWith(after, segs));
 
-  async function* dir(segs: string[], below: string[], replaced: boolean): AsyncGenerator<LayerChange> {
-    const upperDir = path.join(upperRoot, ...segs);
-    const upper = await listUpperDir(upperDir);
-    if (!upper) return;
-    const names = new Set(upper.keys());
-    if (replaced) for (const n of await namesBelow(below)) names.add(n);
-    const sorted = [...names].sort();
-    const lowers = new Map<string, Below | undefined>();
-    await Promise.all(sorted.map(async (n) => lowers.set(n, below.length > 0 ? await lookupBelow(below, n) : undefined)));
-    // Opaque marks matter only on directories that also exist below.
-    const opaque = await opaqueOf(sorted.filter((n) => upper.get(n)?.isDirectory() && lowers.get(n)?.stats.isDirectory()).map((n) => path.join(upperDir, n)));
-    for (const name of sorted) {
-      const child = [...segs, name];
-      if (!enters(child) || exclude.some((e) => startsWith(child, e))) continue;
-      const st = upper.get(name);
-      const low = lowers.get(name);
-      const upperPath = path.join(upperDir, name);
-      if (!st) {
-        // Only below, in a replaced directory: deleted (a directory once, not each of its entries).
-        if (low && emits(child)) yield change(child, "deleted", low.stats, { lowerPath: low.host });
-        continue;
-      }
-      if (isWhiteout(st)) {
-        if (low && emits(child)) yield change(child, "deleted", low.stats, { lowerPath: low.host });
-        continue;
-      }
-      const platformHome = layers.platformUser && st.isDirectory() && "/" + child.join("/") === layers.platformUser.home;
-      if (!low) {
-        if (emits(child) && !platformHome) yield change(child, "added", st, { upperPath });
-        if (st.isDirectory()) yield* dir(child, [], false);
-        continue;
-      }
-      if (!st.isDirectory()) {
-        const user = layers.platformUser;
-        if (user && st.isFile() && USER_FILES.has("/" + child.join("/")) && (await onlyUserLineAdded(upperPath, low.host, user.name))) continue;
-        if (emits(child)) yield change(child, "modified", st, { upperPath, lowerPath: low.host });
-        continue;
-      }
-      const lowerIsDir = low.stats.isDirectory();
-      const isReplaced = !lowerIsDir || replaced || opaque.has(upperPath);
-      if (emits(child) && (isReplaced || (st.mode & 0o7777) !== (low.stats.mode & 0o7777))) yield change(child, "modified", st, { upperPath, lowerPath: low.host });
-      yield* dir(child, lowerIsDir ? low.dirs : [], isReplaced && lowerIsDir);
+  /** Cuts each chain after its first opaque directory (one getfattr for the lot). */
+  async function cutOpaque(chains: Merged[]): Promise<void> {
+    const ask = [...new Set(chains.flatMap((c) => c.slice(0, -1).map((d) => d.dir)))];
+    const opaque = new Set<string>();
+    for (let i = 0; i < ask.length; i += 256) for (const d of await opaqueOf(ask.slice(i, i + 256))) opaque.add(d);
+    for (const c of chains) {
+      const at = c.findIndex((d) => opaque.has(d.dir));
+      if (at >= 0) c.splice(at + 1);
     }
   }
 
-  const roots = await Promise.all(layers.lowers.map((l) => realpath(l)));
-  yield* dir([], roots, (await opaqueOf([upperRoot])).has(upperRoot));
+  async function* dir(segs: string[], cur: Merged, old: Merged): AsyncGenerator<LayerChange> {
+    // The suffix both views share; the rest ("own") is listed whole, the shared part looked up by name.
+    let shared = 0;
+    while (shared < cur.length && shared < old.length && cur[cur.length - 1 - shared].layer === old[old.length - 1 - shared].layer) shared++;
+    const own = [...new Set([...cur.slice(0, cur.length - shared), ...old.slice(0, old.length - shared)].map((d) => d.dir))];
+    const listings = new Map<string, Map<string, Stats>>();
+    for (const d of own) {
+      const listed = await listUpperDir(d);
+      if (!listed) return; // vanished under the walk
+      listings.set(d, listed);
+    }
+    const names = new Set<string>();
+    for (const l of listings.values()) for (const n of l.keys()) names.add(n);
+    const looked = new Map<string, Stats | undefined>();
+    const statIn = async (d: string, name: string): Promise<Stats | undefined> => {
+      const listed = listings.get(d);
+      if (listed) return listed.get(name);
+      const p = path.join(d, name);
+      if (!looked.has(p)) looked.set(p, await lstat(p).catch(() => undefined));
+      return looked.get(p);
+    };
+    const resolve = async (view: Merged, name: string): Promise<Entry | undefined> => {
+      for (let i = 0; i < view.length; i++) {
+        const st = await statIn(view[i].dir, name);
+        if (!st) continue;
+        if (isWhiteout(st)) return undefined;
+        const host = path.join(view[i].dir, name);
+        if (!st.isDirectory()) return { stats: st, layer: view[i].layer, host, dirs: [] };
+        // Lower layers merge under it until one holds something else there (the opaque cut comes after).
+        const dirs: Merged = [{ layer: view[i].layer, dir: host }];
+        for (const below of view.slice(i + 1)) {
+          const s = await statIn(below.dir, name);
+          if (!s) continue;
+          if (!s.isDirectory()) break;
+          dirs.push({ layer: below.layer, dir: path.join(below.dir, name) });
+        }
+        return { stats: st, layer: view[i].layer, host, dirs };
+      }
+      return undefined;
+    };
+
+    const sorted = [...names].sort().filter((name) => {
+      const child = [...segs, name];
+      return enters(child) && !exclude.some((e) => startsWith(child, e));
+    });
+    const entries = new Map<string, [Entry | undefined, Entry | undefined]>();
+    await Promise.all(sorted.map(async (n) => entries.set(n, await Promise.all([resolve(cur, n), resolve(old, n)]))));
+    await cutOpaque([...entries.values()].flatMap(([c, o]) => [c?.dirs, o?.dirs].filter((d): d is Merged => d !== undefined && d.length > 1)));
+
+    for (const name of sorted) {
+      const child = [...segs, name];
+      const [c, o] = entries.get(name)!;
+      if (!c) {
+        // Deleted: a directory once, not each of its entries.
+        if (o && emits(child)) yield change(child, "deleted", o.stats, { lowerPath: o.host });
+        continue;
+      }
+      if (o && c.layer === o.layer && sameLayers(c.dirs, o.dirs)) continue; // the same entry in both views
+      if (!o) {
+        const platformHome = layers.platformUser && c.stats.isDirectory() && "/" + child.join("/") === layers.platformUser.home;
+        if (emits(child) && !platformHome) yield change(child, "added", c.stats, { upperPath: c.host });
+        if (c.stats.isDirectory()) yield* dir(child, c.dirs, []);
+        continue;
+      }
+      // Both copies of one entry (the two views' own layers, captured from the same upper): unchanged when they agree.
+      const copies = !common.has(c.layer) && !common.has(o.layer) && (await sameCopy(c, o));
+      if (!c.stats.isDirectory()) {
+        if (copies) continue;
+        const user = layers.platformUser;
+        if (user && c.stats.isFile() && o.stats.isFile() && USER_FILES.has("/" + child.join("/")) && (await onlyUserLineAdded(c.host, o.host, user.name))) continue;
+        if (emits(child)) yield change(child, "modified", c.stats, { upperPath: c.host, lowerPath: o.host });
+        continue;
+      }
+      if (!o.stats.isDirectory()) {
+        if (emits(child)) yield change(child, "modified", c.stats, { upperPath: c.host, lowerPath: o.host });
+        yield* dir(child, c.dirs, []);
+        continue;
+      }
+      // Replaced (rm -rf, mkdir: an opaque directory) when the views merge different common layers there.
+      const commonOf = (m: Merged) => m.filter((d) => common.has(d.layer)).map((d) => d.layer).join(",");
+      const replaced = commonOf(c.dirs) !== commonOf(o.dirs);
+      if (emits(child) && (replaced || (c.stats.mode & 0o7777) !== (o.stats.mode & 0o7777))) yield change(child, "modified", c.stats, { upperPath: c.host, lowerPath: o.host });
+      yield* dir(child, c.dirs, o.dirs);
+    }
+  }
+
+  const rootView = async (roots: number[]): Promise<Merged> => {
+    const view = roots.map((layer) => ({ layer, dir: table[layer] }));
+    await cutOpaque([view]);
+    return view;
+  };
+  yield* dir([], await rootView(curRoots), await rootView(oldRoots));
 }

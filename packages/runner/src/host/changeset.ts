@@ -18,6 +18,11 @@ export interface ChangesQuery {
   after?: string;
   /** Freeze the sandbox for the read (a consistent view); it is always thawed after. */
   consistent?: boolean;
+  /**
+   * Changes since a checkpoint instead of the sandbox's creation: the checkpoint's captured layers
+   * (top first), on the sandbox's image. Empty or absent: since creation.
+   */
+  since?: string[];
 }
 
 /** One part of a changeset read: an entry (format "list") or bytes (tar, diff). */

@@ -1,8 +1,8 @@
-import { mkdir, readlink, realpath, rm, writeFile } from "node:fs/promises";
+import { mkdir, readlink, realpath, rm, stat, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { Readable } from "node:stream";
 import { errors } from "@sandbar/protocol";
-import type { ChangeSource, NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
+import type { ChangeLayerOptions, ChangeSource, NetworkMode, SandboxInfo, SandboxProvider, SandboxResources, SandboxSpec, StartOptions, StopOptions } from "../provider.ts";
 import { SANDBOX_PATHS } from "../provider.ts";
 import { startSpawner } from "../host/spawner.ts";
 import { definedOf, diskBytesOf, validateId, validateSpec } from "../spec.ts";
@@ -471,6 +471,13 @@ export class LinuxProvider implements SandboxProvider {
     return { root: this.layers.root(layerId), uid };
   }
 
+  /** A captured layer's root, which must be on this host (a changeset's checkpoint names it). */
+  async #layerHere(layerId: string): Promise<string> {
+    const root = this.layers.root(validateId(layerId));
+    await stat(root).catch(() => Promise.reject(errors.failedPrecondition(`layer ${layerId} is not on this host`)));
+    return root;
+  }
+
   // ---- writable layer -----------------------------------------------------------------------
 
   async pack(id: string): Promise<Readable> {
@@ -478,9 +485,9 @@ export class LinuxProvider implements SandboxProvider {
     return packSandbox(this.host, id);
   }
 
-  async changeLayers(id: string, options: { consistent?: boolean } = {}): Promise<ChangeSource> {
+  async changeLayers(id: string, options: ChangeLayerOptions = {}): Promise<ChangeSource> {
     validateId(id);
-    return sandboxChangeLayers(this.host, this.cgroups, id, options.consistent ?? false);
+    return sandboxChangeLayers(this.host, this.cgroups, id, { consistent: options.consistent ?? false, since: options.since, layerRoot: (l) => this.#layerHere(l) });
   }
 
   async restore(id: string, archive: Readable): Promise<void> {

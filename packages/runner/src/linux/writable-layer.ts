@@ -58,14 +58,28 @@ export async function restoreSandbox(host: SandboxHost, rec: SandboxRecord, arch
   }
 }
 
+/** How sandboxChangeLayers reads: frozen or not, against a checkpoint, where captured layers are. */
+interface ChangeRead {
+  consistent: boolean;
+  /** A checkpoint's captured layers (top first), on the sandbox's image. */
+  since?: string[];
+  /** A captured layer's root (rejects one not on this host). */
+  layerRoot(layerId: string): Promise<string>;
+}
+
 /**
- * The layers a changeset reads (provider.changeLayers): the upper over the snapshot's root. A
- * stopped sandbox with a disk cap has its image mounted read-only, under its lock, until release;
- * a running one is frozen for the while when `consistent` (unless already frozen: a paused one).
+ * The layers a changeset reads (provider.changeLayers): the upper over the sandbox's captured
+ * layers and its snapshot's root; with `since`, compared with the checkpoint's layers on that
+ * root. A stopped sandbox with a disk cap has its image mounted read-only, under its lock, until
+ * release; a running one is frozen for the while when `consistent` (unless already frozen: a
+ * paused one).
  */
-export async function sandboxChangeLayers(host: SandboxHost, cgroups: CgroupBackend, id: string, consistent: boolean): Promise<ChangeSource> {
+export async function sandboxChangeLayers(host: SandboxHost, cgroups: CgroupBackend, id: string, read: ChangeRead): Promise<ChangeSource> {
+  const { consistent } = read;
   const L = host.layout;
   const rec = await host.record(id);
+  const own = await Promise.all((rec.spec.layers ?? []).map((l) => read.layerRoot(l)));
+  const since = read.since?.length ? [...(await Promise.all(read.since.map((l) => read.layerRoot(l)))), rec.spec.rootfs] : undefined;
   const hasDisk = rec.spec.diskGiB !== undefined;
   let unlock: (() => void) | undefined;
   let mountedHere = false;
@@ -97,5 +111,5 @@ export async function sandboxChangeLayers(host: SandboxHost, cgroups: CgroupBack
   }
   // Mount points of binds and volumes are the platform's; what is behind them is not in the upper.
   const exclude = [...PLATFORM_PATHS, ...(rec.spec.mounts ?? []).map((m) => m.target), ...(rec.spec.volumes ?? []).map((v) => v.target)];
-  return { layers: { upper: L.upper(id, hasDisk), lowers: [rec.spec.rootfs], exclude, platformUser: platformUser(rec.spec.user) }, release };
+  return { layers: { upper: L.upper(id, hasDisk), lowers: [...own, rec.spec.rootfs], since, exclude, platformUser: platformUser(rec.spec.user) }, release };
 }

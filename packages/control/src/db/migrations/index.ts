@@ -23,6 +23,7 @@ import { Migration0025Layers } from "./0025-layers.ts";
 import { Migration0026SandboxLifecycle } from "./0026-sandbox-lifecycle.ts";
 import { Migration0027WarmPools } from "./0027-warm-pools.ts";
 import { Migration0028SnapshotImages } from "./0028-snapshot-images.ts";
+import { Migration0029Checkpoints } from "./0029-checkpoints.ts";
 
 /** Every migration, in order. Applied at start; never edit one that has shipped, add the next. */
 export const migrations = [
@@ -51,4 +52,5 @@ export const migrations = [
   { name: "0026-sandbox-lifecycle", class: Migration0026SandboxLifecycle },
   { name: "0027-warm-pools", class: Migration0027WarmPools },
   { name: "0028-snapshot-images", class: Migration0028SnapshotImages },
+  { name: "0029-checkpoints", class: Migration0029Checkpoints },
 ];

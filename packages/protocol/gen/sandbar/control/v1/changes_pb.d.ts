@@ -51,7 +51,8 @@ export declare type ListSandboxChangesRequest = Message<"sandbar.control.v1.List
   consistent?: boolean | undefined;
 
   /**
-   * Changes since a named checkpoint instead of since creation (not available yet: 400).
+   * Changes since a checkpoint instead of since creation: the name or id of a snapshot taken of
+   * this sandbox or an ancestor (POST /sandbox/{id}/snapshot); any other snapshot: 400.
    *
    * @generated from field: optional string since = 6;
    */
@@ -165,6 +166,8 @@ export declare type ExportSandboxChangesRequest = Message<"sandbar.control.v1.Ex
   consistent?: boolean | undefined;
 
   /**
+   * As in ListSandboxChangesRequest.
+   *
    * @generated from field: optional string since = 5;
    */
   since?: string | undefined;

@@ -1597,6 +1597,14 @@ export declare type GetSandboxChangesRequest = Message<"sandbar.runner.v1.GetSan
    * @generated from field: bool consistent = 5;
    */
   consistent: boolean;
+
+  /**
+   * Changes since a checkpoint: its captured layers (top first) on the sandbox's image; empty:
+   * since the sandbox's creation.
+   *
+   * @generated from field: repeated string since = 6;
+   */
+  since: string[];
 };
 
 /**
