@@ -7,7 +7,7 @@
 //
 // --quick: 12 runs of each (to check the bench works).
 import { spawn } from "node:child_process";
-import { writeFile } from "node:fs/promises";
+import { readFile, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { detectCgroups } from "../../packages/runner/src/linux/cgroups/detect.ts";
@@ -19,6 +19,8 @@ requireRoot("bench/sandboxes/run-pause");
 const QUICK = process.argv.includes("--quick");
 const RUNS = QUICK ? 12 : 50;
 const MEMORY_SANDBOXES = QUICK ? 3 : 10;
+/** Paused sandboxes started for the density figure (host-wide MemAvailable before and after). */
+const DENSITY = QUICK ? 20 : 200;
 const MiB = 2 ** 20;
 
 const now = () => performance.now();
@@ -93,6 +95,20 @@ try {
   const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / xs.length;
   for (const sid of [id, viaApi, auto, ...idle]) await b.rest.call("DELETE", `/sandbox/${sid}`);
 
+  // Density, measured on the host: MemAvailable before and after DENSITY sandboxes made and paused
+  // through the API (everything they cost the host: agents, mounts, loop devices, page tables).
+  const available = async () => Number(/^MemAvailable:\s+(\d+) kB/m.exec(await readFile("/proc/meminfo", "utf8"))![1]) * 1024;
+  const availableBefore = await available();
+  const dense: string[] = [];
+  for (let i = 0; i < DENSITY; i++) {
+    const sid = await create();
+    await exec(sid);
+    await b.rest.ok("POST", `/sandbox/${sid}/pause`);
+    dense.push(sid);
+  }
+  const perDense = (availableBefore - (await available())) / DENSITY;
+  for (const sid of dense) await b.rest.call("DELETE", `/sandbox/${sid}`);
+
   const table = rows.map(([name, xs]) => {
     const s = stats(xs);
     return `| ${name} | ${s.n} | ${ms(s.p50)} | ${ms(s.p95)} | ${ms(s.mean)} |`;
@@ -139,6 +155,11 @@ ${(mean(reclaimed) / MiB).toFixed(1)} MiB reclaimed by the pause, **${(perPaused
 while paused**. On this cgroup ${cgroups.version} host without swap only page cache can be reclaimed: the
 agent's anonymous memory stays, so ${Math.floor((os.totalmem() * 0.9) / perPaused)} paused idle sandboxes would fit in 90% of
 this machine's ${Math.round(os.totalmem() / 2 ** 30)} GiB by memory alone (the issue's target is 1,000).
+
+Density measured on the host: ${DENSITY} sandboxes made and paused through the API took
+**${(perDense / MiB).toFixed(1)} MiB of MemAvailable each** (agent, init, mounts, loop devices, kernel objects);
+at that rate the ${(availableBefore / 2 ** 30).toFixed(1)} GiB available before them hold
+**${Math.floor(availableBefore / perDense)} paused sandboxes** (target 1,000: ${availableBefore / perDense >= 1000 ? "met" : "missed"}).
 `;
   await writeFile(path.join(import.meta.dirname, "RESULTS-pause.md"), text);
   console.log(text);
