@@ -90,7 +90,10 @@ it.skipIf(!isRoot)("a runner opened on the data dir removes what earlier ones le
   expect(await leftovers(f.provider, unclaimed.id, unclaimed.hostUid)).toEqual([]);
   // The dead one keeps its files and record (its row may want it started again), nothing else.
   expect(await leftovers(f.provider, died.id, died.hostUid)).toEqual([`directory ${L.sandboxDir(died.id)}`]);
-  expect((await loopDevicesUnder(f.dataDir)).map((l) => l.device)).toEqual([(await loopDevicesUnder(L.sandboxDir(live.id)))[0]!.device]);
+  // The dead one's loop device goes once the kernel has released its unmounted file system
+  // (asynchronously, and later under load): waited for, with retry's deadline.
+  const liveLoop = (await loopDevicesUnder(L.sandboxDir(live.id)))[0]!.device;
+  await retry(async () => expect((await loopDevicesUnder(f.dataDir)).map((l) => l.device)).toEqual([liveLoop]), 30_000);
   expect((await sh(f.provider, live.id, "echo alive")).stdout).toBe("alive\n");
 
   // At open: the orphan's remains, the dead one's mounts and cgroup, the stray device; then the unclaimed one.
