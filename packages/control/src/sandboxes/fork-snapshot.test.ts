@@ -95,9 +95,15 @@ describe("fork", () => {
   it("a fork of a sandbox with 200 MB sees them; writes and deletions stay on their side; lineage; the parent's delete keeps its forks", async () => {
     const parent = await f.create({ labels: { team: "a" }, env: { FROM: "parent" } });
     await sh(parent.id, "mkdir -p ~/big && for i in 1 2 3 4; do head -c 50000000 /dev/urandom > ~/big/f$i; done && cd ~/big && sha256sum f* > ~/sums && echo a > ~/a && echo b > ~/b");
+    const parentKey = await f.call("GET", `/sandbox/${parent.id}/signing-key`);
+    expect(parentKey.status).toBe(200);
     const r = await post(`/sandbox/${parent.id}/fork`, { name: "fork-one" });
     expect(r.status, JSON.stringify(r.body)).toBe(200);
     const fork: SandboxDto = r.body;
+    // Its own signing key: URLs signed for one never verify for the other, rotations stay apart.
+    const forkKey = await f.call("GET", `/sandbox/${fork.id}/signing-key`);
+    expect(forkKey.status).toBe(200);
+    expect(forkKey.body).not.toEqual(parentKey.body);
     expect(fork).toMatchObject({ name: "fork-one", state: "started", labels: { team: "a" }, env: { FROM: "parent" } });
     expect(fork.id).not.toBe(parent.id);
     expect(await sh(fork.id, "cd ~/big && sha256sum -c --quiet ~/sums && echo same")).toBe("same\n");

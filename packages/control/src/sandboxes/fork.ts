@@ -81,6 +81,12 @@ function forkRow(parent: SandboxRecord, name: string | undefined, layers: string
     updatedAt: now,
     lastActivityAt: now,
     authToken: newAuthToken(),
+    // Its own signing key (made on first read): the parent's rotation must not be the fork's, nor
+    // the fork's the parent's. It claimed no pool and has no error to recover. The parent's TTL
+    // (autoDestroyAt) carries over: a fork of a sandbox meant to go does not outlive it unasked.
+    signingKeySealed: null,
+    warmPoolId: null,
+    recoverable: false,
     layers,
     parentId: parent.id,
     buildInfo: null,
