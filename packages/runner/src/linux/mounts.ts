@@ -117,8 +117,9 @@ export async function mountDiskImage(image: string, target: string, readonly = f
   // The image's file system can outlive its last unmount for a moment: a stopped sandbox's mount
   // namespace is released by the kernel asynchronously (deferred mntput), and until then a mount
   // of the image (an archive's read-only one right after a stop, on a loaded host) is refused as
-  // "already mounted". That passes: it is tried again for a few seconds.
-  const deadline = Date.now() + 5_000;
+  // "already mounted". That passes: it is tried again, for up to 30 s (5 s was seen to fall short
+  // on a 2-core host running a test suite beside other work).
+  const deadline = Date.now() + 30_000;
   for (let attempt = 0; ; attempt++) {
     try {
       await run("sh", ["-c", ATTACH_AND_MOUNT, "sandbar-mount", image, target, readonly ? "--read-only" : "", `nosuid,nodev${readonly ? ",ro" : ""}`]);
