@@ -1,3 +1,4 @@
+import { spawn } from "node:child_process";
 import { readFile } from "node:fs/promises";
 import path from "node:path";
 import { setTimeout as delay } from "node:timers/promises";
@@ -54,6 +55,17 @@ const LOOP = [
   "    time.sleep(0.01)",
 ].join("\n");
 
+/** The loop's counting, without the memory, on the host: writes its counter to the file it is given. */
+const WITNESS = [
+  "import os, sys, time",
+  "n = 0",
+  "while True:",
+  "    n += 1",
+  "    open(sys.argv[1] + '.new', 'w').write(str(n))",
+  "    os.rename(sys.argv[1] + '.new', sys.argv[1])",
+  "    time.sleep(0.01)",
+].join("\n");
+
 /** The loop's counter, read from the host (the sandbox's /tmp is in its writable layer). */
 async function counter(id: string): Promise<number> {
   const file = path.join(f.provider.layout.upper(id, false), "tmp/counter");
@@ -97,10 +109,18 @@ describe("linux pause and resume", () => {
     // The limit the reclaim lowered is back.
     expect((await f.provider.inspect(id)).usage?.memoryLimitBytes).toBe(paused.usage?.memoryLimitBytes);
 
-    // An observation window: a running loop would write its counter ~50 times and burn CPU in it.
+    // Frozen: while the same loop running on the host (a witness, not frozen) writes its counter 50
+    // times, the sandbox's writes none and uses no CPU.
     const cpu0 = (await f.provider.cgroups.stats(id))!.cpuUsageUsec;
     const n0 = await counter(id);
-    await delay(500);
+    const witnessFile = path.join(f.dataDir, `witness-${id}`);
+    const witness = spawn("python3", ["-c", WITNESS, witnessFile], { stdio: "ignore" });
+    try {
+      const witnessed = async () => Number((await readFile(witnessFile, "utf8").catch(() => "0")) || 0);
+      await until(witnessed, (n) => n >= 50);
+    } finally {
+      witness.kill("SIGKILL");
+    }
     expect((await f.provider.cgroups.stats(id))!.cpuUsageUsec).toBe(cpu0);
     expect(await counter(id)).toBe(n0);
 
