@@ -4,7 +4,7 @@ import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { promisify } from "node:util";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { buildAgentBundle } from "../testing/agent-bundle.ts";
 import { eventually, sandboxFixture, type SandboxFixture } from "./testing/fixtures.ts";
 
@@ -150,15 +150,27 @@ describe("last-activity", () => {
   it("stamps activity now, so auto-stop counts from it", async () => {
     const s = await create({ autoStopInterval: 3 });
     const before = Date.parse((await f.call("GET", `/sandbox/${s.id}`)).body.lastActivityAt);
-    // Kept alive by refreshActivity alone for longer than its interval.
-    const t0 = Date.now();
+    // Kept alive by refreshActivity alone, pass after pass of the timers, until a pass has run twice
+    // its interval after the last activity before the refreshes (it would have stopped it by then).
+    const timers = f.t.server.sandboxes.timers;
+    const pass = timers.tick.bind(timers);
+    let lastPass = 0; // the clock of the latest pass that finished
+    const spy = vi.spyOn(timers, "tick").mockImplementation(async (now = Date.now()) => {
+      await pass(now);
+      lastPass = Math.max(lastPass, now);
+    });
     let last = before;
-    while (Date.now() - t0 < 6 * MINUTE) {
-      const res = await f.call("POST", `/sandbox/${s.id}/last-activity`, { activityType: "test" });
-      expect(res.status, JSON.stringify(res.body)).toBe(200);
-      last = Date.parse((await f.call("GET", `/sandbox/${s.id}`)).body.lastActivityAt);
-      expect(await stateOf(s.id)).toBe("started");
-      await new Promise((r) => setTimeout(r, MINUTE / 2));
+    try {
+      while (lastPass < before + 2 * 3 * MINUTE) {
+        const res = await f.call("POST", `/sandbox/${s.id}/last-activity`, { activityType: "test" });
+        expect(res.status, JSON.stringify(res.body)).toBe(200);
+        last = Date.parse((await f.call("GET", `/sandbox/${s.id}`)).body.lastActivityAt);
+        const refreshed = Date.now();
+        await eventually("a timer pass after the refresh", async () => lastPass > refreshed, 10_000);
+        expect(await stateOf(s.id)).toBe("started");
+      }
+    } finally {
+      spy.mockRestore();
     }
     expect(last).toBeGreaterThan(before);
     expect((await f.call("POST", `/sandbox/${s.id}/last-activity`, {}, (await f.otherOrganization()).key)).status).toBe(404);
