@@ -6,6 +6,7 @@ import { admit, type Demand } from "../organizations/usage.ts";
 import { recordSandboxCreated, recordSandboxStateChange } from "../webhooks/sandbox-events.ts";
 import type { ListFilter } from "./list-query.ts";
 import { lockForMount } from "../volumes/store.ts";
+import { isUuid } from "../db/uuid.ts";
 
 // The sandbox table. Updates name the columns they change (never a whole-row write), so a
 // lifecycle operation and a labels or interval change made meanwhile never undo each other.
@@ -14,8 +15,6 @@ import { lockForMount } from "../volumes/store.ts";
 // transaction (the row is locked first, so the event names the state it really left).
 
 export type SandboxPatch = Partial<Omit<SandboxRecord, "id" | "organizationId" | "createdAt">>;
-
-const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(s);
 
 /** Rows the API shows: not destroyed, and not an errored sandbox on its way out. */
 const VISIBLE = { state: { $ne: "destroyed" }, $not: { state: { $in: ["error", "build_failed"] }, desiredState: "destroyed" } } as const;

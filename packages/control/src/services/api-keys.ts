@@ -13,6 +13,7 @@ import { permissionOf, scopeOf } from "../auth/scopes.ts";
 import { ApiKeyRecord, Organization } from "../db/entities.ts";
 import { execIn } from "../db/exec.ts";
 import { Checks } from "./validate.ts";
+import { isUuid } from "../db/uuid.ts";
 
 const MANAGE = "manage:api_keys";
 
@@ -170,4 +171,3 @@ function toApiKey(k: ListedKey): ApiKey {
   };
 }
 
-const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(s);

@@ -4,6 +4,7 @@ import { errors } from "@sandbar/protocol";
 import { dateOf, type Exec, execIn } from "../db/exec.ts";
 import type { BuildInfoRecord } from "../builds/build-info.ts";
 import { recordEvent } from "../webhooks/index.ts";
+import { isUuid } from "../db/uuid.ts";
 
 // The snapshot table (migration 0011). Every insert, state change and removal writes its webhook
 // event in the same transaction as the row change (the row is locked first, so an event names the
@@ -49,8 +50,6 @@ export interface SnapshotRow {
 
 /** The default snapshot's row (migration 0011 inserts it as a general snapshot). */
 export const DEFAULT_SNAPSHOT_ID = "00000000-0000-4000-8000-00000000d0d0";
-
-const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(s);
 
 function rowOf(r: Record<string, unknown>): SnapshotRow {
   return {

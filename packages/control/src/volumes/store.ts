@@ -2,6 +2,7 @@ import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import { dateOf, type Exec, execIn } from "../db/exec.ts";
 import { recordEvent } from "../webhooks/index.ts";
+import { isUuid } from "../db/uuid.ts";
 
 // The volume table. Every insert and change of state writes its webhook event in the same
 // transaction (the row is locked first, so the event names the state it really left).
@@ -29,8 +30,6 @@ interface RawRow {
   updated_at: Date | string;
   last_used_at: Date | string | null;
 }
-
-const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(s);
 
 function toRow(r: RawRow): VolumeRow {
   return {

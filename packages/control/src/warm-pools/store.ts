@@ -1,6 +1,7 @@
 import type { MikroORM } from "@mikro-orm/postgresql";
 import { errors } from "@sandbar/protocol";
 import { dateOf } from "../db/exec.ts";
+import { isUuid } from "../db/uuid.ts";
 
 // The warm_pool table (migration 0027): one row per organization, snapshot and region.
 
@@ -41,8 +42,6 @@ interface RawRow {
   created_at: Date | string;
   updated_at: Date | string;
 }
-
-const isUuid = (s: string) => /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(s);
 
 function toRow(r: RawRow): WarmPoolRow {
   return {
